@@ -1,0 +1,22 @@
+"""Settings for the test suite: the same servers as production, never SQLite."""
+
+import os
+
+from .base import *  # noqa: F401,F403
+from .base import CACHES, REST_FRAMEWORK
+
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+# Each test run gets its own cache namespace so parallel runs on one Redis do
+# not share throttle counters.
+CACHES["default"]["KEY_PREFIX"] = f"shoptest-{os.getpid()}"
+REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"] = {
+    **REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"],
+    "auth_token": os.environ.get("SHOP_TOKEN_THROTTLE_RATE", "5/min"),
+}
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+}
+# No collectstatic in tests: serve from finders and skip scanning STATIC_ROOT.
+WHITENOISE_AUTOREFRESH = True
+WHITENOISE_USE_FINDERS = True

@@ -1,0 +1,74 @@
+"""Money as decimal strings in the shop currency's minor units."""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal
+
+from django.conf import settings
+from rest_framework import serializers
+
+from .errors import ApplicationError
+
+MINOR_UNITS = {"EUR": 2, "USD": 2, "GBP": 2, "CHF": 2, "SEK": 2, "JPY": 0, "KWD": 3}
+_MONEY_RE = re.compile(r"^-?\d{1,10}(\.\d+)?$")
+
+
+def shop_currency() -> str:
+    return settings.SHOP_CURRENCY
+
+
+def minor_units(currency: str | None = None) -> int:
+    return MINOR_UNITS.get(currency or shop_currency(), 2)
+
+
+def format_money(amount: Decimal, currency: str | None = None) -> str:
+    """Render an amount with exactly the currency's minor units."""
+    places = minor_units(currency)
+    return f"{amount:.{places}f}"
+
+
+class CurrencyMismatch(ApplicationError):
+    status = 422
+    code = "currency_mismatch"
+    title = "Currency mismatch"
+
+
+def check_currency(currency: str) -> None:
+    """Refuse any currency but the shop's."""
+    if currency != shop_currency():
+        raise CurrencyMismatch(
+            f"This shop only accepts {shop_currency()}; got {currency!r}.",
+            errors={"currency": [f"Must be {shop_currency()}."]},
+        )
+
+
+class MoneyField(serializers.Field):
+    """A decimal string, never a JSON number, with at most the currency's minor units."""
+
+    default_error_messages = {
+        "not_string": 'Money must be a decimal string such as "19.99", not a JSON number.',
+        "invalid": "Not a valid amount.",
+        "places": "At most {places} decimal places.",
+        "negative": "Must not be negative.",
+    }
+
+    def __init__(self, *, allow_negative: bool = False, **kwargs):
+        self.allow_negative = allow_negative
+        super().__init__(**kwargs)
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("not_string")
+        if not _MONEY_RE.match(data):
+            self.fail("invalid")
+        amount = Decimal(data)
+        places = minor_units()
+        if -amount.as_tuple().exponent > places:
+            self.fail("places", places=places)
+        if amount < 0 and not self.allow_negative:
+            self.fail("negative")
+        return amount
+
+    def to_representation(self, value):
+        return format_money(Decimal(value))

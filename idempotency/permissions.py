@@ -1,0 +1,28 @@
+"""Roles shared by every app: shoppers, staff and couriers."""
+
+from rest_framework.permissions import BasePermission
+
+COURIERS_GROUP = "couriers"
+
+
+def is_courier(user) -> bool:
+    return bool(user and user.is_authenticated and user.groups.filter(name=COURIERS_GROUP).exists())
+
+
+class IsStaff(BasePermission):
+    """Allow staff users only."""
+
+    message = "Only staff may do this."
+
+    def has_permission(self, request, view) -> bool:
+        return bool(request.user and request.user.is_authenticated and request.user.is_staff)
+
+
+class IsCourierOrStaff(BasePermission):
+    """Allow couriers and staff."""
+
+    message = "Only couriers and staff may do this."
+
+    def has_permission(self, request, view) -> bool:
+        user = request.user
+        return bool(user and user.is_authenticated and (user.is_staff or is_courier(user)))

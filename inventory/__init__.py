@@ -1,0 +1,1 @@
+"""Catalog and stock: products, stock items and (later) reservation flags."""

@@ -1,0 +1,21 @@
+from rest_framework import serializers
+
+from idempotency.money import MoneyField
+
+SKU_REGEX = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+
+
+class ProductOut(serializers.Serializer):
+    sku = serializers.CharField()
+    name = serializers.CharField()
+    price = MoneyField()
+    currency = serializers.CharField()
+    available = serializers.IntegerField()
+
+
+class ProductIn(serializers.Serializer):
+    sku = serializers.RegexField(SKU_REGEX, max_length=64)
+    name = serializers.CharField(max_length=200)
+    price = MoneyField()
+    currency = serializers.CharField(min_length=3, max_length=3)
+    stock = serializers.IntegerField(min_value=0, max_value=1_000_000_000, default=0)

@@ -1,0 +1,52 @@
+from drf_spectacular.utils import extend_schema
+from rest_framework import status
+from rest_framework.generics import GenericAPIView
+from rest_framework.permissions import AllowAny, IsAuthenticated
+from rest_framework.response import Response
+
+from idempotency.permissions import IsStaff
+
+from .. import selectors, services
+from .serializers import ProductIn, ProductOut
+
+
+class ProductListView(GenericAPIView):
+    """List products; staff create them."""
+
+    serializer_class = ProductOut
+
+    def get_permissions(self):
+        if self.request.method == "POST":
+            return [IsAuthenticated(), IsStaff()]
+        # The catalog is public, as in any shop.
+        return [AllowAny()]
+
+    def get_queryset(self):
+        return selectors.product_list()
+
+    def paginate_queryset(self, queryset):
+        self.paginator.ordering = "sku"
+        return super().paginate_queryset(queryset)
+
+    @extend_schema(responses=ProductOut(many=True))
+    def get(self, request):
+        page = self.paginate_queryset(self.get_queryset())
+        return self.get_paginated_response(ProductOut(page, many=True).data)
+
+    @extend_schema(request=ProductIn, responses={201: ProductOut})
+    def post(self, request):
+        data = ProductIn(data=request.data)
+        data.is_valid(raise_exception=True)
+        product = services.product_create(**data.validated_data)
+        product = selectors.product_get(sku=product.sku)
+        return Response(ProductOut(product).data, status=status.HTTP_201_CREATED)
+
+
+class ProductDetailView(GenericAPIView):
+    """Show one product."""
+
+    serializer_class = ProductOut
+    permission_classes = [AllowAny]
+
+    def get(self, request, sku: str):
+        return Response(ProductOut(selectors.product_get(sku=sku)).data)

@@ -1,0 +1,61 @@
+"""Products and their stock."""
+
+import uuid
+
+from django.db import models
+from django.db.models import F, Q
+
+
+class Product(models.Model):
+    """A sellable article, addressed by its sku; its price is snapshotted onto order lines."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    sku = models.CharField(max_length=64)
+    name = models.CharField(max_length=200)
+    price = models.DecimalField(max_digits=12, decimal_places=2)
+    currency = models.CharField(max_length=3)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["sku"], name="inventory_product_sku_uniq"),
+            models.CheckConstraint(
+                condition=Q(price__gte=0), name="inventory_product_price_non_negative"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.sku} {self.name}"
+
+
+class StockItem(models.Model):
+    """Units of one product on hand and how many of them reservations hold.
+
+    `on_hand` counts sellable units not yet committed to confirmed orders;
+    `reserved` the units held by reservation flags. Both change only through
+    conditional UPDATEs in `inventory.services`; the database refuses any
+    state where reservations exceed what is on hand.
+    """
+
+    product = models.OneToOneField(Product, on_delete=models.PROTECT, related_name="stock")
+    on_hand = models.IntegerField(default=0)
+    reserved = models.IntegerField(default=0)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(reserved__gte=0), name="inventory_stock_reserved_non_negative"
+            ),
+            models.CheckConstraint(
+                condition=Q(on_hand__gte=F("reserved")),
+                name="inventory_stock_on_hand_covers_reserved",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.product_id}: {self.on_hand} on hand, {self.reserved} reserved"
+
+    @property
+    def available(self) -> int:
+        return self.on_hand - self.reserved

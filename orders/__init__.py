@@ -1,0 +1,1 @@
+"""Orders: lines, state machine, events (checkout arrives with its issue)."""

@@ -1,0 +1,1 @@
+"""Payments: the gateway to the provider, captures, settlement (arrives with its issue)."""

@@ -1,0 +1,1 @@
+"""The storefront and shopper accounts."""

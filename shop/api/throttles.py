@@ -1,0 +1,36 @@
+"""Throttles for logging in: per username and per client address."""
+
+from rest_framework.throttling import SimpleRateThrottle
+
+
+class TokenUsernameThrottle(SimpleRateThrottle):
+    """Limit token requests for one username, whichever address they come from."""
+
+    scope = "auth_token"
+
+    def get_cache_key(self, request, view):
+        username = ""
+        if isinstance(request.data, dict):
+            username = str(request.data.get("username", ""))[:150].lower()
+        return self.cache_format % {"scope": self.scope, "ident": f"user:{username}"}
+
+
+class TokenAddressThrottle(SimpleRateThrottle):
+    """Limit token requests from one address, whichever usernames they try."""
+
+    scope = "auth_token"
+
+    def get_rate(self):
+        # An address may try a few usernames; five times the per-user rate.
+        num, period = super().get_rate().split("/")
+        return f"{int(num) * 5}/{period}"
+
+    def get_cache_key(self, request, view):
+        return self.cache_format % {"scope": "auth_token_addr", "ident": self.get_ident(request)}
+
+
+class RegisterThrottle(SimpleRateThrottle):
+    scope = "register"
+
+    def get_cache_key(self, request, view):
+        return self.cache_format % {"scope": self.scope, "ident": self.get_ident(request)}

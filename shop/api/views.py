@@ -1,0 +1,64 @@
+from django.contrib.auth import authenticate
+from drf_spectacular.utils import extend_schema, inline_serializer
+from rest_framework import serializers, status
+from rest_framework.permissions import AllowAny, IsAuthenticated
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from .. import services
+from .throttles import RegisterThrottle, TokenAddressThrottle, TokenUsernameThrottle
+
+TokenOut = inline_serializer("TokenOut", {"token": serializers.CharField()})
+
+
+class RegisterIn(serializers.Serializer):
+    username = serializers.RegexField(r"^[\w.@+-]+$", max_length=150)
+    email = serializers.EmailField()
+    password = serializers.CharField(max_length=128, trim_whitespace=False)
+
+
+class TokenIn(serializers.Serializer):
+    username = serializers.CharField(max_length=150)
+    password = serializers.CharField(max_length=128, trim_whitespace=False)
+
+
+class RegisterView(APIView):
+    """Register a shopper account and return its API token."""
+
+    authentication_classes: list = []
+    permission_classes = [AllowAny]
+    throttle_classes = [RegisterThrottle]
+
+    @extend_schema(request=RegisterIn, responses={201: TokenOut})
+    def post(self, request):
+        data = RegisterIn(data=request.data)
+        data.is_valid(raise_exception=True)
+        _, token = services.user_register(**data.validated_data)
+        return Response({"token": token.key}, status=status.HTTP_201_CREATED)
+
+
+class TokenView(APIView):
+    """Exchange a username and password for the API token."""
+
+    authentication_classes: list = []
+    permission_classes = [AllowAny]
+    throttle_classes = [TokenUsernameThrottle, TokenAddressThrottle]
+
+    @extend_schema(request=TokenIn, responses={200: TokenOut})
+    def post(self, request):
+        data = TokenIn(data=request.data)
+        data.is_valid(raise_exception=True)
+        user = authenticate(request._request, **data.validated_data)
+        token = services.token_obtain(user=user)
+        return Response({"token": token.key})
+
+
+class AccountView(APIView):
+    """Delete (anonymise) the caller's own account; orders and payments stay."""
+
+    permission_classes = [IsAuthenticated]
+
+    @extend_schema(request=None, responses={204: None})
+    def delete(self, request):
+        services.user_anonymise(user=request.user)
+        return Response(status=status.HTTP_204_NO_CONTENT)

@@ -1,0 +1,72 @@
+"""Writes to shopper accounts."""
+
+from __future__ import annotations
+
+import uuid
+
+from django.contrib.auth import get_user_model
+from django.contrib.auth.password_validation import validate_password
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db import IntegrityError, transaction
+from rest_framework.authtoken.models import Token
+
+from idempotency.errors import ApplicationError, InvalidRequest
+
+User = get_user_model()
+
+
+class UsernameTaken(ApplicationError):
+    status = 409
+    code = "username_taken"
+
+
+class InvalidCredentials(ApplicationError):
+    status = 400
+    code = "invalid_credentials"
+    title = "Invalid credentials"
+
+
+@transaction.atomic
+def user_register(*, username: str, email: str, password: str) -> tuple[User, Token]:
+    """Create a shopper account and its API token; staff are made with createsuperuser."""
+    candidate = User(username=username, email=email)
+    try:
+        validate_password(password, user=candidate)
+    except DjangoValidationError as exc:
+        raise InvalidRequest(
+            "The password is too weak.", errors={"password": list(exc.messages)}
+        ) from exc
+    candidate.set_password(password)
+    try:
+        with transaction.atomic():
+            candidate.save(force_insert=True)
+    except IntegrityError as exc:
+        raise UsernameTaken(f"The username {username!r} is taken.") from exc
+    token = Token.objects.create(user=candidate)
+    return candidate, token
+
+
+def token_obtain(*, user: User | None) -> Token:
+    """Return the API token of an authenticated user, creating it once."""
+    if user is None or not user.is_active:
+        raise InvalidCredentials("Unable to log in with the provided credentials.")
+    token, _ = Token.objects.get_or_create(user=user)
+    return token
+
+
+@transaction.atomic
+def user_anonymise(*, user: User) -> User:
+    """Delete a shopper's personal data but keep the account row.
+
+    Orders and payments reference the user with PROTECT: they are business
+    records and stay, pointing at an anonymous, inactive user.
+    """
+    user.username = f"deleted-{uuid.uuid4().hex}"
+    user.email = ""
+    user.first_name = ""
+    user.last_name = ""
+    user.is_active = False
+    user.set_unusable_password()
+    user.save()
+    Token.objects.filter(user=user).delete()
+    return user

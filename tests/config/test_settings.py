@@ -1,0 +1,83 @@
+"""Settings come from the environment; checked in a fresh interpreter each time."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+PRINT_SETTINGS = """
+import json, django
+from django.conf import settings
+django.setup()
+db = settings.DATABASES['default']
+print(json.dumps({
+    'db': [db['ENGINE'], db['HOST'], db['PORT'], db['NAME'], db['USER']],
+    'pool': db.get('OPTIONS', {}).get('pool'),
+    'broker': settings.CELERY_BROKER_URL,
+    'cache': settings.CACHES['default']['LOCATION'],
+    'currency': settings.SHOP_CURRENCY,
+    'debug': settings.DEBUG,
+    'secret': settings.SECRET_KEY,
+    'transport': settings.CELERY_BROKER_TRANSPORT_OPTIONS,
+    'acks_late': settings.CELERY_TASK_ACKS_LATE,
+    'serializer': [settings.CELERY_TASK_SERIALIZER, settings.CELERY_ACCEPT_CONTENT],
+}))
+"""
+
+
+def _settings(**env) -> dict:
+    full = {
+        k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_", "REDIS_", "SHOP_"))
+    }
+    full.update(env, DJANGO_SETTINGS_MODULE="config.settings.base")
+    out = subprocess.run(
+        [sys.executable, "-c", PRINT_SETTINGS],
+        env=full,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_urls_and_values_come_from_environment():
+    s = _settings(
+        DATABASE_URL="postgres://shopuser:pw@db.internal:6543/shopdb",
+        REDIS_URL="redis://cache.internal:6380/3",
+        SHOP_CURRENCY="USD",
+        DEBUG="true",
+        SECRET_KEY="s3cret",
+        DB_POOL="false",
+    )
+    assert s["db"] == ["django.db.backends.postgresql", "db.internal", 6543, "shopdb", "shopuser"]
+    assert s["pool"] is None
+    assert s["broker"] == "redis://cache.internal:6380/3"
+    assert s["cache"] == "redis://cache.internal:6380/3"
+    assert s["currency"] == "USD"
+    assert s["debug"] is True
+    assert s["secret"] == "s3cret"
+
+
+def test_defaults_are_postgres_pool_eur_and_deliberate_celery():
+    s = _settings(DATABASE_URL="postgres://u@h:5432/d", REDIS_URL="redis://h:6379/0")
+    assert s["db"][0] == "django.db.backends.postgresql"
+    assert s["pool"]["max_size"] >= 1
+    assert s["currency"] == "EUR"
+    assert s["debug"] is False
+    assert s["acks_late"] is True
+    assert s["serializer"] == ["json", ["json"]]
+    transport = s["transport"]
+    # A killed worker's task must come back in well under a minute, and the
+    # restore sweep must run (kombu >= 5.7 honours these two keys).
+    assert transport["visibility_timeout"] <= 120
+    assert transport["unacked_restore_interval"] * transport["unacked_restore_throttle"] <= 10
+
+
+def test_sqlite_url_is_still_postgres_engine_refused():
+    """The shop never runs on SQLite: the engine is forced to PostgreSQL."""
+    s = _settings(DATABASE_URL="postgres://u@h/d")
+    assert s["db"][0] == "django.db.backends.postgresql"

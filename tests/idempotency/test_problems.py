@@ -1,0 +1,81 @@
+"""Every class of API error is an RFC 9457 problem, never HTML, never a 500 for bad input."""
+
+import pytest
+from django.test import override_settings
+
+from tests.conftest import assert_problem
+
+pytestmark = pytest.mark.django_db
+
+
+def test_unknown_api_url_is_problem_404(api_client):
+    assert_problem(api_client.get("/api/v1/nothing-here/"), 404, "not_found")
+
+
+def test_unauthenticated_is_401_with_challenge(api_client):
+    response = api_client.delete("/api/v1/auth/account/")
+    assert_problem(response, 401, "not_authenticated")
+    assert response["WWW-Authenticate"].startswith("Token")
+
+
+def test_bad_token_is_401(api_client):
+    api_client.credentials(HTTP_AUTHORIZATION="Token nope")
+    assert_problem(api_client.delete("/api/v1/auth/account/"), 401, "not_authenticated")
+
+
+def test_forbidden_is_403(shopper_client):
+    assert_problem(
+        shopper_client.post("/api/v1/products/", {}, format="json"), 403, "permission_denied"
+    )
+
+
+def test_wrong_method_is_405(api_client):
+    assert_problem(api_client.delete("/api/v1/products/"), 405, "method_not_allowed")
+
+
+def test_malformed_json_is_400(staff_client):
+    response = staff_client.post(
+        "/api/v1/products/", data="{not json", content_type="application/json"
+    )
+    assert_problem(response, 400, "malformed_json")
+
+
+def test_wrong_media_type_is_415(staff_client):
+    response = staff_client.post("/api/v1/products/", data="sku=x", content_type="text/plain")
+    assert_problem(response, 415, "unsupported_media_type")
+
+
+@override_settings(DATA_UPLOAD_MAX_MEMORY_SIZE=100)
+def test_oversized_body_is_413(staff_client):
+    response = staff_client.post(
+        "/api/v1/products/", data='{"name": "' + "x" * 500 + '"}', content_type="application/json"
+    )
+    assert_problem(response, 413, "payload_too_large")
+
+
+def test_validation_error_lists_fields(staff_client):
+    body = assert_problem(
+        staff_client.post("/api/v1/products/", {"sku": "bad sku!"}, format="json"),
+        400,
+        "invalid_request",
+    )
+    assert {"sku", "name", "price", "currency"} <= set(body["errors"])
+
+
+def test_json_array_body_is_400_not_500(staff_client):
+    assert_problem(
+        staff_client.post("/api/v1/products/", data="[1, 2]", content_type="application/json"),
+        400,
+        "invalid_request",
+    )
+
+
+def test_unexpected_exception_is_problem_500(api_client, monkeypatch):
+    from inventory import selectors
+
+    def boom():
+        raise RuntimeError("bug")
+
+    monkeypatch.setattr(selectors, "product_list", boom)
+    api_client.raise_request_exception = False
+    assert_problem(api_client.get("/api/v1/products/"), 500, "internal_error")
