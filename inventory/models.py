@@ -1,9 +1,10 @@
-"""Products and their stock."""
+"""Products, their stock and the reservation flags that hold it."""
 
 import uuid
 
 from django.db import models
 from django.db.models import F, Q
+from django.db.models.functions import Now
 
 
 class Product(models.Model):
@@ -59,3 +60,49 @@ class StockItem(models.Model):
     @property
     def available(self) -> int:
         return self.on_hand - self.reserved
+
+
+class Reservation(models.Model):
+    """The reservation flag of one order line: units of one stock item held for it.
+
+    While `held`, its `quantity` is counted in `StockItem.reserved`. It leaves
+    `held` exactly once, by a conditional UPDATE on this row in the same
+    transaction as the counter change: `committed` (the units left `on_hand`
+    and `reserved` together: sold), `released` (flag reset: declined,
+    cancelled, refused) or `expired` (the shopper did not decide in time).
+    `expires_at` is set only while an order awaits the shopper's decision;
+    a flag whose payment outcome is unknown never expires.
+    """
+
+    class State(models.TextChoices):
+        HELD = "held"
+        COMMITTED = "committed"
+        RELEASED = "released"
+        EXPIRED = "expired"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    stock = models.ForeignKey(StockItem, on_delete=models.PROTECT, related_name="reservations")
+    quantity = models.IntegerField()
+    state = models.CharField(max_length=16, choices=State.choices, default=State.HELD)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(db_default=Now())
+    settled_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(quantity__gt=0), name="inventory_reservation_quantity_positive"
+            ),
+            models.CheckConstraint(
+                condition=Q(state__in=["held", "committed", "released", "expired"]),
+                name="inventory_reservation_state_valid",
+            ),
+            models.CheckConstraint(
+                condition=Q(state="held", settled_at__isnull=True)
+                | (~Q(state="held") & Q(settled_at__isnull=False)),
+                name="inventory_reservation_settled_at_matches_state",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.quantity} of stock {self.stock_id} ({self.state})"

@@ -1,10 +1,11 @@
-"""Reads of the catalog."""
+"""Reads of the catalog and stock."""
 
-from django.db.models import F, QuerySet
+from django.db.models import F, Q, QuerySet, Sum
+from django.db.models.functions import Coalesce
 
 from idempotency.errors import NotFound
 
-from .models import Product
+from .models import Product, Reservation, StockItem
 
 
 def product_list() -> QuerySet[Product]:
@@ -20,3 +21,17 @@ def product_get(*, sku: str) -> Product:
     if product is None:
         raise NotFound(f"No product with sku {sku!r}.")
     return product
+
+
+def stock_drift() -> list[dict]:
+    """Return stock items whose `reserved` differs from the sum of their held flags.
+
+    Empty when the books balance; a reconciliation check, never a repair.
+    """
+    held = Sum("reservations__quantity", filter=Q(reservations__state=Reservation.State.HELD))
+    rows = (
+        StockItem.objects.annotate(held=Coalesce(held, 0))
+        .exclude(reserved=F("held"))
+        .values("id", "product__sku", "on_hand", "reserved", "held")
+    )
+    return list(rows)

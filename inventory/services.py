@@ -1,15 +1,30 @@
-"""Writes to the catalog and stock."""
+"""Writes to the catalog, stock and reservation flags.
+
+Counters never go through Python: every change is one conditional UPDATE
+whose WHERE clause states the invariant, and the row count (or RETURNING)
+says whether it held. A reservation flag leaves `held` by a conditional
+UPDATE on its own row, in the same transaction as the counter change, so
+committing or releasing it twice changes the counters once.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+from datetime import datetime
 from decimal import Decimal
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
+from django.db.models import F
+from django.db.models.functions import Now
 
 from idempotency.errors import ApplicationError
 from idempotency.money import check_currency
 
-from .models import Product, StockItem
+from . import lock_objects, selectors
+from .models import Product, Reservation, StockItem
+
+# on_hand stays below this so that on_hand + any accepted delta fits in int4.
+MAX_ON_HAND = 1_000_000_000
 
 
 class SkuExists(ApplicationError):
@@ -38,3 +53,171 @@ def product_create(*, sku: str, name: str, price: Decimal, currency: str, stock:
         raise
     StockItem.objects.create(product=product, on_hand=stock, reserved=0)
     return product
+
+
+class StockBelowReserved(ApplicationError):
+    status = 409
+    code = "stock_below_reserved"
+    title = "Stock below reserved"
+
+
+class StockLimitExceeded(ApplicationError):
+    status = 422
+    code = "stock_limit_exceeded"
+    title = "Stock limit exceeded"
+
+
+def _stock_reserve(*, requests: Mapping[int, int], partial: bool) -> dict[int, int]:
+    """Raise `reserved` of each stock item; return the units granted per stock id.
+
+    All-or-nothing per item (`partial=False`): `reserved + q` only where
+    `on_hand - reserved >= q`. Partial: `LEAST(q, on_hand - reserved)`. The
+    rows are locked first in primary-key order (one statement), then one
+    UPDATE changes all of them; the grant is what the UPDATE added to the
+    value read under our own lock, so nothing else can have changed it.
+    """
+    locked = lock_objects.stock_items_lock(stock_ids=requests.keys())
+    if not locked:
+        return {}
+    values = ", ".join(["(%s::bigint, %s::integer)"] * len(locked))
+    params: list[int] = []
+    for stock_id in locked:
+        params += [stock_id, requests[stock_id]]
+    if partial:
+        grant, guard = "LEAST(r.q, s.on_hand - s.reserved)", "s.on_hand - s.reserved > 0"
+    else:
+        grant, guard = "r.q", "s.on_hand - s.reserved >= r.q"
+    table = StockItem._meta.db_table
+    sql = (
+        f"UPDATE {table} AS s SET reserved = s.reserved + {grant}, updated_at = now() "
+        f"FROM (VALUES {values}) AS r(id, q) WHERE s.id = r.id AND {guard} "
+        "RETURNING s.id, s.reserved"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+    granted = {stock_id: 0 for stock_id in requests}
+    for stock_id, reserved in rows:
+        granted[stock_id] = reserved - locked[stock_id][1]
+    return granted
+
+
+@transaction.atomic
+def reservations_hold(*, requests: Mapping[int, int], partial: bool) -> dict[int, Reservation]:
+    """Reserve units of several stock items at once; return a held flag per granted item.
+
+    `requests` maps stock id to the units wanted. Items that granted nothing
+    are absent from the result. With `partial`, an item grants what is
+    available up to the request; otherwise all of it or nothing.
+    """
+    granted = _stock_reserve(requests=requests, partial=partial)
+    reservations = [
+        Reservation(stock_id=stock_id, quantity=units)
+        for stock_id, units in granted.items()
+        if units > 0
+    ]
+    Reservation.objects.bulk_create(reservations)
+    return {reservation.stock_id: reservation for reservation in reservations}
+
+
+def _settle(*, reservation_ids: Iterable, state: str) -> list[tuple[int, int]]:
+    """Move held flags to `state`; return (stock_id, quantity) of those that moved now."""
+    ids = list(reservation_ids)
+    if not ids:
+        return []
+    table = Reservation._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {table} SET state = %s, settled_at = now() "
+            "WHERE id = ANY(%s) AND state = 'held' RETURNING stock_id, quantity",
+            [state, ids],
+        )
+        return cursor.fetchall()
+
+
+def _per_stock(moved: list[tuple[int, int]]) -> dict[int, int]:
+    units: dict[int, int] = {}
+    for stock_id, quantity in moved:
+        units[stock_id] = units.get(stock_id, 0) + quantity
+    return units
+
+
+@transaction.atomic
+def reservations_commit(*, reservation_ids: Iterable) -> int:
+    """Sell the units of held flags: take them out of `on_hand` and `reserved` together.
+
+    Flags already committed, released or expired are left alone (a second
+    call is harmless). Return how many flags this call committed.
+    """
+    moved = _settle(reservation_ids=reservation_ids, state=Reservation.State.COMMITTED)
+    units = _per_stock(moved)
+    lock_objects.stock_items_lock(stock_ids=units.keys())
+    for stock_id in sorted(units):
+        StockItem.objects.filter(id=stock_id).update(
+            on_hand=F("on_hand") - units[stock_id],
+            reserved=F("reserved") - units[stock_id],
+            updated_at=Now(),
+        )
+    return len(moved)
+
+
+@transaction.atomic
+def reservations_release(
+    *, reservation_ids: Iterable, state: str = Reservation.State.RELEASED
+) -> int:
+    """Reset held flags (`released`, or `expired`); their units become available again.
+
+    A flag that already left `held` is left alone. Return how many flags
+    this call reset.
+    """
+    assert state in (Reservation.State.RELEASED, Reservation.State.EXPIRED)
+    moved = _settle(reservation_ids=reservation_ids, state=state)
+    units = _per_stock(moved)
+    lock_objects.stock_items_lock(stock_ids=units.keys())
+    for stock_id in sorted(units):
+        StockItem.objects.filter(id=stock_id).update(
+            reserved=F("reserved") - units[stock_id], updated_at=Now()
+        )
+    return len(moved)
+
+
+def reservations_set_expiry(*, reservation_ids: Iterable, expires_at: datetime | None) -> int:
+    """Set when held flags expire; None = never (their order's payment is being decided)."""
+    return Reservation.objects.filter(
+        id__in=list(reservation_ids), state=Reservation.State.HELD
+    ).update(expires_at=expires_at)
+
+
+@transaction.atomic
+def stock_adjust(*, sku: str, delta: int | None = None, set_to: int | None = None) -> StockItem:
+    """Change the units on hand of a product by `delta` or to `set_to`.
+
+    `on_hand` never drops below what reservations hold: the condition is in
+    the UPDATE itself, so a reservation made a moment earlier is respected.
+    """
+    assert (delta is None) != (set_to is None), "exactly one of delta and set_to"
+    product = selectors.product_get(sku=sku)
+    updated = StockItem.objects.filter(product_id=product.id)
+    if delta is not None:
+        assert abs(delta) <= MAX_ON_HAND
+        new_on_hand = F("on_hand") + delta
+        updated = updated.filter(reserved__lte=new_on_hand, on_hand__lte=MAX_ON_HAND - delta)
+    else:
+        if not 0 <= set_to <= MAX_ON_HAND:
+            raise StockLimitExceeded(f"On hand must be between 0 and {MAX_ON_HAND}.")
+        new_on_hand = set_to
+        updated = updated.filter(reserved__lte=set_to)
+    if updated.update(on_hand=new_on_hand, updated_at=Now()) != 1:
+        # Only to explain the refusal; the decision was the UPDATE's.
+        stock = StockItem.objects.get(product_id=product.id)
+        target = stock.on_hand + delta if delta is not None else set_to
+        if target > MAX_ON_HAND:
+            raise StockLimitExceeded(
+                f"At most {MAX_ON_HAND} units may be on hand.",
+                errors={"on_hand": [f"Would be {target}."]},
+            )
+        raise StockBelowReserved(
+            f"{stock.reserved} units of {sku} are reserved; on hand cannot go below that.",
+            extra={"on_hand": stock.on_hand, "reserved": stock.reserved, "requested": target},
+        )
+    return StockItem.objects.select_related("product").get(product_id=product.id)

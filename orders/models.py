@@ -1,1 +1,141 @@
+"""Orders, their lines and the event row every status change writes."""
 
+import uuid
+
+from django.conf import settings
+from django.db import models
+from django.db.models import F, Q
+from django.db.models.functions import Now
+
+from inventory.models import Product, Reservation
+
+from .states import Fulfillment, LineStatus, OnShortage, OrderStatus
+
+# Created by migration 0001; numbers are human-readable and never reused.
+ORDER_NUMBER_SEQUENCE = "orders_order_number_seq"
+
+
+def _choices_check(field: str, choices: type[models.TextChoices], name: str):
+    return models.CheckConstraint(condition=Q(**{f"{field}__in": choices.values}), name=name)
+
+
+class Order(models.Model):
+    """A shopper's order: its lines hold reservation flags until it is paid or let go."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    number = models.BigIntegerField(
+        db_default=models.Func(
+            template=f"nextval('{ORDER_NUMBER_SEQUENCE}')", output_field=models.BigIntegerField()
+        ),
+        editable=False,
+    )
+    # The (owner, -number) index below serves both the FK and the shopper's list.
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="orders", db_index=False
+    )
+    status = models.CharField(max_length=32, choices=OrderStatus.choices)
+    fulfillment = models.CharField(
+        max_length=32, choices=Fulfillment.choices, default=Fulfillment.UNFULFILLED
+    )
+    on_shortage = models.CharField(max_length=16, choices=OnShortage.choices)
+    payment_method = models.CharField(max_length=64)
+    shipping_address = models.JSONField()
+    currency = models.CharField(max_length=3)
+    # Σ unit_price × quantity_confirmed: what is (or would be) charged.
+    total = models.DecimalField(max_digits=14, decimal_places=2)
+    reservation_expires_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(db_default=Now())
+    updated_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["number"], name="orders_order_number_uniq"),
+            models.CheckConstraint(
+                condition=Q(total__gte=0), name="orders_order_total_non_negative"
+            ),
+            _choices_check("status", OrderStatus, "orders_order_status_valid"),
+            _choices_check("fulfillment", Fulfillment, "orders_order_fulfillment_valid"),
+            _choices_check("on_shortage", OnShortage, "orders_order_on_shortage_valid"),
+            models.CheckConstraint(
+                condition=~Q(status=OrderStatus.AWAITING_DECISION)
+                | Q(reservation_expires_at__isnull=False),
+                name="orders_order_awaiting_decision_expires",
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["owner", "-number"], name="orders_order_owner_number_idx"),
+            models.Index(
+                fields=["reservation_expires_at"],
+                condition=Q(status="awaiting_decision"),
+                name="orders_order_awaiting_idx",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"order {self.number} ({self.status})"
+
+
+class OrderLine(models.Model):
+    """One sku of an order, its price snapshotted when the order was placed."""
+
+    order = models.ForeignKey(Order, on_delete=models.PROTECT, related_name="lines")
+    position = models.PositiveSmallIntegerField()
+    product = models.ForeignKey(Product, on_delete=models.PROTECT, related_name="+")
+    sku = models.CharField(max_length=64)
+    unit_price = models.DecimalField(max_digits=12, decimal_places=2)
+    quantity_requested = models.IntegerField()
+    # The units this line holds or held for the order (0 when unavailable).
+    quantity_confirmed = models.IntegerField(default=0)
+    quantity_shipped = models.IntegerField(default=0)
+    quantity_returned = models.IntegerField(default=0)
+    status = models.CharField(max_length=16, choices=LineStatus.choices)
+    reservation = models.OneToOneField(
+        Reservation, on_delete=models.PROTECT, null=True, blank=True, related_name="order_line"
+    )
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["order", "product"], name="orders_orderline_sku_uniq"),
+            models.UniqueConstraint(
+                fields=["order", "position"], name="orders_orderline_position_uniq"
+            ),
+            models.CheckConstraint(
+                condition=Q(quantity_requested__gte=1, quantity_requested__lte=1000),
+                name="orders_orderline_requested_range",
+            ),
+            models.CheckConstraint(
+                condition=Q(quantity_confirmed__gte=0)
+                & Q(quantity_confirmed__lte=F("quantity_requested")),
+                name="orders_orderline_confirmed_range",
+            ),
+            models.CheckConstraint(
+                condition=Q(quantity_returned__gte=0)
+                & Q(quantity_returned__lte=F("quantity_shipped"))
+                & Q(quantity_shipped__lte=F("quantity_confirmed")),
+                name="orders_orderline_shipped_range",
+            ),
+            models.CheckConstraint(
+                condition=Q(unit_price__gte=0), name="orders_orderline_unit_price_non_negative"
+            ),
+            _choices_check("status", LineStatus, "orders_orderline_status_valid"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.sku} × {self.quantity_requested} ({self.status})"
+
+
+class OrderEvent(models.Model):
+    """One status change of an order or one of its lines, written in the change's transaction."""
+
+    order = models.ForeignKey(Order, on_delete=models.PROTECT, related_name="events")
+    line = models.ForeignKey(
+        OrderLine, on_delete=models.PROTECT, null=True, blank=True, related_name="events"
+    )
+    kind = models.CharField(max_length=64)
+    from_status = models.CharField(max_length=32, null=True, blank=True)
+    to_status = models.CharField(max_length=32)
+    data = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(db_default=Now())
+
+    def __str__(self) -> str:
+        return f"{self.kind}: {self.from_status} → {self.to_status}"

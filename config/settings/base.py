@@ -189,3 +189,15 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
     "loggers": {"django.request": {"level": "ERROR"}},
 }
+
+# --- Checkout: orders and reservation flags (issue 6) --------------------------
+# How long an `ask` order's flags are held while the shopper decides.
+ORDER_RESERVATION_TTL_SECONDS = env.int("ORDER_RESERVATION_TTL_SECONDS", default=15 * 60)
+# How often beat sweeps `awaiting_decision` orders past their expiry.
+ORDER_EXPIRY_SWEEP_SECONDS = env.int("ORDER_EXPIRY_SWEEP_SECONDS", default=30)
+# Orders expired per sweep run (each in its own transaction).
+ORDER_EXPIRY_BATCH = env.int("ORDER_EXPIRY_BATCH", default=500)
+CELERY_BEAT_SCHEDULE["orders.expire_reservations"] = {
+    "task": "orders.expire_reservations",
+    "schedule": ORDER_EXPIRY_SWEEP_SECONDS,
+}

@@ -1,5 +1,6 @@
 from rest_framework import serializers
 
+from idempotency.fields import ClosedSerializer, StrictIntegerField
 from idempotency.money import MoneyField
 
 SKU_REGEX = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
@@ -19,3 +20,22 @@ class ProductIn(serializers.Serializer):
     price = MoneyField()
     currency = serializers.CharField(min_length=3, max_length=3)
     stock = serializers.IntegerField(min_value=0, max_value=1_000_000_000, default=0)
+
+
+class StockIn(ClosedSerializer):
+    """POST /products/{sku}/stock/ body: exactly one of `delta` and `set`."""
+
+    delta = StrictIntegerField(required=False, min_value=-1_000_000_000, max_value=1_000_000_000)
+    set = StrictIntegerField(required=False, min_value=0, max_value=1_000_000_000)
+
+    def validate(self, attrs: dict) -> dict:
+        if ("delta" in attrs) == ("set" in attrs):
+            raise serializers.ValidationError("Give exactly one of delta and set.")
+        return {"delta": attrs.get("delta"), "set_to": attrs.get("set")}
+
+
+class StockOut(serializers.Serializer):
+    sku = serializers.CharField(source="product.sku")
+    on_hand = serializers.IntegerField()
+    reserved = serializers.IntegerField()
+    available = serializers.IntegerField()

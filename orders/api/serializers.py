@@ -1,0 +1,123 @@
+"""Request validation and the order body, exactly as the contract spells them."""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from idempotency.fields import ClosedSerializer, StrictCharField, StrictIntegerField
+from idempotency.money import MoneyField, check_currency
+from inventory.models import Product
+
+from .. import selectors
+from ..services import LineRequest
+from ..states import OnShortage
+
+MAX_LINES = 100
+
+# The provider's test methods; payments owns the list once it is merged.
+SUPPORTED_PAYMENT_METHODS = frozenset(
+    {"pm_card_ok", "pm_card_declined", "pm_card_timeout", "pm_card_unavailable"}
+)
+
+
+class OrderLineIn(ClosedSerializer):
+    sku = StrictCharField(max_length=64)
+    quantity = StrictIntegerField(min_value=1, max_value=1000)
+
+
+class ShippingAddressIn(ClosedSerializer):
+    name = StrictCharField(max_length=200)
+    line1 = StrictCharField(max_length=200)
+    line2 = StrictCharField(max_length=200, required=False, allow_blank=True)
+    city = StrictCharField(max_length=100)
+    region = StrictCharField(max_length=100, required=False, allow_blank=True)
+    postal_code = StrictCharField(max_length=20)
+    country = serializers.RegexField(
+        r"^[A-Za-z]{2}$",
+        error_messages={"invalid": "A two-letter ISO 3166 country code."},
+    )
+
+    def validate_country(self, value: str) -> str:
+        return value.upper()
+
+
+class OrderIn(ClosedSerializer):
+    """POST /orders/ body. Products are looked up here, so an unknown sku is a 400."""
+
+    lines = OrderLineIn(many=True, allow_empty=False, max_length=MAX_LINES)
+    on_shortage = serializers.ChoiceField(choices=OnShortage.choices, default=OnShortage.REJECT)
+    payment_method = StrictCharField(max_length=64)
+    shipping_address = ShippingAddressIn()
+    expected_total = MoneyField(required=False)
+    # Optional; when given it must be the shop's (422 currency_mismatch).
+    currency = StrictCharField(required=False, min_length=3, max_length=3)
+
+    def validate_payment_method(self, value: str) -> str:
+        if value not in SUPPORTED_PAYMENT_METHODS:
+            raise serializers.ValidationError("Unknown payment method.")
+        return value
+
+    def validate_lines(self, lines: list[dict]) -> list[LineRequest]:
+        skus = [line["sku"] for line in lines]
+        products = {
+            product.sku: product
+            for product in Product.objects.select_related("stock").filter(sku__in=skus)
+        }
+        errors: list[dict] = [{} for _ in lines]
+        seen: set[str] = set()
+        for index, sku in enumerate(skus):
+            if sku in seen:
+                errors[index] = {"sku": ["This sku appears more than once."]}
+            elif sku not in products:
+                errors[index] = {"sku": ["Unknown sku."]}
+            seen.add(sku)
+        if any(errors):
+            raise serializers.ValidationError(errors)
+        return [
+            LineRequest(product=products[line["sku"]], quantity=line["quantity"]) for line in lines
+        ]
+
+    def validate(self, attrs: dict) -> dict:
+        currency = attrs.pop("currency", None)
+        if currency is not None:
+            check_currency(currency)
+        return attrs
+
+
+class OrderLineOut(serializers.Serializer):
+    sku = serializers.CharField()
+    quantity_requested = serializers.IntegerField()
+    quantity_confirmed = serializers.IntegerField()
+    quantity_shipped = serializers.IntegerField()
+    quantity_returned = serializers.IntegerField()
+    status = serializers.CharField()
+    unit_price = MoneyField()
+
+
+class PaymentSummaryOut(serializers.Serializer):
+    status = serializers.CharField()
+    amount_captured = serializers.CharField()
+    amount_refunded = serializers.CharField()
+
+
+class OrderOut(serializers.Serializer):
+    id = serializers.UUIDField()
+    number = serializers.IntegerField()
+    status = serializers.CharField()
+    fulfillment = serializers.CharField()
+    lines = OrderLineOut(many=True, source="lines.all")
+    total = MoneyField()
+    currency = serializers.CharField()
+    payment = serializers.SerializerMethodField()
+    reservation_expires_at = serializers.DateTimeField(allow_null=True)
+    created_at = serializers.DateTimeField()
+
+    @extend_schema_field(PaymentSummaryOut)
+    def get_payment(self, order) -> dict:
+        return selectors.order_payment_summary(order=order)
+
+
+def order_body(order) -> dict:
+    """Render the contract's order body."""
+    return dict(OrderOut(order).data)

@@ -1,0 +1,421 @@
+"""Writes to orders: placing (reserving), deciding, paying, cancelling, expiring.
+
+Every status change is a conditional UPDATE naming the source status (see
+`orders.states`), so two processes racing for the same order (confirm vs
+expiry, a retry vs the completer, settlement vs the request) cannot both
+win: the loser's UPDATE matches no row and it does nothing. The winner
+changes the lines, the reservation flags and the event rows in the same
+transaction.
+
+Lock order, everywhere: the order row, its lines, their reservation flags,
+then stock rows in primary-key order (`inventory.lock_objects`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from decimal import Decimal
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import Q
+from django.db.models.functions import Now
+
+from idempotency.errors import ApplicationError
+from idempotency.money import format_money, minor_units
+from inventory import services as inventory_services
+from inventory.models import Product, Reservation
+
+from .models import Order, OrderEvent, OrderLine
+from .states import (
+    LINE_TRANSITIONS,
+    ORDER_TRANSITIONS,
+    Fulfillment,
+    LineStatus,
+    OnShortage,
+    OrderStatus,
+    check_transition,
+)
+
+
+class InsufficientStock(ApplicationError):
+    status = 409
+    code = "insufficient_stock"
+    title = "Insufficient stock"
+
+
+class PriceChanged(ApplicationError):
+    status = 409
+    code = "price_changed"
+    title = "Price changed"
+
+
+class ReservationExpired(ApplicationError):
+    status = 409
+    code = "reservation_expired"
+    title = "Reservation expired"
+
+
+class PaymentPending(ApplicationError):
+    status = 409
+    code = "payment_pending"
+    title = "Payment pending"
+
+
+class OrderShipped(ApplicationError):
+    status = 409
+    code = "order_shipped"
+    title = "Order shipped"
+
+
+class InvalidState(ApplicationError):
+    status = 409
+    code = "invalid_state"
+    title = "Invalid state"
+
+
+@dataclass(frozen=True)
+class LineRequest:
+    """One validated line of a new order: the product (with its stock) and the units wanted."""
+
+    product: Product
+    quantity: int
+
+
+def _db_now() -> datetime:
+    """Return the database clock (the transaction's start inside a transaction)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT now()")
+        return cursor.fetchone()[0]
+
+
+def _quantize(amount: Decimal) -> Decimal:
+    return amount.quantize(Decimal(1).scaleb(-minor_units()))
+
+
+def _order_move(
+    *,
+    order_id,
+    source: str,
+    target: str,
+    kind: str,
+    condition: Q | None = None,
+    data: dict | None = None,
+) -> bool:
+    """Move an order from `source` to `target` if it is still in `source`; record the event.
+
+    Return False (and change nothing) when another transaction moved it first.
+    """
+    check_transition(ORDER_TRANSITIONS, source, target)
+    moved = Order.objects.filter(condition or Q(), id=order_id, status=source).update(
+        status=target, updated_at=Now()
+    )
+    if moved:
+        OrderEvent.objects.create(
+            order_id=order_id, kind=kind, from_status=source, to_status=target, data=data or {}
+        )
+    return bool(moved)
+
+
+def _lines_move(
+    *, order_id, lines: Sequence[OrderLine], source: str, target: str, kind: str
+) -> list[OrderLine]:
+    """Move the order's lines that are in `source` to `target`; record one event per line.
+
+    Only the transaction that just won the order's own transition calls
+    this, so the lines cannot change under it.
+    """
+    check_transition(LINE_TRANSITIONS, source, target)
+    moving = [line for line in lines if line.status == source]
+    if not moving:
+        return []
+    OrderLine.objects.filter(id__in=[line.id for line in moving], status=source).update(
+        status=target
+    )
+    OrderEvent.objects.bulk_create(
+        OrderEvent(
+            order_id=order_id,
+            line_id=line.id,
+            kind=kind,
+            from_status=source,
+            to_status=target,
+            data={"sku": line.sku},
+        )
+        for line in moving
+    )
+    for line in moving:
+        line.status = target
+    return moving
+
+
+def _reservation_ids(lines: Sequence[OrderLine]) -> list:
+    return [line.reservation_id for line in lines if line.reservation_id is not None]
+
+
+@transaction.atomic
+def order_reserve(
+    *,
+    owner,
+    lines: Sequence[LineRequest],
+    on_shortage: str,
+    payment_method: str,
+    shipping_address: dict,
+    expected_total: Decimal | None = None,
+) -> Order:
+    """Hold stock for every line and create the order, or refuse with nothing held.
+
+    Each line gets a reservation flag for min(requested, available) units.
+    Every line fully held → `payment_pending` (the caller takes the payment).
+    Nothing held at all → 409 `insufficient_stock` in every mode. Otherwise
+    by `on_shortage`: `reject` → 409 `insufficient_stock`; `partial` →
+    `payment_pending` for what is held (fully short lines `unavailable`);
+    `ask` → `awaiting_decision` until `reservation_expires_at`.
+    A refusal raises, so this transaction (savepoint) rolls back and every
+    flag and counter change with it.
+    """
+    skus = [line.product.sku for line in lines]
+    assert lines and len(set(skus)) == len(skus), "lines must be non-empty with distinct skus"
+    requested_total = _quantize(
+        sum((line.product.price * line.quantity for line in lines), Decimal(0))
+    )
+    if expected_total is not None and expected_total != requested_total:
+        raise PriceChanged(
+            f"The total is now {format_money(requested_total)}, "
+            f"not {format_money(expected_total)}.",
+            errors={"expected_total": [f"The current total is {format_money(requested_total)}."]},
+            extra={"total": format_money(requested_total), "currency": settings.SHOP_CURRENCY},
+        )
+
+    held = inventory_services.reservations_hold(
+        requests={line.product.stock.id: line.quantity for line in lines}, partial=True
+    )
+    granted = [
+        held[line.product.stock.id].quantity if line.product.stock.id in held else 0
+        for line in lines
+    ]
+    short = [
+        {"index": index, "sku": line.product.sku, "requested": line.quantity, "available": units}
+        for index, (line, units) in enumerate(zip(lines, granted, strict=True))
+        if units < line.quantity
+    ]
+    if not any(granted):
+        raise InsufficientStock("No unit of any line is available.", errors={"lines": short})
+    if short and on_shortage == OnShortage.REJECT:
+        raise InsufficientStock(
+            "Not every line is available in the quantity requested.", errors={"lines": short}
+        )
+
+    expires_at = None
+    status = OrderStatus.PAYMENT_PENDING
+    if short and on_shortage == OnShortage.ASK:
+        status = OrderStatus.AWAITING_DECISION
+        expires_at = _db_now() + timedelta(seconds=settings.ORDER_RESERVATION_TTL_SECONDS)
+        inventory_services.reservations_set_expiry(
+            reservation_ids=[reservation.id for reservation in held.values()],
+            expires_at=expires_at,
+        )
+
+    total = _quantize(
+        sum(
+            (line.product.price * units for line, units in zip(lines, granted, strict=True)),
+            Decimal(0),
+        )
+    )
+    order = Order(
+        owner=owner,
+        status=status,
+        fulfillment=Fulfillment.UNFULFILLED,
+        on_shortage=on_shortage,
+        payment_method=payment_method,
+        shipping_address=shipping_address,
+        currency=settings.SHOP_CURRENCY,
+        total=total,
+        reservation_expires_at=expires_at,
+    )
+    order.save(force_insert=True)
+    order_lines = OrderLine.objects.bulk_create(
+        OrderLine(
+            order=order,
+            position=index,
+            product=line.product,
+            sku=line.product.sku,
+            unit_price=line.product.price,
+            quantity_requested=line.quantity,
+            quantity_confirmed=units,
+            status=LineStatus.RESERVED if units else LineStatus.UNAVAILABLE,
+            reservation=held.get(line.product.stock.id),
+        )
+        for index, (line, units) in enumerate(zip(lines, granted, strict=True))
+    )
+    check_transition(ORDER_TRANSITIONS, None, status)
+    events = [OrderEvent(order=order, kind="placed", from_status=None, to_status=status)]
+    for line in order_lines:
+        check_transition(LINE_TRANSITIONS, None, line.status)
+        events.append(
+            OrderEvent(
+                order=order,
+                line=line,
+                kind="placed",
+                from_status=None,
+                to_status=line.status,
+                data={"sku": line.sku, "requested": line.quantity_requested},
+            )
+        )
+    OrderEvent.objects.bulk_create(events)
+    return order
+
+
+@transaction.atomic
+def order_payment_record(*, order_id, captured: bool) -> Order:
+    """Apply the payment's final outcome to a `payment_pending` order; harmless twice.
+
+    Captured → `confirmed` (or `partially_confirmed` when a line got fewer
+    units than requested) and the flags committed (units sold). Declined →
+    `payment_failed` and the flags reset. An order that already left
+    `payment_pending` is returned unchanged.
+    """
+    lines = list(OrderLine.objects.filter(order_id=order_id).order_by("position"))
+    if captured:
+        partial = any(line.quantity_confirmed < line.quantity_requested for line in lines)
+        target = OrderStatus.PARTIALLY_CONFIRMED if partial else OrderStatus.CONFIRMED
+        if _order_move(
+            order_id=order_id, source=OrderStatus.PAYMENT_PENDING, target=target, kind="paid"
+        ):
+            moved = _lines_move(
+                order_id=order_id,
+                lines=lines,
+                source=LineStatus.RESERVED,
+                target=LineStatus.CONFIRMED,
+                kind="paid",
+            )
+            inventory_services.reservations_commit(reservation_ids=_reservation_ids(moved))
+    elif _order_move(
+        order_id=order_id,
+        source=OrderStatus.PAYMENT_PENDING,
+        target=OrderStatus.PAYMENT_FAILED,
+        kind="payment_failed",
+    ):
+        moved = _lines_move(
+            order_id=order_id,
+            lines=lines,
+            source=LineStatus.RESERVED,
+            target=LineStatus.RELEASED,
+            kind="payment_failed",
+        )
+        inventory_services.reservations_release(reservation_ids=_reservation_ids(moved))
+    return Order.objects.get(id=order_id)
+
+
+@transaction.atomic
+def order_decide_confirm(*, order_id) -> Order:
+    """Take the shopper's "yes" to an `awaiting_decision` order: move it to `payment_pending`.
+
+    Confirming and expiring race through the same conditional UPDATE on the
+    order row, so exactly one wins. If the decision came too late and the
+    sweeper has not run yet, expire the order here (the same conditional
+    UPDATE the sweeper would make). Return the order in whatever state it
+    ends; the caller answers from it (`expired` → 409 reservation_expired).
+    """
+    if _order_move(
+        order_id=order_id,
+        source=OrderStatus.AWAITING_DECISION,
+        target=OrderStatus.PAYMENT_PENDING,
+        kind="confirmed_by_shopper",
+        condition=Q(reservation_expires_at__gt=Now()),
+    ):
+        # While the payment's outcome is being decided, the flags never expire.
+        inventory_services.reservations_set_expiry(
+            reservation_ids=_reservation_ids(OrderLine.objects.filter(order_id=order_id)),
+            expires_at=None,
+        )
+    else:
+        order_expire(order_id=order_id)
+    return Order.objects.get(id=order_id)
+
+
+@transaction.atomic
+def order_cancel(*, order_id) -> Order:
+    """Cancel an order awaiting the shopper's decision: flags reset, `cancelled`.
+
+    Already cancelled (or cancelling) → returned unchanged. Confirmed orders
+    are cancelled by compensation (refund, restock), which arrives with its
+    own issue; until then they answer 409 `invalid_state`.
+    """
+    if _order_move(
+        order_id=order_id,
+        source=OrderStatus.AWAITING_DECISION,
+        target=OrderStatus.CANCELLED,
+        kind="cancelled_by_shopper",
+    ):
+        lines = list(OrderLine.objects.filter(order_id=order_id))
+        moved = _lines_move(
+            order_id=order_id,
+            lines=lines,
+            source=LineStatus.RESERVED,
+            target=LineStatus.CANCELLED,
+            kind="cancelled_by_shopper",
+        )
+        inventory_services.reservations_release(reservation_ids=_reservation_ids(moved))
+        return Order.objects.get(id=order_id)
+
+    order = Order.objects.get(id=order_id)
+    if order.status in (OrderStatus.CANCELLED, OrderStatus.CANCELLING):
+        return order
+    if order.fulfillment != Fulfillment.UNFULFILLED:
+        raise OrderShipped("Part of this order has shipped; return it instead.")
+    if order.status == OrderStatus.PAYMENT_PENDING:
+        raise PaymentPending(
+            "The payment's outcome is not known yet; cancel once it is.",
+            extra={"order_id": str(order.id)},
+        )
+    if order.status in (OrderStatus.CONFIRMED, OrderStatus.PARTIALLY_CONFIRMED):
+        raise InvalidState("Cancelling a confirmed order is not available yet.")
+    raise InvalidState(f"An order that is {order.status} cannot be cancelled.")
+
+
+@transaction.atomic
+def order_expire(*, order_id) -> bool:
+    """Expire an `awaiting_decision` order past `reservation_expires_at` (database clock).
+
+    Reset its flags (`expired`) and release its lines. Return False when it
+    is not due or another transaction (a confirm, a cancel, a second
+    sweeper) moved it first.
+    """
+    if not _order_move(
+        order_id=order_id,
+        source=OrderStatus.AWAITING_DECISION,
+        target=OrderStatus.EXPIRED,
+        kind="reservation_expired",
+        condition=Q(reservation_expires_at__lte=Now()),
+    ):
+        return False
+    lines = list(OrderLine.objects.filter(order_id=order_id))
+    moved = _lines_move(
+        order_id=order_id,
+        lines=lines,
+        source=LineStatus.RESERVED,
+        target=LineStatus.RELEASED,
+        kind="reservation_expired",
+    )
+    inventory_services.reservations_release(
+        reservation_ids=_reservation_ids(moved), state=Reservation.State.EXPIRED
+    )
+    return True
+
+
+def orders_expire_due(*, limit: int = 500) -> int:
+    """Expire every `awaiting_decision` order that is due, each in its own transaction.
+
+    Safe to run twice at once (each order is won by one run) and after a
+    crash (the rest are still due). Return how many this run expired.
+    """
+    due = (
+        Order.objects.filter(
+            status=OrderStatus.AWAITING_DECISION, reservation_expires_at__lte=Now()
+        )
+        .order_by("reservation_expires_at")
+        .values_list("id", flat=True)[:limit]
+    )
+    return sum(order_expire(order_id=order_id) for order_id in list(due))
