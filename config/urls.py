@@ -7,6 +7,7 @@ from . import views
 api_v1 = [
     path("", include("shop.api.urls")),
     path("", include("inventory.api.urls")),
+    path("", include("orders.api.urls")),
 ]
 
 urlpatterns = [

@@ -64,7 +64,8 @@ class OrderIn(ClosedSerializer):
             product.sku: product
             for product in Product.objects.select_related("stock").filter(sku__in=skus)
         }
-        errors: list[dict] = [{} for _ in lines]
+        # Keyed by line index, as DRF reports item errors of a list.
+        errors: dict[int, dict] = {}
         seen: set[str] = set()
         for index, sku in enumerate(skus):
             if sku in seen:
@@ -72,7 +73,7 @@ class OrderIn(ClosedSerializer):
             elif sku not in products:
                 errors[index] = {"sku": ["Unknown sku."]}
             seen.add(sku)
-        if any(errors):
+        if errors:
             raise serializers.ValidationError(errors)
         return [
             LineRequest(product=products[line["sku"]], quantity=line["quantity"]) for line in lines
