@@ -189,3 +189,30 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
     "loggers": {"django.request": {"level": "ERROR"}},
 }
+
+# --- Payments (see docs/payments.md) -----------------------------------------
+# The provider: the simulator (`python -m payments.simulator`) by default.
+PAYMENTS_GATEWAY = env.str(
+    "PAYMENTS_GATEWAY", default="payments.gateway.simulator.SimulatorGateway"
+)
+PAYMENTS_PROVIDER_URL = env.str("PAYMENTS_PROVIDER_URL", default="http://127.0.0.1:8470")
+# Seconds a provider call may take (connect, then each read) before its outcome is unknown.
+PAYMENTS_PROVIDER_TIMEOUT = env.float("PAYMENTS_PROVIDER_TIMEOUT", default=5.0)
+# Dotted path of handler(*, payment, outcome) called inside the transaction that
+# records a settled outcome ("captured" | "declined"); set by the orders area.
+PAYMENTS_SETTLED_HANDLER: str | None = None
+# Settlement of unknown outcomes: delays in seconds, judged by the database clock.
+PAYMENTS_SETTLE_GRACE = env.float(
+    "PAYMENTS_SETTLE_GRACE", default=PAYMENTS_PROVIDER_TIMEOUT + 5
+)  # first look at a call whose caller never came back
+PAYMENTS_SETTLE_FIRST_DELAY = env.float("PAYMENTS_SETTLE_FIRST_DELAY", default=2.0)
+PAYMENTS_SETTLE_BACKOFF_BASE = env.float("PAYMENTS_SETTLE_BACKOFF_BASE", default=2.0)
+PAYMENTS_SETTLE_BACKOFF_MAX = env.float("PAYMENTS_SETTLE_BACKOFF_MAX", default=300.0)
+PAYMENTS_SETTLE_MAX_ATTEMPTS = env.int("PAYMENTS_SETTLE_MAX_ATTEMPTS", default=12)
+PAYMENTS_SETTLE_LEASE = env.float("PAYMENTS_SETTLE_LEASE", default=CELERY_VISIBILITY_TIMEOUT + 30)
+PAYMENTS_SWEEP_INTERVAL = env.float("PAYMENTS_SWEEP_INTERVAL", default=5.0)
+PAYMENTS_SWEEP_BATCH = env.int("PAYMENTS_SWEEP_BATCH", default=100)
+CELERY_BEAT_SCHEDULE["payments.sweep_settlements"] = {
+    "task": "payments.sweep_settlements",
+    "schedule": PAYMENTS_SWEEP_INTERVAL,
+}
