@@ -125,6 +125,7 @@ class Simulator:
         self.latency_ms = 0
         self.pause: str | None = None
         self.paused = 0
+        self.delayed = 0  # calls sleeping in injected latency right now
         self.stats: Counter[str] = Counter()
         self.api_server: ThreadingHTTPServer | None = None
         self.api_port = 0
@@ -214,6 +215,7 @@ class Simulator:
                 "latency_ms": self.latency_ms,
                 "pause": self.pause,
                 "paused": self.paused,
+                "delayed": self.delayed,
                 "refusing": self.api_server is None,
                 "in_flight": sorted(self._in_flight),
                 "stats": dict(self.stats),
@@ -283,7 +285,13 @@ class Simulator:
     def execute(self, kind: str, key: str, params: dict, sock: socket.socket) -> Reply:
         """Run one mutating call under its idempotency key."""
         if self.latency_ms:
-            time.sleep(self.latency_ms / 1000)
+            with self._lock:
+                self.delayed += 1
+            try:
+                time.sleep(self.latency_ms / 1000)
+            finally:
+                with self._lock:
+                    self.delayed -= 1
         fp = fingerprint(kind, params)
         with self._lock:
             self.stats["requests"] += 1

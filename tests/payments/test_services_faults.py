@@ -195,14 +195,14 @@ def test_shop_killed_before_calling_the_provider_settlement_sends_it(
 def test_slow_original_and_settlement_resend_race_to_one_charge(provider, settings):
     """The first call is still on its way when settlement re-sends under the same key."""
     payment = make_payment("pm_card_ok")
-    provider.faults(latency_ms=1500)
+    provider.faults(latency_ms=3000)
     assert payment_capture(payment_id=payment.id).outcome == "unknown"  # 1 s client timeout
     provider.faults(latency_ms=0)
-    settle_due(payment)
-    key = capture_key(payment)
-    provider.wait_for(lambda s: s["stats"].get("requests", 0) >= 2)  # the slow one arrived too
-    settle_due(payment)
+    settle_due(payment)  # not found yet: re-sent under the same key, applied
+    assert provider.state()["delayed"] == 1  # the overlap: the original is still on its way
     payment.refresh_from_db()
     assert payment.status == PaymentStatus.CAPTURED
-    assert len(provider.charges(key)) == 1
+    state = provider.wait_for(lambda s: s["delayed"] == 0 and not s["in_flight"])
+    assert state["stats"]["replays"] == 1  # the original arrived and was answered from the ledger
+    assert len(provider.charges(capture_key(payment))) == 1
     assert_reconciled()
