@@ -177,7 +177,7 @@ def assert_reconciled() -> dict:
     return report
 
 
-def test_database_url() -> str:
+def subprocess_database_url() -> str:
     """The URL of the test database this process uses (for shop subprocesses)."""
     s = connection.settings_dict
     host = s.get("HOST") or "127.0.0.1"
@@ -186,15 +186,12 @@ def test_database_url() -> str:
     return f"postgres://{auth}@{host}:{port}/{s['NAME']}"
 
 
-test_database_url.__test__ = False  # a helper, not a test
-
-
 def shop_env(simulator: Simulator, **extra: str) -> dict[str, str]:
     """Environment for a shop subprocess: same test database, same simulator."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SHOP_FAILPOINTS")}
     env.update(
         DJANGO_SETTINGS_MODULE="config.settings.test",
-        DATABASE_URL=test_database_url(),
+        DATABASE_URL=subprocess_database_url(),
         DB_POOL="false",
         PAYMENTS_PROVIDER_URL=simulator.url,
         PAYMENTS_PROVIDER_TIMEOUT="5",
@@ -216,6 +213,28 @@ if sys.argv[2] == "wait":
 result = payment_capture(payment_id=sys.argv[1])
 print(json.dumps({"outcome": result.outcome, "status": result.payment.status}), flush=True)
 """
+
+
+SETTLE_SCRIPT = """
+import json, sys
+import django
+django.setup()
+from payments.services import payment_settle
+settlement = payment_settle(settlement_id=int(sys.argv[1]))
+print(json.dumps({"attempts": settlement.attempts}), flush=True)
+"""
+
+
+def run_settle_process(simulator: Simulator, settlement_id: int, **env: str):
+    """Run one settlement attempt in a separate shop process (a worker) and wait for it."""
+    return subprocess.run(
+        [sys.executable, "-c", SETTLE_SCRIPT, str(settlement_id)],
+        cwd=ROOT,
+        env=shop_env(simulator, **env),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def start_capture_process(

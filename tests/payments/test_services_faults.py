@@ -9,11 +9,12 @@ from decimal import Decimal
 
 import pytest
 from django.db import connection
+from django.db.models.functions import Now
 
 from payments.models import PaymentSettlement, PaymentStatus
 from payments.services import payment_capture, payment_create
 
-from .conftest import assert_reconciled, settle_due, start_capture_process
+from .conftest import assert_reconciled, run_settle_process, settle_due, start_capture_process
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -170,6 +171,32 @@ def test_shop_killed_after_provider_answered_settlement_records_once(
     assert again.returncode == 0, err
     assert json.loads(out)["outcome"] == "captured"
     assert len(provider.charges(key)) == 1
+    assert_reconciled()
+
+
+def test_settlement_worker_killed_after_the_lookup_answered(provider, settled_calls, tmp_path):
+    payment = make_payment("pm_card_timeout")
+    assert payment_capture(payment_id=payment.id).outcome == "unknown"
+    settlement = PaymentSettlement.objects.get(transaction__payment=payment)
+    PaymentSettlement.objects.filter(id=settlement.id).update(next_attempt_at=Now())
+    killed = run_settle_process(
+        provider,
+        settlement.id,
+        SHOP_FAILPOINTS="payments.settle.after_lookup=exit@1",
+        SHOP_FAILPOINTS_DIR=str(tmp_path / "failpoints"),
+    )
+    assert killed.returncode == 1, killed.stderr
+    assert provider.state()["stats"]["lookups"] == 1  # the provider answered the look-up
+    settlement.refresh_from_db()
+    payment.refresh_from_db()
+    assert (settlement.attempts, settlement.settled_at) == (1, None)  # counted, not recorded
+    assert payment.status == PaymentStatus.PENDING
+
+    settle_due(payment)
+    payment.refresh_from_db()
+    assert payment.status == PaymentStatus.CAPTURED
+    assert [c["outcome"] for c in settled_calls] == ["captured"]
+    assert len(provider.charges(capture_key(payment))) == 1
     assert_reconciled()
 
 
