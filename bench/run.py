@@ -58,6 +58,9 @@ class Bench:
         self.args = args
         self.scenarios = scenarios
         self.t0 = time.monotonic()
+        # Gunicorn gets this environment plus the bench's own variables, never
+        # what the harness process later sets for itself (e.g. DB_POOL=false).
+        self.environ = dict(os.environ)
         self.started = datetime.now(UTC)
         base = PgTarget.from_url(os.environ.get("DATABASE_URL") or DEFAULT_DATABASE_URL)
         bench_url = os.environ.get("BENCH_DATABASE_URL")
@@ -131,8 +134,12 @@ class Bench:
             "LOG_LEVEL": "WARNING",
         }
 
+    def gunicorn_env(self) -> dict[str, str]:
+        """Return gunicorn's environment: the caller's, pointed at the bench database."""
+        return {**self.environ, **self._shop_env(settings="config.settings.base")}
+
     def start_server(self) -> Gunicorn:
-        env = {**os.environ, **self._shop_env(settings="config.settings.base")}
+        env = self.gunicorn_env()
         stamp = self.started.strftime("%Y%m%dT%H%M%SZ")
         log_path = Path(self.args.results_dir) / f"gunicorn-{stamp}.log.tmp"
         self.server = Gunicorn(workers=self.args.workers, env=env, log_path=log_path)
@@ -210,6 +217,7 @@ class Bench:
                 "products": len(skus),
                 "database": self.bench_db.dbname,
                 "settings": "config.settings.base",
+                "db_pool": self.environ.get("DB_POOL", "true (default)"),
             },
             "reference": reference_data,
             "scenarios": scenarios,
@@ -301,7 +309,10 @@ def _git() -> dict:
         except (OSError, subprocess.SubprocessError):
             return ""
 
-    return {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain"))}
+    return {
+        "commit": git("rev-parse", "HEAD"),
+        "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+    }
 
 
 def _show(path: Path) -> str:

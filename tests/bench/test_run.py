@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 from bench.dbs import DEFAULT_DATABASE_URL, PgTarget
-from bench.run import parse_args
+from bench.run import Bench, parse_args
 from bench.scenarios import discover
 from bench.server import ROOT
 
@@ -129,3 +129,18 @@ def test_ctrl_c_stops_gunicorn_and_drops_the_databases(tmp_path):
     assert _refuses(port)
     assert _existing_databases(base) == set()
     assert list(tmp_path.glob("*.json")) == []
+
+
+def test_gunicorn_gets_the_callers_environment_not_the_harness_settings(monkeypatch):
+    monkeypatch.delenv("DB_POOL", raising=False)
+    monkeypatch.setenv("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/shop_x")
+    bench = Bench(parse_args([]), [])
+    # What prepare_database sets for the harness process itself.
+    monkeypatch.setenv("DB_POOL", "false")
+    monkeypatch.setenv("DJANGO_SETTINGS_MODULE", "bench.settings")
+
+    env = bench.gunicorn_env()
+
+    assert "DB_POOL" not in env  # the shop's default: pooled connections
+    assert env["DJANGO_SETTINGS_MODULE"] == "config.settings.base"
+    assert env["DATABASE_URL"].endswith("/shop_x_bench")
