@@ -55,9 +55,14 @@ class BenchContext:
 
         Arguments are those of `bench.loadgen.run_load`; duration and warm-up
         default to the context's. The returned dict is what goes into the
-        scenario's `runs` list (it also carries gunicorn's CPU seconds).
+        scenario's `runs` list (it also carries gunicorn's CPU seconds in the
+        measured window, `server_cpu_s`).
         """
-        cpu_before = self.server.cpu_seconds()
+        cpu_before = [0.0]
+
+        def measure_start() -> None:
+            cpu_before[0] = self.server.cpu_seconds()
+
         result = run_load(
             self.base_url,
             requests=requests,
@@ -68,9 +73,10 @@ class BenchContext:
             warmup=self.warmup if warmup is None else warmup,
             expected=expected,
             on_response=on_response,
+            on_measure_start=measure_start,
             label=label,
         )
-        result.extra["server_cpu_s"] = round(self.server.cpu_seconds() - cpu_before, 3)
+        result.extra["server_cpu_s"] = round(self.server.cpu_seconds() - cpu_before[0], 3)
         self.log("  " + result.summary())
         return result.as_dict()
 

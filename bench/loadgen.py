@@ -273,6 +273,7 @@ def run_load(
     timeout: float = 10.0,
     expected: Iterable[int] = (200,),
     on_response: Callable[[Request, Response], None] | None = None,
+    on_measure_start: Callable[[], None] | None = None,
     label: str = "load",
 ) -> LoadResult:
     """Load `base_url` (loopback only) and return the measured figures.
@@ -286,7 +287,9 @@ def run_load(
     `on_response(request, response)` runs in the worker thread for every
     measured answer, after its latency is taken (keep it cheap all the same:
     it delays that worker's next request). An exception in `factory` or
-    `on_response` stops the run and is raised here.
+    `on_response` stops the run and is raised here. `on_measure_start()` is
+    called from the calling thread when the warm-up is over (e.g. to read the
+    server's CPU counters); `client_cpu_s` counts from that moment too.
     """
     if duration is None and max_requests is None:
         raise ValueError("give a duration or max_requests: a run must end by itself")
@@ -364,7 +367,6 @@ def run_load(
         finally:
             conn.close()
 
-    cpu0 = time.process_time()
     threads = [
         threading.Thread(target=work, args=(i,), name=f"loadgen-{i}", daemon=True)
         for i in range(concurrency)
@@ -372,6 +374,12 @@ def run_load(
     for thread in threads:
         thread.start()
     try:
+        # Sit out the warm-up, so CPU figures cover the measured window only.
+        for thread in threads:
+            thread.join(max(0.0, measure_from - time.perf_counter()))
+        cpu0 = time.process_time()
+        if on_measure_start is not None:
+            on_measure_start()
         for thread in threads:
             thread.join()
     finally:

@@ -40,6 +40,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
 
     def do_GET(self):
+        self.server.hits += 1
         if self.path == "/ok":
             self._send(200, b'{"ok": true}')
         elif self.path == "/close":
@@ -55,14 +56,24 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(201, json.dumps(echo).encode())
 
 
+class _Url(str):
+    """The server's base URL, which also carries the server (for its hit count)."""
+
+    def __new__(cls, url, server):
+        self = super().__new__(cls, url)
+        self.server = server
+        return self
+
+
 @pytest.fixture
 def server_url():
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
     server.daemon_threads = True
+    server.hits = 0
     thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
+        yield _Url(f"http://127.0.0.1:{server.server_address[1]}", server)
     finally:
         server.shutdown()
         server.server_close()
@@ -162,6 +173,21 @@ def test_duration_ends_the_run_by_itself(server_url):
     assert result.requests > 0
     assert result.statuses.keys() == {200}
     assert 0.1 < result.elapsed_s < 30
+
+
+def test_warm_up_requests_are_sent_but_not_measured(server_url):
+    calls = []
+
+    result = run_load(
+        server_url,
+        requests=[Request(path="/ok")],
+        duration=0.2,
+        warmup=0.2,
+        on_measure_start=lambda: calls.append(server_url.server.hits),
+    )
+
+    assert len(calls) == 1 and calls[0] > 0  # called once, after warm-up requests were served
+    assert 0 < result.requests < server_url.server.hits
 
 
 @pytest.mark.parametrize(
