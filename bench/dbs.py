@@ -35,8 +35,11 @@ class PgTarget:
         parts = urlsplit(url)
         if parts.scheme not in ("postgres", "postgresql", "pgsql"):
             raise ValueError(f"not a PostgreSQL URL: {url!r}")
+        if not parts.hostname:
+            # pgbench, the sibling databases and gunicorn's URL are built for TCP.
+            raise ValueError(f"make bench needs a TCP PostgreSQL URL with a host, not {url!r}")
         return cls(
-            host=parts.hostname or "127.0.0.1",
+            host=parts.hostname,
             port=parts.port or 5432,
             user=unquote(parts.username or "postgres"),
             password=unquote(parts.password or ""),
@@ -80,10 +83,14 @@ class RedisTarget:
     def from_url(cls, url: str) -> RedisTarget:
         parts = urlsplit(url)
         if parts.scheme != "redis":
-            raise ValueError(f"only redis:// URLs are supported, not {url!r}")
+            raise ValueError(
+                f"make bench needs a TCP Redis URL (redis://host:port/db), not {url!r}"
+            )
+        if not parts.hostname:
+            raise ValueError(f"make bench needs a TCP Redis URL with a host, not {url!r}")
         path = parts.path.lstrip("/")
         return cls(
-            host=parts.hostname or "127.0.0.1",
+            host=parts.hostname,
             port=parts.port or 6379,
             db=int(path) if path else 0,
             password=unquote(parts.password or ""),

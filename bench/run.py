@@ -369,7 +369,11 @@ def main(argv: list[str] | None = None) -> int:
         scenarios = [s for s in scenarios if s.name in args.scenario]
     # SIGTERM unwinds like Ctrl-C, through the same cleanup.
     signal.signal(signal.SIGTERM, _raise_interrupt)
-    bench = Bench(args, scenarios)
+    try:
+        bench = Bench(args, scenarios)
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
+        return 2
     try:
         return bench.main()
     except KeyboardInterrupt:

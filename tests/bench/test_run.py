@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -15,7 +16,7 @@ import uuid
 import psycopg
 import pytest
 
-from bench.dbs import DEFAULT_DATABASE_URL, PgTarget
+from bench.dbs import DEFAULT_DATABASE_URL, DEFAULT_REDIS_URL, PgTarget, RedisTarget
 from bench.run import Bench, parse_args
 from bench.scenarios import discover
 from bench.server import ROOT
@@ -62,8 +63,21 @@ def _refuses(port: int) -> bool:
     return False
 
 
+def _needs_tcp_servers_and_tools():
+    """Skip where make bench cannot run: reference tools missing or servers not on TCP."""
+    missing = [tool for tool in ("pgbench", "redis-benchmark") if shutil.which(tool) is None]
+    if missing:
+        pytest.skip(f"{', '.join(missing)} not installed")
+    try:
+        PgTarget.from_url(os.environ.get("DATABASE_URL") or DEFAULT_DATABASE_URL)
+        RedisTarget.from_url(os.environ.get("REDIS_URL") or DEFAULT_REDIS_URL)
+    except ValueError as exc:
+        pytest.skip(str(exc))
+
+
 @pytest.mark.slow
 def test_quick_run_writes_results_and_leaves_nothing_behind(tmp_path):
+    _needs_tcp_servers_and_tools()
     env, base = _bench_env()
 
     proc = subprocess.run(
@@ -96,6 +110,7 @@ def test_quick_run_writes_results_and_leaves_nothing_behind(tmp_path):
 
 @pytest.mark.slow
 def test_ctrl_c_stops_gunicorn_and_drops_the_databases(tmp_path):
+    _needs_tcp_servers_and_tools()
     env, base = _bench_env()
     proc = subprocess.Popen(
         [sys.executable, "-m", "bench.run", "--quick", "--no-reference", "--duration", "60"]
@@ -129,6 +144,14 @@ def test_ctrl_c_stops_gunicorn_and_drops_the_databases(tmp_path):
     assert _refuses(port)
     assert _existing_databases(base) == set()
     assert list(tmp_path.glob("*.json")) == []
+
+
+def test_urls_without_a_host_are_refused_with_a_clear_message():
+    with pytest.raises(ValueError, match="TCP PostgreSQL"):
+        PgTarget.from_url("postgres://postgres@/shop?host=/tmp/pg")
+    with pytest.raises(ValueError, match="TCP Redis"):
+        RedisTarget.from_url("unix:///tmp/redis.sock")
+    assert RedisTarget.from_url("redis://127.0.0.1:6380/7") == RedisTarget("127.0.0.1", 6380, 7, "")
 
 
 def test_gunicorn_gets_the_callers_environment_not_the_harness_settings(monkeypatch):
