@@ -436,6 +436,12 @@ def _settlement_begin_attempt(*, settlement_id: int) -> PaymentSettlement | None
     row = PaymentSettlement.objects.filter(id=settlement_id).values("attempts").first()
     if row is None:
         return None
+    if row["attempts"] >= settings.PAYMENTS_SETTLE_MAX_ATTEMPTS:
+        # The budget is spent whatever ended the earlier attempts (an unknown
+        # answer, or a recorder or settled-handler that kept raising): staff
+        # decide now, instead of an endless loop at the maximum backoff.
+        _settlement_exhausted(settlement_id=settlement_id)
+        return None
     attempt = row["attempts"] + 1
     taken = PaymentSettlement.objects.filter(
         id=settlement_id,
@@ -451,6 +457,20 @@ def _settlement_begin_attempt(*, settlement_id: int) -> PaymentSettlement | None
     if not taken:
         return None
     return PaymentSettlement.objects.select_related("transaction__payment").get(id=settlement_id)
+
+
+@transaction.atomic
+def _settlement_exhausted(*, settlement_id: int) -> None:
+    settlement = PaymentSettlement.objects.select_related("transaction").get(id=settlement_id)
+    if settlement.settled_at is not None or settlement.needs_attention:
+        return
+    txn = settlement.transaction
+    payment = payment_lock(payment_id=txn.payment_id)
+    _flag_attention(
+        payment=payment,
+        txn=txn,
+        reason=f"not settled after {settlement.attempts} attempts: {settlement.last_error}",
+    )
 
 
 def _resend(*, txn: PaymentTransaction, gateway) -> ProviderResult:

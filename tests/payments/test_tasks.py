@@ -38,3 +38,32 @@ def test_sweep_is_on_the_beat_schedule(settings):
     entry = settings.CELERY_BEAT_SCHEDULE["payments.sweep_settlements"]
     assert entry["task"] == sweep_settlements.name
     assert entry["schedule"] <= settings.CELERY_MAX_COUNTDOWN
+
+
+def test_settled_handler_that_keeps_raising_ends_in_needs_attention(provider, settings):
+    """A recorder that always fails must not loop forever: the attempt budget flags it."""
+    settings.PAYMENTS_SETTLE_MAX_ATTEMPTS = 2
+    settings.PAYMENTS_SETTLED_HANDLER = "tests.payments.test_tasks.raising_handler"
+    payment = payment_create(
+        reference="order-raise",
+        amount=Decimal("3.00"),
+        currency="EUR",
+        payment_method="pm_card_timeout",
+    )
+    assert payment_capture(payment_id=payment.id).outcome == "unknown"
+    settlement = PaymentSettlement.objects.get(transaction__payment=payment)
+    for _ in range(2):
+        PaymentSettlement.objects.filter(id=settlement.id).update(next_attempt_at=Now())
+        with pytest.raises(RuntimeError, match="handler broke"):
+            settle_payment.apply(args=[settlement.id]).get()
+    PaymentSettlement.objects.filter(id=settlement.id).update(next_attempt_at=Now())
+    settle_payment.apply(args=[settlement.id]).get()
+    settlement.refresh_from_db()
+    assert settlement.needs_attention
+    assert settlement.settled_at is None
+    payment.refresh_from_db()
+    assert payment.status == PaymentStatus.PENDING
+
+
+def raising_handler(*, payment, outcome):
+    raise RuntimeError("handler broke")
