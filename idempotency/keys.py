@@ -497,6 +497,15 @@ def _lock_live(row: IdempotencyKey) -> bool:
     )
 
 
+def _after_claim(run: KeyRun, name: str) -> None:
+    """Pass the failpoint after a claim; a raise there must not leave the key locked."""
+    try:
+        failpoint(name)
+    except BaseException:
+        run.unlock_quietly()
+        raise
+
+
 def key_claim(
     *, owner_id: int, key: str, operation: str, method: str, path: str, fingerprint: str
 ) -> KeyRun | Answer:
@@ -524,7 +533,7 @@ def key_claim(
             )
             if run is None:
                 continue  # another request inserted it first: match against its row
-            failpoint("idempotency.claim.after_insert")
+            _after_claim(run, "idempotency.claim.after_insert")
             return run
         if (row.request_method, row.request_path, row.request_fingerprint) != (
             method,
@@ -543,7 +552,7 @@ def key_claim(
             raise _in_use(row)
         run = _key_take_over(key_id=row.pk)
         if run is not None:
-            failpoint("idempotency.claim.after_takeover")
+            _after_claim(run, "idempotency.claim.after_takeover")
             return run
         # Another request took it over between our read and update: look again.
     raise IdempotencyKeyInUse(
