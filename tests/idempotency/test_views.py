@@ -237,11 +237,14 @@ def test_raise_at_each_boundary_then_retry_gives_one_effect(
 def test_schema_declares_the_header_required(api_client):
     """Keyed views get the Idempotency-Key header parameter in the OpenAPI schema."""
     from drf_spectacular.generators import SchemaGenerator
+    from drf_spectacular.utils import extend_schema
     from rest_framework.views import APIView
 
+    from idempotency.probe_views import ProbeIn
     from idempotency.views import idempotent
 
     class Keyed(APIView):
+        @extend_schema(request=ProbeIn, responses={201: ProbeIn})
         @idempotent(operation="x")
         def post(self, request, *, key):
             pass
@@ -250,7 +253,9 @@ def test_schema_declares_the_header_required(api_client):
 
     generator = SchemaGenerator(patterns=[path("keyed/", Keyed.as_view())])
     schema = generator.get_schema(request=None, public=True)
-    params = schema["paths"]["/keyed/"]["post"]["parameters"]
+    operation = schema["paths"]["/keyed/"]["post"]
+    params = operation["parameters"]
+    assert "201" in operation["responses"] and "requestBody" in operation
     assert any(
         p["name"] == "Idempotency-Key" and p["in"] == "header" and p["required"] for p in params
     )
