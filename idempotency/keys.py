@@ -2,11 +2,15 @@
 
 The design (docs/idempotency.md) in short:
 
-- A key is claimed by INSERTing its row under the unique (owner, key)
-  constraint with a fresh fencing token in `locked_by`; an IntegrityError on
-  exactly that constraint means the key exists, and the existing row is matched:
-  another request (422), a stored answer (replay), a live lock (409), or an
-  expired lock / open key (take over with a conditional UPDATE).
+- A request first reads its (owner, key) row: a finished key is replayed
+  from that one indexed read. An existing row is matched: another request
+  (422), a stored answer (replay), a live lock (409), or an expired lock /
+  open key (taken over with a conditional UPDATE and a fresh fencing token).
+- A fresh key is claimed by INSERTing its row, with a fresh fencing token in
+  `locked_by`, as the first statement of the operation's first phase, under
+  `ON CONFLICT ON CONSTRAINT <the (owner, key) unique constraint> DO NOTHING`:
+  exactly that constraint decides who runs; the loser rolls back before any
+  effect and is answered from the winner's row (409 / replay / 422).
 - An operation runs in phases. Each phase is one transaction that commits the
   phase's effects together with the key's next `recovery_point` and `data`,
   through `UPDATE ... WHERE locked_by = <my token>`: a request whose lock was
@@ -31,13 +35,12 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import DatabaseError, IntegrityError, connection, transaction
+from django.db import DatabaseError, connection, transaction
 from django.db.models import DateTimeField, ExpressionWrapper, F, Q, Value
 from django.db.models.functions import Now
 from rest_framework.utils.encoders import JSONEncoder
 
 from . import metrics
-from .db import violated_constraint
 from .errors import ApplicationError
 from .failpoints import failpoint
 from .models import FINISHED, STARTED, IdempotencyKey
@@ -87,6 +90,10 @@ class IdempotencyKeyReused(ApplicationError):
 
 class KeyLockLost(Exception):
     """Raised when a run's fencing token no longer holds its key: another run took it over."""
+
+
+class KeyClaimLost(KeyLockLost):
+    """Raised when a fresh run's insert finds the key taken by another request."""
 
 
 # --- Key and fingerprint ----------------------------------------------------
@@ -205,6 +212,18 @@ def _unlocked_or_expired() -> Q:
 # --- The run handle ---------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class KeyIdentity:
+    """What a fresh key's row records about the request that claims it."""
+
+    owner_id: int
+    key: str
+    operation: str
+    method: str
+    path: str
+    fingerprint: str
+
+
 class KeyRun:
     """The handle a domain service gets to run one keyed operation in atomic phases.
 
@@ -212,12 +231,16 @@ class KeyRun:
     holds the operation's committed references. Declare each phase with
     `with run.phase(next_point=...) as data:`; end with `finish()` (stored,
     replayed forever) or `leave_open()` (answered now, key stays open).
+
+    A fresh run's key row does not exist yet: the first phase inserts it,
+    before its effects, in its own transaction (so the claim and the first
+    effects commit together, and a crash before that commit leaves nothing).
     """
 
     def __init__(
         self,
         *,
-        key_id: int,
+        key_id: int | None,
         owner_id: int,
         key: str,
         operation: str,
@@ -225,6 +248,7 @@ class KeyRun:
         recovery_point: str,
         data: dict[str, Any],
         resumed: bool,
+        identity: KeyIdentity | None = None,
     ) -> None:
         self.key_id = key_id
         self.owner_id = owner_id
@@ -232,6 +256,7 @@ class KeyRun:
         self.operation = operation
         self.token = token
         self.resumed = resumed
+        self._identity = identity
         self._recovery_point = recovery_point
         self._data = data
         self._answer: Answer | None = None
@@ -264,6 +289,11 @@ class KeyRun:
     def in_phase(self) -> bool:
         return self._in_phase
 
+    @property
+    def claimed(self) -> bool:
+        """True once the key's row exists (committed by a phase, or taken over)."""
+        return self.key_id is not None
+
     def _require_open(self) -> None:
         if self._closed:
             raise RuntimeError(f"{self!r} is closed")
@@ -274,9 +304,11 @@ class KeyRun:
 
         Yields a copy of `data` to update. The phase commits only if this run's
         fencing token still holds the key; otherwise it rolls back and raises
-        KeyLockLost. Calling finish() or leave_open() inside the phase stores
-        that answer in the same transaction (finish() makes the point "finished").
-        Must be called with no transaction open (the commit must be real).
+        KeyLockLost. A fresh run's first phase first inserts the key (insert
+        first; KeyClaimLost if another request holds it). Calling finish() or
+        leave_open() inside the phase stores that answer in the same
+        transaction (finish() makes the point "finished"). Must be called with
+        no transaction open (the commit must be real).
         """
         self._require_open()
         if self._in_phase:
@@ -286,8 +318,13 @@ class KeyRun:
         data = copy.deepcopy(self._data)
         self._in_phase = True
         self._pending = None
+        inserted_here = False
         try:
             with transaction.atomic(durable=True):
+                if self.key_id is None:
+                    self._insert(recovery_point=STARTED, locked=True)
+                    inserted_here = True
+                    failpoint("idempotency.claim.after_insert")
                 yield data
                 kind, answer = self._pending or (None, None)
                 point = FINISHED if kind == "finish" else next_point
@@ -295,6 +332,10 @@ class KeyRun:
                     raise RuntimeError("a phase to 'finished' must call run.finish()")
                 failpoint(f"{self.operation}.{point}.before_commit")
                 self._fenced_update(point=point, data=data, kind=kind, answer=answer)
+        except BaseException:
+            if inserted_here:
+                self.key_id = None  # the insert rolled back with the phase
+            raise
         finally:
             self._in_phase = False
             self._pending = None
@@ -342,8 +383,54 @@ class KeyRun:
         point = FINISHED if kind == "finish" else self._recovery_point
         with transaction.atomic(durable=True):
             failpoint(f"{self.operation}.{point}.before_commit")
-            self._fenced_update(point=point, data=self._data, kind=kind, answer=answer)
+            if self.key_id is None:
+                # Nothing ran yet: the key is inserted already settled.
+                self._insert(recovery_point=point, locked=False, answer=answer)
+            else:
+                self._fenced_update(point=point, data=self._data, kind=kind, answer=answer)
         self._committed(point=point, data=self._data, kind=kind, answer=answer)
+
+    def _insert(self, *, recovery_point: str, locked: bool, answer: Answer | None = None) -> None:
+        """INSERT the key's row first; KeyClaimLost if the (owner, key) constraint says it exists.
+
+        `ON CONFLICT ON CONSTRAINT <name> DO NOTHING` lets exactly that
+        constraint decide; any other violation still raises.
+        """
+        identity = self._identity
+        assert identity is not None
+        failpoint("idempotency.claim.before_insert")
+        finished = recovery_point == FINISHED
+        assert answer is not None or not finished
+        table = connection.ops.quote_name(IdempotencyKey._meta.db_table)
+        sql = (
+            f"INSERT INTO {table} (owner_id, key, operation, request_method, request_path,"
+            " request_fingerprint, recovery_point, data, locked_by, locked_at, runs,"
+            " response_status, response_body, response_headers, finished_at)"
+            " VALUES (%s, %s, %s, %s, %s, %s, %s, '{}'::jsonb, %s,"
+            " CASE WHEN %s THEN now() END, 1, %s, %s, %s::jsonb, CASE WHEN %s THEN now() END)"
+            f" ON CONFLICT ON CONSTRAINT {OWNER_KEY_CONSTRAINT} DO NOTHING RETURNING id"
+        )
+        params = [
+            identity.owner_id,
+            identity.key,
+            identity.operation,
+            identity.method,
+            identity.path,
+            identity.fingerprint,
+            recovery_point,
+            self.token if locked else None,
+            locked,
+            answer.status if finished else None,
+            answer.body if finished else None,
+            json.dumps(answer.headers if finished else {}),
+            finished,
+        ]
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            row = cursor.fetchone()
+        if row is None:
+            raise KeyClaimLost(f"{self!r}: another request holds this key")
+        self.key_id = row[0]
 
     def _fenced_update(
         self, *, point: str, data: dict[str, Any], kind: str | None, answer: Answer | None
@@ -382,23 +469,25 @@ class KeyRun:
         failpoint(f"{self.operation}.{point}.after_commit")
 
     def abandon(self) -> None:
-        """Delete the key as if it never came: only allowed while no phase has committed."""
+        """Forget the key as if it never came: only allowed while no phase has committed."""
         self._require_open()
         if self._recovery_point != STARTED or self._in_phase:
             raise RuntimeError("only a key with no committed phase can be abandoned")
-        deleted, _ = IdempotencyKey.objects.filter(
-            pk=self.key_id, locked_by=self.token, recovery_point=STARTED
-        ).delete()
-        if deleted != 1:
-            raise KeyLockLost(f"{self!r} lost its lock")
+        if self.key_id is not None:
+            deleted, _ = IdempotencyKey.objects.filter(
+                pk=self.key_id, locked_by=self.token, recovery_point=STARTED
+            ).delete()
+            if deleted != 1:
+                raise KeyLockLost(f"{self!r} lost its lock")
         self._closed = True
 
     def unlock(self) -> None:
         """Give the key up at its current recovery point, so a retry may resume at once."""
         self._closed = True
-        IdempotencyKey.objects.filter(pk=self.key_id, locked_by=self.token).update(
-            locked_by=None, locked_at=None
-        )
+        if self.key_id is not None:
+            IdempotencyKey.objects.filter(pk=self.key_id, locked_by=self.token).update(
+                locked_by=None, locked_at=None
+            )
 
     def unlock_quietly(self) -> None:
         """Unlock, logging instead of raising (the lock's TTL covers a failure here)."""
@@ -414,38 +503,6 @@ class KeyRun:
 def _key_read(*, owner_id: int, key: str) -> IdempotencyKey | None:
     rows = list(IdempotencyKey.objects.annotate(db_now=Now()).filter(owner_id=owner_id, key=key))
     return rows[0] if rows else None
-
-
-def _key_insert(
-    *, owner_id: int, key: str, operation: str, method: str, path: str, fingerprint: str
-) -> KeyRun | None:
-    token = uuid.uuid4()
-    try:
-        with transaction.atomic(durable=True):
-            row = IdempotencyKey.objects.create(
-                owner_id=owner_id,
-                key=key,
-                operation=operation,
-                request_method=method,
-                request_path=path,
-                request_fingerprint=fingerprint,
-                locked_by=token,
-                locked_at=Now(),
-            )
-    except IntegrityError as exc:
-        if violated_constraint(exc) != OWNER_KEY_CONSTRAINT:
-            raise
-        return None
-    return KeyRun(
-        key_id=row.pk,
-        owner_id=owner_id,
-        key=key,
-        operation=operation,
-        token=token,
-        recovery_point=STARTED,
-        data={},
-        resumed=False,
-    )
 
 
 def _key_take_over(*, key_id: int, abandoned: bool = False) -> KeyRun | None:
@@ -477,9 +534,9 @@ def _key_take_over(*, key_id: int, abandoned: bool = False) -> KeyRun | None:
     )
 
 
-def _in_use(row: IdempotencyKey) -> IdempotencyKeyInUse:
+def _in_use(row: IdempotencyKey | None = None) -> IdempotencyKeyInUse:
     remaining = _lock_ttl()
-    if row.locked_at is not None:
+    if row is not None and row.locked_at is not None:
         remaining -= (row.db_now - row.locked_at).total_seconds()
     retry_after = max(1, min(int(settings.IDEMPOTENCY_RETRY_AFTER), math.ceil(remaining)))
     metrics.count("shop_idempotency_key_conflicts_total", code=IdempotencyKeyInUse.code)
@@ -497,10 +554,28 @@ def _lock_live(row: IdempotencyKey) -> bool:
     )
 
 
-def _after_claim(run: KeyRun, name: str) -> None:
-    """Pass the failpoint after a claim; a raise there must not leave the key locked."""
+def _match(row: IdempotencyKey, identity: KeyIdentity) -> Answer | None:
+    """Refuse another request under this key (422); return the stored answer if finished."""
+    if (row.request_method, row.request_path, row.request_fingerprint) != (
+        identity.method,
+        identity.path,
+        identity.fingerprint,
+    ):
+        metrics.count("shop_idempotency_key_conflicts_total", code=IdempotencyKeyReused.code)
+        raise IdempotencyKeyReused(
+            "This idempotency key was used for a different request "
+            "(method, path or body); use a new key for a new request."
+        )
+    if row.recovery_point == FINISHED:
+        metrics.count("shop_duplicates_suppressed_total", mechanism="request_key")
+        return _stored_answer(row)
+    return None
+
+
+def _after_takeover(run: KeyRun) -> None:
+    """Pass the failpoint after a takeover; a raise there must not leave the key locked."""
     try:
-        failpoint(name)
+        failpoint("idempotency.claim.after_takeover")
     except BaseException:
         run.unlock_quietly()
         raise
@@ -509,67 +584,70 @@ def _after_claim(run: KeyRun, name: str) -> None:
 def key_claim(
     *, owner_id: int, key: str, operation: str, method: str, path: str, fingerprint: str
 ) -> KeyRun | Answer:
-    """Claim `key` for this request, or match it to the request that holds it.
+    """Match `key` to the request that holds it, or prepare this request's claim.
 
-    Return a KeyRun to run (fresh, or resumed at its recovery point after an
-    expired lock or an open key), or the stored Answer to replay. Raise
+    Return the stored Answer to replay; or a KeyRun to run: fresh (its first
+    phase inserts the key under the unique constraint), or resumed at its
+    recovery point after an expired lock or an open key. Raise
     IdempotencyKeyReused (422) for another request under the same key and
     IdempotencyKeyInUse (409, Retry-After) while another run holds it.
 
-    The first read only spares a replay the failed insert; the insert under
-    the unique constraint decides who runs.
+    The read only spares a replay any write; the insert decides who runs.
     """
+    identity = KeyIdentity(
+        owner_id=owner_id,
+        key=key,
+        operation=operation,
+        method=method,
+        path=path,
+        fingerprint=fingerprint,
+    )
     for _ in range(5):
         row = _key_read(owner_id=owner_id, key=key)
         if row is None:
-            failpoint("idempotency.claim.before_insert")
-            run = _key_insert(
+            return KeyRun(
+                key_id=None,
                 owner_id=owner_id,
                 key=key,
                 operation=operation,
-                method=method,
-                path=path,
-                fingerprint=fingerprint,
+                token=uuid.uuid4(),
+                recovery_point=STARTED,
+                data={},
+                resumed=False,
+                identity=identity,
             )
-            if run is None:
-                continue  # another request inserted it first: match against its row
-            _after_claim(run, "idempotency.claim.after_insert")
-            return run
-        if (row.request_method, row.request_path, row.request_fingerprint) != (
-            method,
-            path,
-            fingerprint,
-        ):
-            metrics.count("shop_idempotency_key_conflicts_total", code=IdempotencyKeyReused.code)
-            raise IdempotencyKeyReused(
-                "This idempotency key was used for a different request "
-                "(method, path or body); use a new key for a new request."
-            )
-        if row.recovery_point == FINISHED:
-            metrics.count("shop_duplicates_suppressed_total", mechanism="request_key")
-            return _stored_answer(row)
+        answer = _match(row, identity)
+        if answer is not None:
+            return answer
         if _lock_live(row):
             raise _in_use(row)
         run = _key_take_over(key_id=row.pk)
         if run is not None:
-            _after_claim(run, "idempotency.claim.after_takeover")
+            _after_takeover(run)
             return run
         # Another request took it over between our read and update: look again.
-    raise IdempotencyKeyInUse(
-        "A request with this idempotency key is still being processed; retry shortly.",
-        headers={"Retry-After": str(int(settings.IDEMPOTENCY_RETRY_AFTER))},
-    )
+    raise _in_use()
 
 
-def key_answer_or_in_use(*, owner_id: int, key: str) -> Answer:
-    """Return the stored answer of a finished key, or raise 409 in use (after a lost lock)."""
+def key_answer_existing(
+    *, owner_id: int, key: str, operation: str, method: str, path: str, fingerprint: str
+) -> Answer:
+    """Answer a request that lost its claim or lock: 422, the stored answer, or 409 in use."""
     row = _key_read(owner_id=owner_id, key=key)
-    if row is not None and row.recovery_point == FINISHED:
-        return _stored_answer(row)
-    raise IdempotencyKeyInUse(
-        "A retry of this request took it over; retry shortly for its answer.",
-        headers={"Retry-After": str(int(settings.IDEMPOTENCY_RETRY_AFTER))},
+    if row is None:
+        raise _in_use()
+    identity = KeyIdentity(
+        owner_id=owner_id,
+        key=key,
+        operation=operation,
+        method=method,
+        path=path,
+        fingerprint=fingerprint,
     )
+    answer = _match(row, identity)
+    if answer is None:
+        raise _in_use(row)
+    return answer
 
 
 def key_run_failed(*, run: KeyRun, exc: BaseException) -> Answer | None:
@@ -577,8 +655,9 @@ def key_run_failed(*, run: KeyRun, exc: BaseException) -> Answer | None:
 
     Before the first committed phase an ApplicationError is the domain's
     decision and is stored (402/404/409/422...), except input-like refusals
-    (RELEASE_STATUSES: the key is released for a corrected retry). Anything
-    else unlocks the key at its recovery point: a retry resumes there.
+    (RELEASE_STATUSES: nothing is kept, so a corrected retry may use the
+    key). Anything else unlocks the key at its recovery point: a retry
+    resumes there. KeyClaimLost propagates when another request stored first.
     """
     if run.closed:
         return None

@@ -89,17 +89,18 @@ def probe_run(
                 owner_id=owner_id, label=label, amount=amount, status=RECORDED
             )
             data["probe_id"] = str(record.id)
+            data["amount"] = amount
             data["answer_as"] = answer_as
     return _probe_continue(run)
 
 
 def _probe_continue(run: KeyRun) -> ProbeRecord:
-    probe_id = run.data["probe_id"]
-    record = ProbeRecord.objects.get(pk=probe_id)
-    outcome = _stub_call(reference=f"probe-{probe_id}", amount=record.amount)
+    data = run.data
+    probe_id = data["probe_id"]
+    outcome = _stub_call(reference=f"probe-{probe_id}", amount=data["amount"])
     failpoint("probe.run.after_call")
     pending = outcome.get("status") == "pending"
-    redirect = run.data.get("answer_as") == "redirect"
+    redirect = data.get("answer_as") == "redirect"
     location = {"Location": f"/_test/probe-form/{probe_id}/"}
     with run.phase(next_point=PENDING if pending else "finished"):
         record = ProbeRecord.objects.select_for_update().get(pk=probe_id)

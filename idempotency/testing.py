@@ -316,3 +316,23 @@ class StubService:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def key_hold(
+    *, owner_id: int, key: str, operation: str, path: str, body=None, method: str = "POST"
+):
+    """Claim `key` and commit a first phase ("held"), leaving it locked like a running request."""
+    from .keys import KeyRun, body_fingerprint, key_claim
+
+    run = key_claim(
+        owner_id=owner_id,
+        key=key,
+        operation=operation,
+        method=method,
+        path=path,
+        fingerprint=body_fingerprint(body),
+    )
+    assert isinstance(run, KeyRun), run
+    with run.phase(next_point="held"):
+        pass
+    return run

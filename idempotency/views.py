@@ -37,7 +37,7 @@ from .keys import (
     KeyLockLost,
     KeyRun,
     body_fingerprint,
-    key_answer_or_in_use,
+    key_answer_existing,
     key_claim,
     key_run_failed,
     key_validate,
@@ -84,24 +84,38 @@ class KeyRequest:
         self.method = method
         self.path = path
         self._body = body
+        self.fingerprint: str | None = None
         self.run: KeyRun | None = None
 
     def claim(self) -> KeyRun:
         """Claim the key and return the run handle; a replay or refusal leaves the view here."""
         if self.run is not None:
             raise RuntimeError("the key is already claimed")
+        self.fingerprint = body_fingerprint(self._body())
         result = key_claim(
             owner_id=self.owner_id,
             key=self.key,
             operation=self.operation,
             method=self.method,
             path=self.path,
-            fingerprint=body_fingerprint(self._body()),
+            fingerprint=self.fingerprint,
         )
         if isinstance(result, Answer):
             raise _Replay(result)
         self.run = result
         return result
+
+    def answer_existing(self) -> Answer:
+        """Answer from the key's row after this request lost its claim or lock."""
+        assert self.fingerprint is not None
+        return key_answer_existing(
+            owner_id=self.owner_id,
+            key=self.key,
+            operation=self.operation,
+            method=self.method,
+            path=self.path,
+            fingerprint=self.fingerprint,
+        )
 
 
 def answer_response(answer: Answer, *, replayed: bool) -> HttpResponse:
@@ -126,10 +140,10 @@ def run_keyed(handle: KeyRequest, call: Callable[[], Any]) -> Any:
     except _Replay as replay:
         return answer_response(replay.answer, replayed=True)
     except KeyLockLost:
-        # A retry took the key over while this request stalled; this request
-        # committed nothing more. Answer what the key holds now.
-        answer = key_answer_or_in_use(owner_id=handle.owner_id, key=handle.key)
-        return answer_response(answer, replayed=True)
+        # Another request inserted the key first, or a retry took it over while
+        # this one stalled: this request committed nothing more. Answer what
+        # the key holds now (422 if it is another request, 409 while it runs).
+        return answer_response(handle.answer_existing(), replayed=True)
     except BaseException as exc:
         run = handle.run
         if run is None:
@@ -137,8 +151,7 @@ def run_keyed(handle: KeyRequest, call: Callable[[], Any]) -> Any:
         try:
             stored = key_run_failed(run=run, exc=exc)
         except KeyLockLost:
-            answer = key_answer_or_in_use(owner_id=handle.owner_id, key=handle.key)
-            return answer_response(answer, replayed=True)
+            return answer_response(handle.answer_existing(), replayed=True)
         if stored is None:
             raise
         return answer_response(stored, replayed=False)

@@ -23,10 +23,10 @@ BODY = {"label": "crash", "amount": 7}
 LOCK_TTL = 2
 
 BOUNDARIES = [
-    # after the key is claimed, before any phase
+    # inside phase 1: the key row inserted (not committed) / effects written
     "idempotency.claim.after_insert",
-    # inside phase 1 (effects written, not committed) / right after it committed
     "probe.run.recorded.before_commit",
+    # right after phase 1 committed (key + record), before the outside call
     "probe.run.recorded.after_commit",
     # the stub applied its effect, phase 2 not started
     "probe.run.after_call",
@@ -124,22 +124,22 @@ def test_crash_without_retry_is_settled_by_the_completer(gunicorn, stub_service,
     )
     with pytest.raises(requests.ConnectionError):
         send(server, token, "gone-key")
-    key_id = IdempotencyKey.objects.get().pk
-    wait_until(lambda: _lock_expired_and_abandoned(key_id, LOCK_TTL), timeout=30)
-
-    with override_settings(
-        IDEMPOTENCY_LOCK_TTL=LOCK_TTL,
-        IDEMPOTENCY_ABANDON_AFTER=LOCK_TTL,
-        SHOP_PROBE_STUB_URL=stub_service.url,
-    ):
-        assert keys.keys_complete_abandoned() == 1
 
     if boundary == "idempotency.claim.after_insert":
-        # Nothing was committed: the completer forgets the key; a later retry runs afresh.
+        # The claim and the first effects commit together: nothing is left to
+        # settle, and a later retry simply runs.
         assert not IdempotencyKey.objects.exists() and not ProbeRecord.objects.exists()
         final = send(server, token, "gone-key")
         assert final.status_code == 201 and "Idempotent-Replayed" not in final.headers
     else:
+        key_id = IdempotencyKey.objects.get().pk
+        wait_until(lambda: _lock_expired_and_abandoned(key_id, LOCK_TTL), timeout=30)
+        with override_settings(
+            IDEMPOTENCY_LOCK_TTL=LOCK_TTL,
+            IDEMPOTENCY_ABANDON_AFTER=LOCK_TTL,
+            SHOP_PROBE_STUB_URL=stub_service.url,
+        ):
+            assert keys.keys_complete_abandoned() == 1
         row = IdempotencyKey.objects.get()
         assert row.recovery_point == FINISHED and row.response_status == 201
         final = send(server, token, "gone-key")
@@ -180,10 +180,13 @@ def test_completer_runs_in_a_real_celery_worker(
 
 
 def test_stalled_request_taken_over_after_its_ttl_cannot_commit(gunicorn, stub_service, token):
-    """A stalls inside phase 1 past its lock TTL; B takes over and finishes; A commits nothing."""
+    """A stalls past its lock TTL; B takes over and finishes; A wakes, runs its last phase
+    and must not commit it (without the fencing token A's phase would commit a second
+    outbox event and overwrite the stored answer)."""
     server = gunicorn(
         workers=2,
-        failpoints="probe.run.recorded.before_commit=sleep:5000@1",
+        # A stalls between the outside call and its last phase (holding no row lock).
+        failpoints="probe.run.after_call=sleep:5000@1",
         IDEMPOTENCY_LOCK_TTL=str(LOCK_TTL),
         SHOP_PROBE_STUB_URL=stub_service.url,
     )
@@ -198,9 +201,11 @@ def test_stalled_request_taken_over_after_its_ttl_cannot_commit(gunicorn, stub_s
         key_id = wait_until(
             lambda: IdempotencyKey.objects.values_list("pk", flat=True).first(), timeout=30
         )
-        # A's lock expires (database clock) while A is still inside its phase.
+        # A committed phase 1 and called the stub; its lock expires (database
+        # clock) while A is still stalled.
         wait_until(lambda: _lock_expired_and_abandoned(key_id, LOCK_TTL), timeout=30)
-        assert ProbeRecord.objects.count() == 0 and thread.is_alive()
+        assert IdempotencyKey.objects.get().recovery_point == "recorded" and thread.is_alive()
+        assert not OutboxMessage.objects.exists()
 
         taker = send(server, token, "stall-key")
         assert taker.status_code == 201 and "Idempotent-Replayed" not in taker.headers
@@ -222,8 +227,8 @@ def test_concurrent_requests_to_real_workers_make_one_effect(gunicorn, stub_serv
     n = 20
     server = gunicorn(
         workers=4,
-        # The winner lingers in its first phase so the others meet a held key.
-        failpoints="probe.run.recorded.before_commit=sleep:1500@1",
+        # The winner lingers after its first phase so the others meet a held key.
+        failpoints="probe.run.recorded.after_commit=sleep:1500@1",
         SHOP_PROBE_STUB_URL=stub_service.url,
     )
     barrier = threading.Barrier(n, timeout=30)

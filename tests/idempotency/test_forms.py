@@ -85,15 +85,14 @@ def test_anonymous_submission_goes_to_login(client):
 
 
 def test_submission_while_the_first_runs_gets_a_409_page(browser, shopper):
-    from idempotency.keys import body_fingerprint, key_claim
+    from idempotency.testing import key_hold
 
-    key_claim(
+    key_hold(
         owner_id=shopper.pk,
         key="running",
         operation="probe.run",
-        method="POST",
         path=URL,
-        fingerprint=body_fingerprint({"label": ["form"], "amount": ["2"]}),
+        body={"label": ["form"], "amount": ["2"]},
     )
     response = browser.post(URL, {"idempotency_key": "running", "label": "form", "amount": "2"})
     assert response.status_code == 409 and int(response["Retry-After"]) >= 1

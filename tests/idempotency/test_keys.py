@@ -9,6 +9,7 @@ from django.http import QueryDict
 from django.test import override_settings
 
 from idempotency import keys
+from idempotency.db import violated_constraint
 from idempotency.errors import ApplicationError, Conflict
 from idempotency.keys import (
     Answer,
@@ -16,6 +17,7 @@ from idempotency.keys import (
     IdempotencyKeyInvalid,
     IdempotencyKeyMissing,
     IdempotencyKeyReused,
+    KeyClaimLost,
     KeyLockLost,
     KeyRun,
     body_fingerprint,
@@ -39,6 +41,15 @@ def claim(owner, key="k", *, method="POST", path="/p/", body=None, operation="te
         path=path,
         fingerprint=body_fingerprint(body if body is not None else {"a": 1}),
     )
+
+
+def held(owner, key="k", **kwargs) -> KeyRun:
+    """Claim and commit a first phase: the key is locked, as by a running request."""
+    run = claim(owner, key, **kwargs)
+    assert isinstance(run, KeyRun)
+    with run.phase(next_point="held"):
+        pass
+    return run
 
 
 def age_lock(key_id: int, seconds: float) -> None:
@@ -93,27 +104,57 @@ def test_form_body_fingerprint_keeps_repeated_values():
 # --- claim and match ----------------------------------------------------------
 
 
-def test_first_claim_inserts_a_locked_key(shopper):
+def test_fresh_claim_writes_nothing_until_its_first_phase(shopper):
     run = claim(shopper)
     assert isinstance(run, KeyRun)
-    assert run.recovery_point == STARTED and not run.resumed
+    assert run.recovery_point == STARTED and not run.resumed and not run.claimed
+    assert not IdempotencyKey.objects.exists()
+    with run.phase(next_point="recorded") as data:
+        # The key row is inserted first, inside the phase, before any effect.
+        row = IdempotencyKey.objects.get()
+        assert row.locked_by == run.token and row.recovery_point == STARTED
+        data["x"] = 1
     row = IdempotencyKey.objects.get(pk=run.key_id)
     assert row.locked_by == run.token and row.locked_at is not None
+    assert row.recovery_point == "recorded" and row.data == {"x": 1}
     assert row.request_method == "POST" and row.request_path == "/p/"
+    assert row.operation == "test.op" and row.runs == 1
+
+
+def test_first_phase_rolled_back_leaves_no_key(shopper):
+    run = claim(shopper)
+    with pytest.raises(ZeroDivisionError), run.phase(next_point="recorded"):
+        1 / 0  # noqa: B018
+    assert not IdempotencyKey.objects.exists() and not run.claimed
+    with run.phase(next_point="recorded"):
+        pass
+    assert IdempotencyKey.objects.get().recovery_point == "recorded"
 
 
 def test_second_claim_while_locked_is_in_use_with_retry_after(shopper):
-    claim(shopper)
+    held(shopper)
     with pytest.raises(IdempotencyKeyInUse) as info:
         claim(shopper)
     assert int(info.value.headers["Retry-After"]) >= 1
+
+
+def test_losing_insert_rolls_back_before_any_effect(shopper):
+    """Two fresh runs for one key: the second one's first phase finds the key taken."""
+    first, second = claim(shopper), claim(shopper)
+    with first.phase(next_point="recorded"):
+        pass
+    ran = []
+    with pytest.raises(KeyClaimLost), second.phase(next_point="recorded"):
+        ran.append(True)
+    assert ran == [] and not second.claimed
+    assert IdempotencyKey.objects.get().locked_by == first.token
 
 
 @pytest.mark.parametrize(
     "change", [{"method": "PUT"}, {"path": "/other/"}, {"body": {"a": 2}}, {"body": {}}]
 )
 def test_same_key_for_another_request_is_reused(shopper, change):
-    claim(shopper)
+    held(shopper)
     with pytest.raises(IdempotencyKeyReused):
         claim(shopper, **change)
 
@@ -138,8 +179,8 @@ def test_finished_key_replays_the_stored_answer(shopper):
 
 def test_keys_are_per_owner(shopper, make_user):
     other = make_user()
-    run_a = claim(shopper)
-    run_b = claim(other)
+    run_a = held(shopper)
+    run_b = held(other)
     assert run_a.key_id != run_b.key_id
     run_a.finish(status=201, body={"who": "a"})
     with pytest.raises(IdempotencyKeyInUse):
@@ -149,16 +190,19 @@ def test_keys_are_per_owner(shopper, make_user):
 @pytest.mark.django_db(transaction=True)
 def test_insert_error_on_another_constraint_is_not_taken_for_a_duplicate(shopper):
     """Only the (owner, key) constraint means "already claimed": anything else propagates."""
-    with pytest.raises(IntegrityError) as info:
-        key_claim(
-            owner_id=10**9,  # no such user: the foreign key, not the unique constraint
-            key="k",
-            operation="test.op",
-            method="POST",
-            path="/p/",
-            fingerprint=body_fingerprint({}),
-        )
-    assert keys.violated_constraint(info.value) != keys.OWNER_KEY_CONSTRAINT
+    run = key_claim(
+        owner_id=10**9,  # no such user: the foreign key, not the unique constraint
+        key="k",
+        operation="test.op",
+        method="POST",
+        path="/p/",
+        fingerprint=body_fingerprint({}),
+    )
+    with pytest.raises(IntegrityError) as info, run.phase(next_point="x"):
+        pass
+    name = violated_constraint(info.value)
+    assert name and name.startswith("idempotency_idempotencykey_owner_id_") and "fk" in name
+    assert not IdempotencyKey.objects.exists()
 
 
 def test_expired_lock_is_taken_over_at_its_recovery_point(shopper):
@@ -175,7 +219,7 @@ def test_expired_lock_is_taken_over_at_its_recovery_point(shopper):
 
 @override_settings(IDEMPOTENCY_LOCK_TTL=30)
 def test_lock_age_is_judged_against_the_ttl(shopper):
-    run = claim(shopper)
+    run = held(shopper)
     age_lock(run.key_id, 20)
     with pytest.raises(IdempotencyKeyInUse):
         claim(shopper)
@@ -206,19 +250,19 @@ def test_phase_commits_effects_with_point_and_data(shopper):
 
 
 def test_failed_phase_rolls_back_effects_and_keeps_the_point(shopper):
-    run = claim(shopper)
+    run = held(shopper)
     with pytest.raises(RuntimeError), run.phase(next_point="recorded") as data:
         ProbeRecord.objects.create(owner=shopper, label="x", amount=1, status="r")
         data["probe_id"] = "nope"
         raise RuntimeError("boom")
     assert not ProbeRecord.objects.exists()
-    assert IdempotencyKey.objects.get(pk=run.key_id).recovery_point == STARTED
-    assert run.recovery_point == STARTED and run.data == {}
+    assert IdempotencyKey.objects.get(pk=run.key_id).recovery_point == "held"
+    assert run.recovery_point == "held" and run.data == {}
 
 
 def test_phase_of_a_run_taken_over_cannot_commit(shopper):
     """The fencing token: a stalled run whose lock was taken over commits nothing."""
-    stalled = claim(shopper)
+    stalled = held(shopper)
     age_lock(stalled.key_id, 3600)
     taker = claim(shopper)
     assert isinstance(taker, KeyRun)
@@ -227,13 +271,13 @@ def test_phase_of_a_run_taken_over_cannot_commit(shopper):
         data["probe_id"] = "stalled"
     assert not ProbeRecord.objects.exists()
     row = IdempotencyKey.objects.get(pk=stalled.key_id)
-    assert row.recovery_point == STARTED and row.locked_by == taker.token
+    assert row.recovery_point == "held" and row.locked_by == taker.token
     with pytest.raises(KeyLockLost):
         stalled.finish(status=201, body={})
 
 
 def test_phase_renews_the_lock(shopper):
-    run = claim(shopper)
+    run = held(shopper)
     age_lock(run.key_id, 3600)
     with run.phase(next_point="recorded"):
         pass
@@ -269,12 +313,12 @@ def test_finish_inside_a_phase_commits_with_the_effect(shopper):
 
 
 def test_finish_rolled_back_with_its_phase(shopper):
-    run = claim(shopper)
+    run = held(shopper)
     with pytest.raises(ZeroDivisionError), run.phase(next_point="done"):
         run.finish(status=201, body={"ok": 1})
         1 / 0  # noqa: B018
     row = IdempotencyKey.objects.get(pk=run.key_id)
-    assert row.recovery_point == STARTED and row.response_status is None
+    assert row.recovery_point == "held" and row.response_status is None
     assert run.answer is None and not run.closed
 
 
@@ -289,9 +333,14 @@ def test_leave_open_answers_without_storing(shopper):
 
 
 def test_abandon_deletes_a_key_without_committed_phase(shopper):
-    run = claim(shopper)
-    run.abandon()
+    run = held(shopper)
+    IdempotencyKey.objects.update(recovery_point=STARTED)
+    age_lock(run.key_id, 3600)
+    taken = claim(shopper)
+    assert taken.resumed and taken.recovery_point == STARTED
+    taken.abandon()
     assert not IdempotencyKey.objects.exists()
+    claim(shopper).abandon()  # a fresh run has nothing to forget
     other = claim(shopper)
     with other.phase(next_point="x"):
         pass
@@ -318,11 +367,26 @@ def test_input_refusal_releases_the_key(shopper):
 
 
 def test_server_error_unlocks_for_a_retry(shopper):
-    run = claim(shopper)
+    run = held(shopper)
     assert key_run_failed(run=run, exc=RuntimeError("bug")) is None
     row = IdempotencyKey.objects.get(pk=run.key_id)
-    assert row.locked_by is None and row.recovery_point == STARTED
+    assert row.locked_by is None and row.recovery_point == "held"
     assert isinstance(claim(shopper), KeyRun)
+
+
+def test_server_error_before_any_phase_leaves_nothing(shopper):
+    run = claim(shopper)
+    assert key_run_failed(run=run, exc=RuntimeError("bug")) is None
+    assert not IdempotencyKey.objects.exists()
+
+
+def test_stored_refusal_loses_to_a_key_inserted_first(shopper):
+    first, second = claim(shopper), claim(shopper)
+    with first.phase(next_point="recorded"):
+        pass
+    with pytest.raises(KeyClaimLost):
+        key_run_failed(run=second, exc=Conflict("no"))
+    assert IdempotencyKey.objects.get().locked_by == first.token
 
 
 def test_refusal_after_a_committed_phase_is_not_stored(shopper):
@@ -370,17 +434,18 @@ def test_completer_settles_only_abandoned_keys(shopper, registered):
     keys.register_operation("test.op", resume=resume)
 
     abandoned = claim(shopper, "abandoned")
+    assert isinstance(abandoned, KeyRun)
     with abandoned.phase(next_point="reserved") as data:
         data["ref"] = 1
     age_lock(abandoned.key_id, 120)
 
-    recent = claim(shopper, "recent")  # lock expired but last run too recent
+    recent = held(shopper, "recent")  # lock expired but last run too recent
     IdempotencyKey.objects.filter(pk=recent.key_id).update(
         locked_at=Now() - timedelta(seconds=40), last_run_at=Now() - timedelta(seconds=40)
     )
-    live = claim(shopper, "live")  # lock still held (renewed by a phase) though old run
+    live = held(shopper, "live")  # lock still held (renewed by a phase) though old run
     IdempotencyKey.objects.filter(pk=live.key_id).update(last_run_at=Now() - timedelta(seconds=120))
-    other_op = claim(shopper, "other", operation="unregistered.op")
+    other_op = held(shopper, "other", operation="unregistered.op")
     age_lock(other_op.key_id, 120)
     done = claim(shopper, "done")
     done.finish(status=200, body={})
@@ -401,7 +466,7 @@ def test_completer_failure_unlocks_and_backs_off(shopper, registered):
         raise RuntimeError("provider down")
 
     keys.register_operation("test.op", resume=resume)
-    run = claim(shopper)
+    run = held(shopper)
     age_lock(run.key_id, 120)
     assert keys_complete_abandoned() == 0
     row = IdempotencyKey.objects.get(pk=run.key_id)
@@ -413,7 +478,8 @@ def test_completer_failure_unlocks_and_backs_off(shopper, registered):
 @override_settings(IDEMPOTENCY_ABANDON_AFTER=60)
 def test_completer_abandons_a_key_that_never_committed(shopper):
     """The probe's registered resumer forgets a key stuck at "started"; a retry runs afresh."""
-    run = claim(shopper, operation="probe.run")
+    run = held(shopper, operation="probe.run")
+    IdempotencyKey.objects.update(recovery_point=STARTED)
     age_lock(run.key_id, 120)
     assert keys_complete_abandoned() == 1
     assert not IdempotencyKey.objects.exists()
@@ -437,7 +503,7 @@ def test_purge_deletes_finished_keys_past_retention_only(shopper):
     open_old = claim(shopper, "open-old")
     with open_old.phase(next_point="pending"):
         open_old.leave_open(status=202)
-    running_old = claim(shopper, "running-old")
+    running_old = held(shopper, "running-old")
     IdempotencyKey.objects.filter(pk__in=[open_old.key_id, running_old.key_id]).update(
         created_at=Now() - timedelta(days=30), last_run_at=Now() - timedelta(days=30)
     )

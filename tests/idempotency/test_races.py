@@ -16,6 +16,7 @@ from rest_framework.test import APIClient
 from idempotency import failpoints, probe
 from idempotency.keys import body_fingerprint
 from idempotency.models import FINISHED, IdempotencyKey, OutboxMessage, ProbeRecord
+from idempotency.testing import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -62,8 +63,8 @@ def test_twenty_concurrent_identical_requests_make_one_effect(shopper, stub):
     held = []
 
     def hold_the_winner(name: str) -> None:
-        # The one request that got the key holds it (inside its first phase)
-        # until every other request has been answered.
+        # The one request that got the key holds it (its first phase committed,
+        # the key locked) until every other request has been answered.
         held.append(name)
         others_answered.wait(timeout=60)
 
@@ -78,12 +79,12 @@ def test_twenty_concurrent_identical_requests_make_one_effect(shopper, stub):
                 return
         others_answered.set()
 
-    with failpoints.hook("probe.run.recorded.before_commit", hold_the_winner):
+    with failpoints.hook("probe.run.recorded.after_commit", hold_the_winner):
         _run_threads([counter] + [lambda i=i: request(i) for i in range(n)])
 
     statuses = sorted(r.status_code for r in first)
     assert statuses == [201] + [409] * (n - 1), statuses  # the overlap really happened
-    assert held == ["probe.run.recorded.before_commit"]
+    assert held == ["probe.run.recorded.after_commit"]
     for r in first:
         if r.status_code == 409:
             assert r.json()["code"] == "idempotency_key_in_use" and r["Retry-After"]
@@ -102,22 +103,56 @@ def test_twenty_concurrent_identical_requests_make_one_effect(shopper, stub):
     assert OutboxMessage.objects.count() == 1
 
 
+def _backend_pid() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        return cursor.fetchone()[0]
+
+
+def _lock_waiters(pids: list[int]) -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_locks WHERE NOT granted AND pid = ANY(%s)", [pids])
+        return cursor.fetchone()[0]
+
+
 def test_simultaneous_inserts_one_claim_wins(shopper, stub):
-    """Both requests saw no key; the unique constraint lets exactly one insert win."""
+    """Both requests saw no key; the unique constraint lets exactly one insert win.
+
+    The winner is held right after its insert (uncommitted) until the loser is
+    seen in pg_locks waiting on it: the two inserts really overlapped.
+    """
     clients = [_client(shopper) for _ in range(2)]
     barrier = threading.Barrier(2, timeout=30)
-    saw_no_key = []
+    pids: list[int] = []
+    loser_waits = threading.Event()
+    winners = []
     results: list = [None, None]
 
     def both_saw_no_key(name: str) -> None:
-        saw_no_key.append(threading.get_ident())
+        pids.append(_backend_pid())
         barrier.wait()
 
-    with failpoints.hook("idempotency.claim.before_insert", both_saw_no_key):
-        _run_threads(
-            [lambda i=i: results.__setitem__(i, _post(clients[i], "dup")) for i in range(2)]
-        )
-    assert len(saw_no_key) == 2  # the overlap happened: both passed the lookup
+    def hold_the_inserter(name: str) -> None:
+        winners.append(name)
+        loser_waits.wait(timeout=30)
+
+    with (
+        failpoints.hook("idempotency.claim.before_insert", both_saw_no_key),
+        failpoints.hook("idempotency.claim.after_insert", hold_the_inserter),
+    ):
+        threads = [
+            threading.Thread(target=lambda i=i: results.__setitem__(i, _post(clients[i], "dup")))
+            for i in range(2)
+        ]
+        for t in threads:
+            t.start()
+        try:
+            wait_until(lambda: len(pids) == 2 and _lock_waiters(pids) > 0, timeout=30)
+        finally:
+            loser_waits.set()
+            for t in threads:
+                t.join(timeout=60)
+    assert len(winners) == 1  # one insert went through; the other waited, then lost
     codes = sorted(r.status_code for r in results)
     assert codes in ([201, 201], [201, 409]), codes
     if codes == [201, 201]:

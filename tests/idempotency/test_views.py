@@ -3,9 +3,9 @@
 import pytest
 from django.test import override_settings
 
-from idempotency import failpoints, keys, metrics
-from idempotency.keys import key_claim
+from idempotency import failpoints, metrics
 from idempotency.models import FINISHED, IdempotencyKey, OutboxMessage, ProbeRecord
+from idempotency.testing import key_hold
 from tests.conftest import assert_problem
 
 pytestmark = pytest.mark.django_db
@@ -146,14 +146,7 @@ def test_same_key_on_another_path_is_reused(shopper_client, stub):
 
 
 def test_running_key_is_in_use_with_retry_after(shopper_client, shopper):
-    key_claim(
-        owner_id=shopper.pk,
-        key="key-1",
-        operation="probe.run",
-        method="POST",
-        path=URL,
-        fingerprint=keys.body_fingerprint(BODY),
-    )
+    key_hold(owner_id=shopper.pk, key="key-1", operation="probe.run", path=URL, body=BODY)
     before = metrics.read("shop_idempotency_key_conflicts_total").get(
         'code="idempotency_key_in_use"', 0
     )
@@ -259,3 +252,21 @@ def test_schema_declares_the_header_required(api_client):
     assert any(
         p["name"] == "Idempotency-Key" and p["in"] == "header" and p["required"] for p in params
     )
+
+
+def test_replay_is_one_indexed_read_and_no_write(shopper_client, stub):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    first = post(shopper_client)
+    with CaptureQueriesContext(connection) as queries:
+        again = post(shopper_client)
+    assert again.content == first.content
+    key_queries = [q["sql"] for q in queries if "idempotency_idempotencykey" in q["sql"]]
+    assert len(key_queries) == 1
+    sql = key_queries[0]
+    assert sql.startswith("SELECT") and '"owner_id" =' in sql and '"key" =' in sql
+    writes = [
+        q["sql"] for q in queries if not q["sql"].startswith(("SELECT", "SAVEPOINT", "RELEASE"))
+    ]
+    assert writes == []
