@@ -53,8 +53,9 @@ MAX_KEY_LENGTH = 255
 JSON_CONTENT_TYPE = "application/json"
 
 # Refusals raised before the first committed phase that are NOT the domain's
-# decision about this request: the claim is released (the row deleted) so the
-# same key can be sent again, e.g. with a corrected body. Every other 4xx
+# decision about this request: nothing is kept (a fresh key was never
+# inserted; a key taken over at "started" is deleted), so the same key can be
+# sent again, e.g. with a corrected body. Every other 4xx
 # ApplicationError raised before the first committed phase (402, 404, 409,
 # 410, 422, ...) is stored as the final answer and replayed; 5xx are not
 # stored (the key is unlocked and a retry runs again).
@@ -500,9 +501,28 @@ class KeyRun:
 # --- Claim ------------------------------------------------------------------
 
 
-def _key_read(*, owner_id: int, key: str) -> IdempotencyKey | None:
+def key_lookup(*, owner_id: int, key: str) -> IdempotencyKey | None:
+    """Read the key's row (one indexed read), annotated with the database's `now()`."""
     rows = list(IdempotencyKey.objects.annotate(db_now=Now()).filter(owner_id=owner_id, key=key))
     return rows[0] if rows else None
+
+
+_key_read = key_lookup
+_UNREAD: Any = object()
+
+
+def key_stored_answer(
+    *, row: IdempotencyKey, method: str, path: str, fingerprint: str
+) -> Answer | None:
+    """Return the stored answer if `row` is finished and was made by this same request."""
+    if row.recovery_point != FINISHED or (
+        row.request_method,
+        row.request_path,
+        row.request_fingerprint,
+    ) != (method, path, fingerprint):
+        return None
+    metrics.count("shop_duplicates_suppressed_total", mechanism="request_key")
+    return _stored_answer(row)
 
 
 def _key_take_over(*, key_id: int, abandoned: bool = False) -> KeyRun | None:
@@ -582,7 +602,14 @@ def _after_takeover(run: KeyRun) -> None:
 
 
 def key_claim(
-    *, owner_id: int, key: str, operation: str, method: str, path: str, fingerprint: str
+    *,
+    owner_id: int,
+    key: str,
+    operation: str,
+    method: str,
+    path: str,
+    fingerprint: str,
+    row: IdempotencyKey | None = _UNREAD,
 ) -> KeyRun | Answer:
     """Match `key` to the request that holds it, or prepare this request's claim.
 
@@ -593,6 +620,7 @@ def key_claim(
     IdempotencyKeyInUse (409, Retry-After) while another run holds it.
 
     The read only spares a replay any write; the insert decides who runs.
+    `row` is the result of a `key_lookup` the caller just made (read once).
     """
     identity = KeyIdentity(
         owner_id=owner_id,
@@ -603,7 +631,8 @@ def key_claim(
         fingerprint=fingerprint,
     )
     for _ in range(5):
-        row = _key_read(owner_id=owner_id, key=key)
+        if row is _UNREAD:
+            row = _key_read(owner_id=owner_id, key=key)
         if row is None:
             return KeyRun(
                 key_id=None,
@@ -626,6 +655,7 @@ def key_claim(
             _after_takeover(run)
             return run
         # Another request took it over between our read and update: look again.
+        row = _UNREAD
     raise _in_use()
 
 

@@ -270,3 +270,13 @@ def test_replay_is_one_indexed_read_and_no_write(shopper_client, stub):
         q["sql"] for q in queries if not q["sql"].startswith(("SELECT", "SAVEPOINT", "RELEASE"))
     ]
     assert writes == []
+
+
+def test_body_is_validated_before_a_finished_key_is_matched(shopper_client, stub):
+    post(shopper_client)
+    assert_problem(post(shopper_client, body={"label": "a"}), 400, "invalid_request")
+    malformed = shopper_client.post(
+        URL, "{nope", content_type="application/json", HTTP_IDEMPOTENCY_KEY="key-1"
+    )
+    assert_problem(malformed, 400, "malformed_json")
+    assert post(shopper_client)["Idempotent-Replayed"] == "true"
