@@ -1,165 +1,134 @@
-"""Benchmark scenario: request keys on the probe endpoint (not a test; nothing is asserted).
+"""Request keys on the test-only probe: replay vs first request, keyed vs unkeyed.
 
-Two comparisons on the same two-phase operation (the test-only probe, so the
-server must run with `SHOP_TEST_ENDPOINTS=true`; with `SHOP_PROBE_STUB_URL`
-unset the probe makes no outside call, which isolates the key machinery):
+The probe (`POST /api/v1/_test/probe/`, docs/idempotency.md) runs two phases
+around an outside call; with `SHOP_PROBE_STUB_URL` unset it calls nothing, so
+the figures isolate the key machinery. It is mounted only when gunicorn runs
+with `SHOP_TEST_ENDPOINTS=true`:
 
-1. replay vs first request: throughput of requests with fresh keys (claim,
-   two phases, stored answer) against replays of finished keys (one indexed
-   read, no write). Target: replay >= 3x first.
-2. keyed vs unkeyed: fresh-key requests to `/api/v1/_test/probe/` against
-   the same work without a key at `/api/v1/_test/probe-unkeyed/`.
-   Target: keyed / unkeyed >= 0.9.
+    SHOP_TEST_ENDPOINTS=true make bench BENCH_ARGS="--scenario idempotency"
 
-Call `run(base_url)` against a running shop; it registers one shopper,
-warms up, then measures each variant for `requests_per_variant` requests
-from `concurrency` client threads and returns a dict of figures.
+Without it the scenario records `skipped` and no runs.
+
+Three loads per concurrency level:
+
+- `first`: a fresh Idempotency-Key per request (read, claim inside phase 1,
+  fencing update per phase, stored answer);
+- `replay`: keys finished before the load, sent again (one indexed read, no
+  write; every answer must carry `Idempotent-Replayed: true`);
+- `unkeyed`: the same work without a key (`/api/v1/_test/probe-unkeyed/`).
+
+Targets (docs/idempotency.md): replay >= 3x first; keyed (first) >= 0.9x
+unkeyed. They are reported per level under `ratios`, never asserted.
 """
 
 from __future__ import annotations
 
-import threading
-import time
+import json
 import uuid
-from collections.abc import Callable
 
 import requests
+from bench.loadgen import Request
+
+NAME = "idempotency"
+DESCRIPTION = "probe endpoint: fresh keys vs replays vs the same work unkeyed"
+ORDER = 40
 
 PROBE = "/api/v1/_test/probe/"
 UNKEYED = "/api/v1/_test/probe-unkeyed/"
-BODY = {"label": "bench", "amount": 1}
-
+BODY = json.dumps({"label": "bench", "amount": 1}).encode()
 TARGETS = {"replay_vs_first": 3.0, "keyed_vs_unkeyed": 0.9}
+FINISHED_KEYS_PER_USER = 4
 
 
-def _register(base_url: str) -> str:
-    name = f"bench-{uuid.uuid4().hex[:12]}"
+def _probe_mounted(ctx, token: str) -> bool:
     response = requests.post(
-        f"{base_url}/api/v1/auth/register/",
-        json={"username": name, "email": f"{name}@example.com", "password": uuid.uuid4().hex},
+        ctx.base_url + PROBE,
+        data=BODY,
+        headers={
+            **ctx.auth_headers(token),
+            "Content-Type": "application/json",
+            "Idempotency-Key": f"bench-check-{uuid.uuid4().hex}",
+        },
         timeout=30,
     )
+    if response.status_code == 404:
+        return False
     response.raise_for_status()
-    return response.json()["token"]
+    return True
 
 
-def _measure(*, total: int, concurrency: int, send: Callable[[requests.Session, int], int]) -> dict:
-    """Send `total` requests from `concurrency` threads; return throughput and error count."""
-    counter = iter(range(total))
-    lock = threading.Lock()
-    errors: list[int] = []
-    latencies: list[float] = []
-    barrier = threading.Barrier(concurrency + 1)
-
-    def worker() -> None:
-        session = requests.Session()
-        barrier.wait()
-        while True:
-            with lock:
-                i = next(counter, None)
-            if i is None:
-                return
-            started = time.perf_counter()
-            try:
-                status = send(session, i)
-            except requests.RequestException:
-                status = 0
-            elapsed = time.perf_counter() - started
-            with lock:
-                latencies.append(elapsed)
-                if status not in (200, 201):
-                    errors.append(status)
-
-    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
-    for t in threads:
-        t.start()
-    barrier.wait()
-    started = time.perf_counter()
-    for t in threads:
-        t.join()
-    elapsed = time.perf_counter() - started
-    latencies.sort()
-    return {
-        "requests": total,
-        "seconds": round(elapsed, 3),
-        "rps": round(total / elapsed, 1) if elapsed else 0.0,
-        "p50_ms": round(latencies[len(latencies) // 2] * 1000, 2) if latencies else None,
-        "p95_ms": round(latencies[int(len(latencies) * 0.95)] * 1000, 2) if latencies else None,
-        "errors": len(errors),
-    }
-
-
-def run(
-    base_url: str,
-    *,
-    requests_per_variant: int = 400,
-    concurrency: int = 8,
-    replay_keys: int = 20,
-    warmup: int = 40,
-) -> dict:
-    """Measure replay-vs-first and keyed-vs-unkeyed throughput of the probe; return the figures.
-
-    Returns {"first": {...}, "replay": {...}, "keyed": {...}, "unkeyed": {...},
-    "ratios": {"replay_vs_first": x, "keyed_vs_unkeyed": y}, "targets": {...},
-    "met": {"replay_vs_first": bool, "keyed_vs_unkeyed": bool}}; each variant
-    has requests, seconds, rps, p50_ms, p95_ms and errors.
-    """
-    base_url = base_url.rstrip("/")
-    token = _register(base_url)
-    auth = {"Authorization": f"Token {token}"}
+def run(ctx) -> dict:
+    """Load first requests, replays and unkeyed requests at each concurrency level."""
+    tokens = ctx.tokens(16)
+    if not _probe_mounted(ctx, tokens[0]):
+        ctx.log("  probe not mounted: run gunicorn with SHOP_TEST_ENDPOINTS=true")
+        return {"skipped": "the probe needs SHOP_TEST_ENDPOINTS=true", "runs": []}
     run_id = uuid.uuid4().hex[:8]
+    json_headers = {"Content-Type": "application/json"}
 
-    def keyed(prefix: str) -> Callable[[requests.Session, int], int]:
-        def send(session: requests.Session, i: int) -> int:
-            headers = {**auth, "Idempotency-Key": f"{run_id}-{prefix}-{i}"}
-            return session.post(
-                base_url + PROBE, json=BODY, headers=headers, timeout=30
-            ).status_code
+    def token_of(worker: int) -> str:
+        return tokens[worker % len(tokens)]
 
-        return send
+    def fresh(worker: int, seq: int) -> Request:
+        headers = {
+            **ctx.auth_headers(token_of(worker)),
+            **json_headers,
+            "Idempotency-Key": f"{run_id}-first-{worker}-{seq}-{uuid.uuid4().hex[:8]}",
+        }
+        return Request("POST", PROBE, headers, BODY)
 
-    def replay(session: requests.Session, i: int) -> int:
-        headers = {**auth, "Idempotency-Key": f"{run_id}-finished-{i % replay_keys}"}
-        response = session.post(base_url + PROBE, json=BODY, headers=headers, timeout=30)
-        return response.status_code if response.headers.get("Idempotent-Replayed") else -1
+    def finished_key(user_index: int, i: int) -> str:
+        return f"{run_id}-done-{user_index}-{i}"
 
-    def unkeyed(session: requests.Session, i: int) -> int:
-        return session.post(base_url + UNKEYED, json=BODY, headers=auth, timeout=30).status_code
+    def replay(worker: int, seq: int) -> Request:
+        user_index = worker % len(tokens)
+        headers = {
+            **ctx.auth_headers(tokens[user_index]),
+            **json_headers,
+            "Idempotency-Key": finished_key(user_index, seq % FINISHED_KEYS_PER_USER),
+        }
+        return Request("POST", PROBE, headers, BODY)
 
-    # Warm every worker's connection pool and code paths; create the keys replays use.
-    _measure(total=warmup, concurrency=concurrency, send=keyed("warm"))
-    _measure(total=warmup, concurrency=concurrency, send=unkeyed)
-    _measure(total=replay_keys, concurrency=concurrency, send=keyed("finished"))
+    def unkeyed(worker: int, seq: int) -> Request:
+        return Request(
+            "POST", UNKEYED, {**ctx.auth_headers(token_of(worker)), **json_headers}, BODY
+        )
 
-    results = {
-        "first": _measure(total=requests_per_variant, concurrency=concurrency, send=keyed("first")),
-        "replay": _measure(total=requests_per_variant, concurrency=concurrency, send=replay),
-        "unkeyed": _measure(total=requests_per_variant, concurrency=concurrency, send=unkeyed),
-        "keyed": _measure(total=requests_per_variant, concurrency=concurrency, send=keyed("keyed")),
-    }
+    def must_be_replayed(request: Request, response) -> None:
+        if response.headers.get("idempotent-replayed") != "true":
+            raise AssertionError(f"not a replay: {response.status} {response.body[:200]!r}")
 
-    def ratio(a: str, b: str) -> float:
-        return round(results[a]["rps"] / results[b]["rps"], 3) if results[b]["rps"] else 0.0
+    # The keys the replays send, finished before any load.
+    for user_index, token in enumerate(tokens):
+        for i in range(FINISHED_KEYS_PER_USER):
+            response = requests.post(
+                ctx.base_url + PROBE,
+                data=BODY,
+                headers={
+                    **ctx.auth_headers(token),
+                    **json_headers,
+                    "Idempotency-Key": finished_key(user_index, i),
+                },
+                timeout=30,
+            )
+            response.raise_for_status()
 
-    ratios = {
-        "replay_vs_first": ratio("replay", "first"),
-        "keyed_vs_unkeyed": ratio("keyed", "unkeyed"),
-    }
-    return {
-        **results,
-        "ratios": ratios,
-        "targets": dict(TARGETS),
-        "met": {name: ratios[name] >= target for name, target in TARGETS.items()},
-        "settings": {
-            "requests_per_variant": requests_per_variant,
-            "concurrency": concurrency,
-            "replay_keys": replay_keys,
-        },
-    }
-
-
-if __name__ == "__main__":
-    import json
-    import sys
-
-    print(json.dumps(run(sys.argv[1] if len(sys.argv) > 1 else "http://127.0.0.1:8000"), indent=2))
+    runs = []
+    ratios = {}
+    for concurrency in ctx.concurrency_levels():
+        first = ctx.load(label="first", concurrency=concurrency, factory=fresh, expected=(201,))
+        again = ctx.load(
+            label="replay",
+            concurrency=concurrency,
+            factory=replay,
+            expected=(201,),
+            on_response=must_be_replayed,
+        )
+        plain = ctx.load(label="unkeyed", concurrency=concurrency, factory=unkeyed, expected=(201,))
+        runs += [first, again, plain]
+        ratios[str(concurrency)] = {
+            "replay_vs_first": round(again["rps"] / first["rps"], 3) if first["rps"] else None,
+            "keyed_vs_unkeyed": round(first["rps"] / plain["rps"], 3) if plain["rps"] else None,
+        }
+        ctx.log(f"  c={concurrency}: {ratios[str(concurrency)]} (targets {TARGETS})")
+    return {"runs": runs, "ratios": ratios, "targets": dict(TARGETS)}
