@@ -10,10 +10,10 @@ Inert unless the environment variable `SHOP_FAILPOINTS` is set. Its value is
 - `off`: do nothing (handy to switch one entry off without editing the rest).
 
 An action may end with `@N`: fire only for the first N hits counted across
-every process sharing `SHOP_FAILPOINTS_DIR` (required with `@N`). Each hit
-tries to create `<dir>/<name>.<i>` with O_EXCL for i in 1..N; the first
-successful creation fires, so N hits fire in total whatever the number of
-processes, without a lock.
+every process sharing `SHOP_FAILPOINTS_DIR`. Each hit tries to create
+`<dir>/<name>.<i>` with O_EXCL for i in 1..N; the first successful creation
+fires, so N hits fire in total whatever the number of processes, without a
+lock. Without `SHOP_FAILPOINTS_DIR` the count is per process.
 
 Example: `SHOP_FAILPOINTS="probe.run.recorded.after_commit=exit@1"`.
 
@@ -28,6 +28,7 @@ import contextlib
 import logging
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -40,7 +41,7 @@ ENV_DIR = "SHOP_FAILPOINTS_DIR"
 _ACTIONS = ("raise", "exit", "sleep", "off")
 
 
-class FailpointError(Exception):
+class FailpointError(RuntimeError):
     """Raised by a failpoint whose action is `raise`."""
 
 
@@ -89,6 +90,8 @@ def parse(spec: str) -> dict[str, Action]:
 _parsed_spec: str | None = None
 _parsed: dict[str, Action] = {}
 _exhausted: set[tuple[str, str]] = set()
+_local_hits: dict[str, int] = {}
+_local_lock = threading.Lock()
 _hooks: dict[str, Callable[[str], None]] = {}
 
 
@@ -104,7 +107,9 @@ def _take_hit(name: str, limit: int) -> bool:
     """Claim one of the first `limit` hits of `name` across processes; False when used up."""
     directory = os.environ.get(ENV_DIR)
     if not directory:
-        raise FailpointConfigError(f"Failpoint {name!r} uses @N: set {ENV_DIR} to a directory.")
+        with _local_lock:
+            _local_hits[name] = _local_hits.get(name, 0) + 1
+            return _local_hits[name] <= limit
     marker = (directory, name)
     if marker in _exhausted:
         return False

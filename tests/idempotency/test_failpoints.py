@@ -63,11 +63,12 @@ def test_raise_at_most_n_times(fp_env, tmp_path):
     assert failpoints.hits("here", str(tmp_path / "fp")) == 2
 
 
-def test_counted_failpoint_needs_a_directory(monkeypatch):
+def test_without_a_directory_the_count_is_per_process(monkeypatch):
     monkeypatch.delenv(failpoints.ENV_DIR, raising=False)
-    monkeypatch.setenv(failpoints.ENV_SPEC, "here=raise@1")
-    with pytest.raises(FailpointConfigError):
-        failpoint("here")
+    monkeypatch.setenv(failpoints.ENV_SPEC, "per.process=raise@1")
+    with pytest.raises(FailpointError):
+        failpoint("per.process")
+    failpoint("per.process")
 
 
 def test_sleep_stalls(fp_env):
