@@ -27,6 +27,7 @@ import json
 import uuid
 
 import requests
+
 from bench.loadgen import Request
 
 NAME = "idempotency"
