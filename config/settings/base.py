@@ -169,6 +169,36 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("DATA_UPLOAD_MAX_MEMORY_SIZE", default=256
 SHOP_CURRENCY = env.str("SHOP_CURRENCY", default="EUR")
 PROBLEM_TYPE_BASE = env.str("PROBLEM_TYPE_BASE", default="https://shop.example/problems/")
 
+# --- Idempotency: request keys, completer, purge, failpoints (issue 4) ---------
+# See docs/idempotency.md. Times are seconds, judged by the database clock.
+# The lock TTL must exceed the longest gap between two lock renewals: one
+# phase plus one outside call (provider timeout x in-request attempts + margin).
+IDEMPOTENCY_LOCK_TTL = env.float("IDEMPOTENCY_LOCK_TTL", default=60.0)
+IDEMPOTENCY_LOCK_MARGIN = env.float("IDEMPOTENCY_LOCK_MARGIN", default=10.0)
+# Retry-After of a 409 idempotency_key_in_use (capped by the lock's remaining life).
+IDEMPOTENCY_RETRY_AFTER = env.int("IDEMPOTENCY_RETRY_AFTER", default=1)
+# An open key not retried for this long (and not locked) is settled by the completer.
+IDEMPOTENCY_ABANDON_AFTER = env.float("IDEMPOTENCY_ABANDON_AFTER", default=300.0)
+IDEMPOTENCY_COMPLETER_BATCH = env.int("IDEMPOTENCY_COMPLETER_BATCH", default=50)
+# Finished keys are kept at least this long (published retention: 24 h), then purged.
+IDEMPOTENCY_KEY_RETENTION = env.float("IDEMPOTENCY_KEY_RETENTION", default=24 * 3600.0)
+IDEMPOTENCY_PURGE_BATCH = env.int("IDEMPOTENCY_PURGE_BATCH", default=1000)
+IDEMPOTENCY_PURGE_MAX_BATCHES = env.int("IDEMPOTENCY_PURGE_MAX_BATCHES", default=50)
+# Test-only endpoints (the probe); never true in production.
+SHOP_TEST_ENDPOINTS = env.bool("SHOP_TEST_ENDPOINTS", default=False)
+SHOP_PROBE_STUB_URL = env.str("SHOP_PROBE_STUB_URL", default="")
+SHOP_PROBE_STUB_TIMEOUT = env.float("SHOP_PROBE_STUB_TIMEOUT", default=5.0)
+CELERY_BEAT_SCHEDULE["idempotency-complete-abandoned-keys"] = {
+    "task": "idempotency.complete_abandoned_keys",
+    "schedule": env.float("IDEMPOTENCY_COMPLETER_EVERY", default=60.0),
+    "options": {"expires": 60},
+}
+CELERY_BEAT_SCHEDULE["idempotency-purge-finished-keys"] = {
+    "task": "idempotency.purge_finished_keys",
+    "schedule": env.float("IDEMPOTENCY_PURGE_EVERY", default=900.0),
+    "options": {"expires": 600},
+}
+
 # --- i18n, static ------------------------------------------------------------
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
