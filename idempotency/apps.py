@@ -4,3 +4,8 @@ from django.apps import AppConfig
 class IdempotencyConfig(AppConfig):
     name = "idempotency"
     verbose_name = "Idempotency (request keys, outbox, inbox)"
+
+    def ready(self) -> None:
+        from . import checks, keys, probe  # noqa: F401 - checks register themselves
+
+        keys.register_operation(probe.OPERATION, resume=probe.probe_resume)

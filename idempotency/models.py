@@ -1,0 +1,157 @@
+"""Request keys, the outbox and the inbox (and the probe's rows for the test-only endpoint)."""
+
+import uuid
+
+from django.conf import settings
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import models
+from django.db.models import Q
+from django.db.models.functions import Now
+
+STARTED = "started"
+FINISHED = "finished"
+
+
+class IdempotencyKey(models.Model):
+    """One client's `Idempotency-Key`: the request it names, how far it got, its answer.
+
+    The row is inserted first (the unique (owner, key) constraint decides who
+    runs); each phase of the operation commits its effects together with the
+    next `recovery_point` and `data`, but only while `locked_by` still holds
+    the running request's fencing token. Once `recovery_point` is
+    `finished` the stored response is replayed forever (until purged).
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    key = models.CharField(max_length=255)
+    operation = models.CharField(max_length=100)
+    request_method = models.CharField(max_length=10)
+    request_path = models.CharField(max_length=2048)
+    # SHA-256 (hex) of the body's canonical JSON; method and path are compared as well.
+    request_fingerprint = models.CharField(max_length=64)
+    recovery_point = models.CharField(max_length=64, default=STARTED, db_default=STARTED)
+    data = models.JSONField(default=dict, encoder=DjangoJSONEncoder)
+    # Fencing token of the request (or completer) that holds the key; null when unlocked.
+    locked_by = models.UUIDField(null=True, blank=True)
+    locked_at = models.DateTimeField(null=True, blank=True)
+    runs = models.PositiveIntegerField(default=1)
+    response_status = models.PositiveSmallIntegerField(null=True, blank=True)
+    # The exact bytes sent the first time (as text), so that a replay is byte-identical.
+    response_body = models.TextField(null=True, blank=True)
+    response_headers = models.JSONField(default=dict)
+    created_at = models.DateTimeField(db_default=Now())
+    last_run_at = models.DateTimeField(db_default=Now())
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["owner", "key"], name="idempotency_idempotencykey_owner_key_uniq"
+            ),
+            models.CheckConstraint(
+                condition=Q(locked_by__isnull=True, locked_at__isnull=True)
+                | Q(locked_by__isnull=False, locked_at__isnull=False),
+                name="idempotency_idempotencykey_lock_complete",
+            ),
+            models.CheckConstraint(
+                condition=~Q(recovery_point=FINISHED)
+                | Q(
+                    response_status__isnull=False,
+                    finished_at__isnull=False,
+                    locked_by__isnull=True,
+                ),
+                name="idempotency_idempotencykey_finished_has_answer",
+            ),
+        ]
+        indexes = [
+            # The purge walks finished keys by age.
+            models.Index(
+                fields=["finished_at"],
+                condition=Q(recovery_point=FINISHED),
+                name="idempotency_key_purge_idx",
+            ),
+            # The completer walks open keys by their last run.
+            models.Index(
+                fields=["last_run_at"],
+                condition=~Q(recovery_point=FINISHED),
+                name="idempotency_key_open_idx",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.operation} {self.key} ({self.recovery_point})"
+
+
+class OutboxMessage(models.Model):
+    """An event to publish, written in the same transaction as the change it reports.
+
+    The relay (a later issue) publishes rows with `published_at` null whose
+    `next_attempt_at` has come, oldest first per aggregate.
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    aggregate_type = models.CharField(max_length=100)
+    aggregate_id = models.CharField(max_length=100)
+    event_type = models.CharField(max_length=100)
+    payload = models.JSONField(encoder=DjangoJSONEncoder)
+    created_at = models.DateTimeField(db_default=Now())
+    published_at = models.DateTimeField(null=True, blank=True)
+    attempts = models.PositiveIntegerField(default=0)
+    next_attempt_at = models.DateTimeField(db_default=Now())
+    last_error = models.TextField(blank=True, default="")
+
+    class Meta:
+        indexes = [
+            models.Index(
+                fields=["next_attempt_at"],
+                condition=Q(published_at__isnull=True),
+                name="idempotency_outbox_due_idx",
+            ),
+            models.Index(
+                fields=["aggregate_type", "aggregate_id", "created_at"],
+                name="idempotency_outbox_agg_idx",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.event_type} {self.aggregate_type}:{self.aggregate_id}"
+
+
+class InboxMessage(models.Model):
+    """A message a consumer has processed; inserted first, in the consumer's own transaction."""
+
+    id = models.BigAutoField(primary_key=True)
+    consumer = models.CharField(max_length=100)
+    message_id = models.CharField(max_length=255)
+    received_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["consumer", "message_id"],
+                name="idempotency_inboxmessage_consumer_message_uniq",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.consumer}: {self.message_id}"
+
+
+class ProbeRecord(models.Model):
+    """A row written by the test-only probe operation (`idempotency.probe`); no business data.
+
+    Deliberately without a unique constraint per key: the fencing token alone
+    must keep a stalled request from committing a second record.
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    label = models.CharField(max_length=100)
+    amount = models.PositiveIntegerField()
+    status = models.CharField(max_length=20)
+    confirmation = models.CharField(max_length=100, blank=True, default="")
+    created_at = models.DateTimeField(db_default=Now())
+
+    def __str__(self) -> str:
+        return f"probe {self.label} ({self.status})"

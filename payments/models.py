@@ -1,1 +1,217 @@
+"""Payments, the calls made to the provider for them, and settlement of lost answers."""
 
+import uuid
+
+from django.conf import settings
+from django.db import models
+from django.db.models import F, Q
+from django.db.models.functions import Now
+
+
+class PaymentInstallation(models.Model):
+    """The one row naming this installation at the provider.
+
+    Its `install_id` prefixes every provider key. Test databases and fresh
+    installs restart their numbering (order numbers, ids) while the
+    provider's ledger persists; the prefix keeps their keys apart.
+    """
+
+    id = models.PositiveSmallIntegerField(primary_key=True, default=1)
+    install_id = models.CharField(max_length=32)
+    created_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=Q(id=1), name="payments_installation_singleton"),
+        ]
+
+    def __str__(self) -> str:
+        return self.install_id
+
+
+class PaymentStatus(models.TextChoices):
+    NONE = "none"
+    PENDING = "pending"
+    CAPTURED = "captured"
+    PARTIALLY_REFUNDED = "partially_refunded"
+    REFUNDED = "refunded"
+    FAILED = "failed"
+
+
+# Allowed status changes; every change writes a PaymentEvent in its transaction.
+PAYMENT_TRANSITIONS: dict[str, frozenset[str]] = {
+    PaymentStatus.NONE: frozenset({PaymentStatus.PENDING, PaymentStatus.FAILED}),
+    PaymentStatus.PENDING: frozenset({PaymentStatus.CAPTURED, PaymentStatus.FAILED}),
+    PaymentStatus.CAPTURED: frozenset({PaymentStatus.PARTIALLY_REFUNDED, PaymentStatus.REFUNDED}),
+    PaymentStatus.PARTIALLY_REFUNDED: frozenset(
+        {PaymentStatus.PARTIALLY_REFUNDED, PaymentStatus.REFUNDED}
+    ),
+    PaymentStatus.REFUNDED: frozenset(),
+    PaymentStatus.FAILED: frozenset(),
+}
+
+
+class Payment(models.Model):
+    """Money the shop asks for one operation (`reference`, e.g. "order-42").
+
+    The amounts only grow, by `F()` updates conditional on the status, and
+    the database refuses `0 <= refunded <= captured <= authorized <= amount`
+    being broken whatever the code does.
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    reference = models.CharField(max_length=100)
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="payments",
+    )
+    amount = models.DecimalField(max_digits=12, decimal_places=2)
+    currency = models.CharField(max_length=3)
+    payment_method = models.CharField(max_length=64)
+    status = models.CharField(
+        max_length=20, choices=PaymentStatus.choices, default=PaymentStatus.NONE
+    )
+    amount_authorized = models.DecimalField(max_digits=12, decimal_places=2, default=0)
+    amount_captured = models.DecimalField(max_digits=12, decimal_places=2, default=0)
+    amount_refunded = models.DecimalField(max_digits=12, decimal_places=2, default=0)
+    created_at = models.DateTimeField(db_default=Now())
+    updated_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["reference"], name="payments_payment_reference_uniq"),
+            models.CheckConstraint(
+                condition=Q(amount__gt=0), name="payments_payment_amount_positive"
+            ),
+            models.CheckConstraint(
+                condition=Q(amount_refunded__gte=0), name="payments_payment_refunded_non_negative"
+            ),
+            models.CheckConstraint(
+                condition=Q(amount_refunded__lte=F("amount_captured")),
+                name="payments_payment_refunded_le_captured",
+            ),
+            models.CheckConstraint(
+                condition=Q(amount_captured__lte=F("amount_authorized")),
+                name="payments_payment_captured_le_authorized",
+            ),
+            models.CheckConstraint(
+                condition=Q(amount_authorized__lte=F("amount")),
+                name="payments_payment_authorized_le_amount",
+            ),
+            models.CheckConstraint(
+                condition=Q(status__in=PaymentStatus.values), name="payments_payment_status_valid"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.reference} {self.amount} {self.currency} {self.status}"
+
+
+class TransactionKind(models.TextChoices):
+    AUTHORIZE = "authorize"
+    CAPTURE = "capture"
+    VOID = "void"
+    REFUND = "refund"
+
+
+class TransactionStatus(models.TextChoices):
+    PENDING = "pending"  # sent (or about to be); outcome not known yet
+    SUCCEEDED = "succeeded"
+    DECLINED = "declined"
+
+
+class PaymentTransaction(models.Model):
+    """One call to the provider under one provider key, and what came of it.
+
+    Inserted before the call; unique on (payment, kind, provider key), so
+    every retry of the same operation finds the same row and sends the same key.
+    """
+
+    payment = models.ForeignKey(Payment, on_delete=models.PROTECT, related_name="transactions")
+    kind = models.CharField(max_length=16, choices=TransactionKind.choices)
+    provider_key = models.CharField(max_length=255)
+    amount = models.DecimalField(max_digits=12, decimal_places=2)
+    currency = models.CharField(max_length=3)
+    status = models.CharField(
+        max_length=16, choices=TransactionStatus.choices, default=TransactionStatus.PENDING
+    )
+    provider_operation_id = models.CharField(max_length=64, blank=True, default="")
+    last_error = models.CharField(max_length=500, blank=True, default="")
+    created_at = models.DateTimeField(db_default=Now())
+    updated_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["payment", "kind", "provider_key"],
+                name="payments_transaction_payment_kind_key_uniq",
+            ),
+            models.CheckConstraint(
+                condition=Q(amount__gte=0), name="payments_transaction_amount_non_negative"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.provider_key} {self.status}"
+
+
+class PaymentSettlement(models.Model):
+    """A provider call whose outcome the shop must still learn.
+
+    Written in the same transaction that prepares the call, before the call
+    is made, so a process that dies mid-call leaves this row behind. The
+    beat sweeper finds it when `next_attempt_at` has passed; each attempt
+    looks the call up at the provider by its key. After the attempt budget
+    it stops and waits for staff (`needs_attention`).
+    """
+
+    transaction = models.ForeignKey(
+        PaymentTransaction, on_delete=models.PROTECT, related_name="settlements"
+    )
+    next_attempt_at = models.DateTimeField(db_default=Now())
+    attempts = models.PositiveIntegerField(default=0)
+    # Set by the sweeper when it enqueues the row, so that the next sweep does
+    # not enqueue it again while the task is still queued.
+    claimed_until = models.DateTimeField(null=True, blank=True)
+    needs_attention = models.BooleanField(default=False)
+    settled_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.CharField(max_length=500, blank=True, default="")
+    created_at = models.DateTimeField(db_default=Now())
+    updated_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["transaction"], name="payments_settlement_transaction_uniq"
+            ),
+        ]
+        indexes = [
+            models.Index(
+                fields=["next_attempt_at"],
+                name="payments_settlement_due_idx",
+                condition=Q(settled_at__isnull=True, needs_attention=False),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"settlement of {self.transaction_id} (attempt {self.attempts})"
+
+
+class PaymentEvent(models.Model):
+    """What happened to a payment: every status change and every staff flag."""
+
+    payment = models.ForeignKey(Payment, on_delete=models.PROTECT, related_name="events")
+    kind = models.CharField(max_length=32)  # "transition" | "needs_attention" | "retry"
+    from_status = models.CharField(max_length=20, blank=True, default="")
+    to_status = models.CharField(max_length=20, blank=True, default="")
+    detail = models.JSONField(default=dict)
+    created_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return f"{self.payment_id} {self.kind} {self.from_status}->{self.to_status}"

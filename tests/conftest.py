@@ -93,3 +93,61 @@ def assert_problem(response, status: int, code: str) -> dict:
     assert body["type"].endswith(code.replace("_", "-"))
     assert body["title"] and body["detail"]
     return body
+
+
+# --- Real server processes on the test database (idempotency, issue 4) ----------
+# Reusable by every area: tests using them need the transactional database so
+# the rows they write are visible to the servers (and the servers' to them).
+
+
+@pytest.fixture
+def stub_service():
+    """A loopback stub HTTP service (idempotency.testing.StubService), stopped afterwards."""
+    from idempotency.testing import StubService
+
+    with StubService() as stub:
+        yield stub
+
+
+@pytest.fixture
+def gunicorn(transactional_db, tmp_path):
+    """Start real gunicorn servers: `gunicorn(workers=2, failpoints="x=exit@1", **env)`.
+
+    Returns an `idempotency.testing.Server` (`.url`, `.log()`); every server is
+    stopped at the end of the test. SHOP_FAILPOINTS_DIR is a fresh directory.
+    """
+    import contextlib as _contextlib
+
+    from idempotency.testing import gunicorn_server, server_env
+
+    with _contextlib.ExitStack() as stack:
+
+        def start(*, workers: int = 1, failpoints: str | None = None, **env):
+            extra = {"SHOP_FAILPOINTS_DIR": str(tmp_path / "failpoints"), **env}
+            if failpoints:
+                extra["SHOP_FAILPOINTS"] = failpoints
+            return stack.enter_context(
+                gunicorn_server(env=server_env(**extra), workers=workers, log_dir=tmp_path)
+            )
+
+        yield start
+
+
+@pytest.fixture
+def celery_worker_process(transactional_db, tmp_path):
+    """Start real celery workers: `celery_worker_process(failpoints=..., **env)` -> Server."""
+    import contextlib as _contextlib
+
+    from idempotency.testing import celery_worker, server_env
+
+    with _contextlib.ExitStack() as stack:
+
+        def start(*, failpoints: str | None = None, concurrency: int = 1, **env):
+            extra = {"SHOP_FAILPOINTS_DIR": str(tmp_path / "failpoints"), **env}
+            if failpoints:
+                extra["SHOP_FAILPOINTS"] = failpoints
+            return stack.enter_context(
+                celery_worker(env=server_env(**extra), concurrency=concurrency, log_dir=tmp_path)
+            )
+
+        yield start

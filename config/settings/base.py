@@ -169,6 +169,36 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("DATA_UPLOAD_MAX_MEMORY_SIZE", default=256
 SHOP_CURRENCY = env.str("SHOP_CURRENCY", default="EUR")
 PROBLEM_TYPE_BASE = env.str("PROBLEM_TYPE_BASE", default="https://shop.example/problems/")
 
+# --- Idempotency: request keys, completer, purge, failpoints (issue 4) ---------
+# See docs/idempotency.md. Times are seconds, judged by the database clock.
+# The lock TTL must exceed the longest gap between two lock renewals: one
+# phase plus one outside call (provider timeout x in-request attempts + margin).
+IDEMPOTENCY_LOCK_TTL = env.float("IDEMPOTENCY_LOCK_TTL", default=60.0)
+IDEMPOTENCY_LOCK_MARGIN = env.float("IDEMPOTENCY_LOCK_MARGIN", default=10.0)
+# Retry-After of a 409 idempotency_key_in_use (capped by the lock's remaining life).
+IDEMPOTENCY_RETRY_AFTER = env.int("IDEMPOTENCY_RETRY_AFTER", default=1)
+# An open key not retried for this long (and not locked) is settled by the completer.
+IDEMPOTENCY_ABANDON_AFTER = env.float("IDEMPOTENCY_ABANDON_AFTER", default=300.0)
+IDEMPOTENCY_COMPLETER_BATCH = env.int("IDEMPOTENCY_COMPLETER_BATCH", default=50)
+# Finished keys are kept at least this long (published retention: 24 h), then purged.
+IDEMPOTENCY_KEY_RETENTION = env.float("IDEMPOTENCY_KEY_RETENTION", default=24 * 3600.0)
+IDEMPOTENCY_PURGE_BATCH = env.int("IDEMPOTENCY_PURGE_BATCH", default=1000)
+IDEMPOTENCY_PURGE_MAX_BATCHES = env.int("IDEMPOTENCY_PURGE_MAX_BATCHES", default=50)
+# Test-only endpoints (the probe); never true in production.
+SHOP_TEST_ENDPOINTS = env.bool("SHOP_TEST_ENDPOINTS", default=False)
+SHOP_PROBE_STUB_URL = env.str("SHOP_PROBE_STUB_URL", default="")
+SHOP_PROBE_STUB_TIMEOUT = env.float("SHOP_PROBE_STUB_TIMEOUT", default=5.0)
+CELERY_BEAT_SCHEDULE["idempotency-complete-abandoned-keys"] = {
+    "task": "idempotency.complete_abandoned_keys",
+    "schedule": env.float("IDEMPOTENCY_COMPLETER_EVERY", default=60.0),
+    "options": {"expires": 60},
+}
+CELERY_BEAT_SCHEDULE["idempotency-purge-finished-keys"] = {
+    "task": "idempotency.purge_finished_keys",
+    "schedule": env.float("IDEMPOTENCY_PURGE_EVERY", default=900.0),
+    "options": {"expires": 600},
+}
+
 # --- i18n, static ------------------------------------------------------------
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
@@ -188,6 +218,33 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
     "loggers": {"django.request": {"level": "ERROR"}},
+}
+
+# --- Payments (see docs/payments.md) -----------------------------------------
+# The provider: the simulator (`python -m payments.simulator`) by default.
+PAYMENTS_GATEWAY = env.str(
+    "PAYMENTS_GATEWAY", default="payments.gateway.simulator.SimulatorGateway"
+)
+PAYMENTS_PROVIDER_URL = env.str("PAYMENTS_PROVIDER_URL", default="http://127.0.0.1:8470")
+# Seconds a provider call may take (connect, then each read) before its outcome is unknown.
+PAYMENTS_PROVIDER_TIMEOUT = env.float("PAYMENTS_PROVIDER_TIMEOUT", default=5.0)
+# Dotted path of handler(*, payment, outcome) called inside the transaction that
+# records a settled outcome ("captured" | "declined"); set by the orders area.
+PAYMENTS_SETTLED_HANDLER: str | None = None
+# Settlement of unknown outcomes: delays in seconds, judged by the database clock.
+PAYMENTS_SETTLE_GRACE = env.float(
+    "PAYMENTS_SETTLE_GRACE", default=PAYMENTS_PROVIDER_TIMEOUT + 5
+)  # first look at a call whose caller never came back
+PAYMENTS_SETTLE_FIRST_DELAY = env.float("PAYMENTS_SETTLE_FIRST_DELAY", default=2.0)
+PAYMENTS_SETTLE_BACKOFF_BASE = env.float("PAYMENTS_SETTLE_BACKOFF_BASE", default=2.0)
+PAYMENTS_SETTLE_BACKOFF_MAX = env.float("PAYMENTS_SETTLE_BACKOFF_MAX", default=300.0)
+PAYMENTS_SETTLE_MAX_ATTEMPTS = env.int("PAYMENTS_SETTLE_MAX_ATTEMPTS", default=12)
+PAYMENTS_SETTLE_LEASE = env.float("PAYMENTS_SETTLE_LEASE", default=CELERY_VISIBILITY_TIMEOUT + 30)
+PAYMENTS_SWEEP_INTERVAL = env.float("PAYMENTS_SWEEP_INTERVAL", default=5.0)
+PAYMENTS_SWEEP_BATCH = env.int("PAYMENTS_SWEEP_BATCH", default=100)
+CELERY_BEAT_SCHEDULE["payments.sweep_settlements"] = {
+    "task": "payments.sweep_settlements",
+    "schedule": PAYMENTS_SWEEP_INTERVAL,
 }
 
 # --- Checkout: orders and reservation flags (issue 6) --------------------------

@@ -20,3 +20,6 @@ STORAGES = {
 # No collectstatic in tests: serve from finders and skip scanning STATIC_ROOT.
 WHITENOISE_AUTOREFRESH = True
 WHITENOISE_USE_FINDERS = True
+
+# --- Idempotency (issue 4): the probe endpoints the tests drive ----------------
+SHOP_TEST_ENDPOINTS = True

@@ -1,0 +1,58 @@
+"""Read-only admin views of request keys, the outbox and the inbox (for operators)."""
+
+from django.contrib import admin
+
+from .models import IdempotencyKey, InboxMessage, OutboxMessage
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """Show rows without letting anyone edit the machinery's state by hand."""
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
+
+
+@admin.register(IdempotencyKey)
+class IdempotencyKeyAdmin(ReadOnlyAdmin):
+    list_display = (
+        "key",
+        "owner",
+        "operation",
+        "recovery_point",
+        "response_status",
+        "locked_at",
+        "runs",
+        "created_at",
+        "finished_at",
+    )
+    list_filter = ("operation", "recovery_point")
+    search_fields = ("key",)
+    list_select_related = ("owner",)
+
+
+@admin.register(OutboxMessage)
+class OutboxMessageAdmin(ReadOnlyAdmin):
+    list_display = (
+        "event_type",
+        "aggregate_type",
+        "aggregate_id",
+        "created_at",
+        "published_at",
+        "attempts",
+        "next_attempt_at",
+    )
+    list_filter = ("event_type", "aggregate_type")
+    search_fields = ("aggregate_id",)
+
+
+@admin.register(InboxMessage)
+class InboxMessageAdmin(ReadOnlyAdmin):
+    list_display = ("consumer", "message_id", "received_at")
+    list_filter = ("consumer",)
+    search_fields = ("message_id",)

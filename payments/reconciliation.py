@@ -1,0 +1,136 @@
+"""Reconciliation: the provider's ledger against the shop's books, per provider key.
+
+The provider side comes only from the provider (its ledger over HTTP); the
+shop side only from the shop's tables. Every money movement must appear on
+both sides with the same kind, amount and currency, and every payment's
+captured and refunded totals must equal what the provider moved for it.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from decimal import Decimal
+
+from .gateway import PaymentGateway, get_gateway
+from .models import Payment, TransactionStatus
+from .selectors import install_id_or_none, transactions_with_key_prefix
+
+MISSING_AT_PROVIDER = "missing_at_provider"  # the shop booked money the provider never moved
+EXTRA_AT_PROVIDER = "extra_at_provider"  # the provider moved money the shop has not booked
+UNRECORDED = "unrecorded"  # the provider moved money; the shop's call is still pending
+DIFFERENT_AMOUNT = "different_amount"  # both moved money, not the same amount/currency/kind
+DIFFERENT_TOTAL = "different_total"  # a payment's captured/refunded total differs
+
+
+@dataclass(frozen=True)
+class Difference:
+    kind: str
+    key: str
+    detail: str
+
+
+@dataclass
+class ReconciliationReport:
+    install_id: str | None
+    provider_operations: int = 0
+    shop_transactions: int = 0
+    differences: list[Difference] = field(default_factory=list)
+
+    @property
+    def clean(self) -> bool:
+        return not self.differences
+
+    def as_dict(self) -> dict:
+        return {
+            "install_id": self.install_id,
+            "provider_operations": self.provider_operations,
+            "shop_transactions": self.shop_transactions,
+            "differences": [asdict(d) for d in self.differences],
+            "clean": self.clean,
+        }
+
+
+def _money(amount, currency) -> str:
+    return f"{amount} {currency}"
+
+
+def reconcile_payments(*, gateway: PaymentGateway | None = None) -> ReconciliationReport:
+    """Compare the provider's ledger with the shop's transactions and payment totals.
+
+    Raises `ProviderUnreachable` when the ledger cannot be read.
+    """
+    install = install_id_or_none()
+    report = ReconciliationReport(install_id=install)
+    if install is None:
+        return report  # this installation never called the provider
+    prefix = f"{install}:"
+    ops = {op["key"]: op for op in (gateway or get_gateway()).operations(key_prefix=prefix)}
+    txns = {t.provider_key: t for t in transactions_with_key_prefix(key_prefix=prefix)}
+    report.provider_operations = len(ops)
+    report.shop_transactions = len(txns)
+    diffs = report.differences
+
+    for key in sorted(set(ops) | set(txns)):
+        op, txn = ops.get(key), txns.get(key)
+        provider_moved = op is not None and op["status"] == "succeeded"
+        shop_moved = txn is not None and txn.status == TransactionStatus.SUCCEEDED
+        if shop_moved and not provider_moved:
+            state = op["status"] if op else "no operation"
+            diffs.append(
+                Difference(
+                    MISSING_AT_PROVIDER,
+                    key,
+                    f"shop booked {txn.kind} {_money(txn.amount, txn.currency)}; provider: {state}",
+                )
+            )
+        elif provider_moved and not shop_moved:
+            money = f"provider {op['kind']} {_money(op['amount'], op['currency'])}"
+            if txn is not None and txn.status == TransactionStatus.PENDING:
+                diffs.append(Difference(UNRECORDED, key, f"{money}; shop still pending"))
+            else:
+                state = f"shop {txn.status}" if txn else "shop has no transaction"
+                diffs.append(Difference(EXTRA_AT_PROVIDER, key, f"{money}; {state}"))
+        elif provider_moved and shop_moved:
+            theirs = (op["kind"], Decimal(op["amount"]), op["currency"])
+            ours = (txn.kind, txn.amount, txn.currency)
+            if theirs != ours:
+                diffs.append(
+                    Difference(
+                        DIFFERENT_AMOUNT,
+                        key,
+                        f"provider {theirs[0]} {_money(theirs[1], theirs[2])}, "
+                        f"shop {ours[0]} {_money(ours[1], ours[2])}",
+                    )
+                )
+
+    # Per payment: what the provider moved (grouped by the provider's own
+    # references and parent keys) against the payment's booked totals.
+    captured: dict[str, Decimal] = defaultdict(Decimal)
+    refunded: dict[str, Decimal] = defaultdict(Decimal)
+    capture_reference: dict[str, str] = {}
+    for op in ops.values():
+        if op["kind"] == "capture" and op["status"] == "succeeded":
+            captured[op["reference"]] += Decimal(op["amount"])
+            capture_reference[op["key"]] = op["reference"]
+    for op in ops.values():
+        if op["kind"] == "refund" and op["status"] == "succeeded":
+            refunded[capture_reference.get(op["parent_key"], "?")] += Decimal(op["amount"])
+    references = {t.payment.reference for t in txns.values()} | set(captured) | set(refunded)
+    payments = {p.reference: p for p in Payment.objects.filter(reference__in=references)}
+    for reference in sorted(references):
+        payment = payments.get(reference)
+        booked = (
+            (payment.amount_captured, payment.amount_refunded) if payment else (Decimal(0),) * 2
+        )
+        moved = (captured.get(reference, Decimal(0)), refunded.get(reference, Decimal(0)))
+        if booked != moved:
+            diffs.append(
+                Difference(
+                    DIFFERENT_TOTAL,
+                    reference,
+                    f"provider captured {moved[0]} refunded {moved[1]}; "
+                    f"shop captured {booked[0]} refunded {booked[1]}",
+                )
+            )
+    return report

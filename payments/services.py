@@ -1,0 +1,560 @@
+"""Writes of the payments app: create a payment, capture it, settle lost answers.
+
+The rule that shapes everything here: never call the provider inside a
+database transaction. A capture is three steps:
+
+1. one transaction prepares the call: the payment goes `pending`, the
+   `PaymentTransaction` (with its derived provider key) and a
+   `PaymentSettlement` row are inserted — so a process that dies during the
+   call leaves a row a sweeper will find;
+2. the call, with no transaction open;
+3. one transaction records what the provider said, conditional on the
+   payment still being `pending`, so whoever records first wins and every
+   later recorder (a retry, the other process, a settlement attempt) changes
+   nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from dataclasses import dataclass
+from datetime import timedelta
+from decimal import Decimal
+
+from django.conf import settings
+from django.db import IntegrityError, connection, transaction
+from django.db.models import F, Q
+from django.db.models.functions import Now
+from django.utils.module_loading import import_string
+
+from idempotency.errors import ApplicationError, InvalidRequest
+from idempotency.failpoints import failpoint
+from idempotency.money import check_currency, minor_units
+
+from .gateway import Outcome, ProviderResult, get_gateway
+from .keys import install_id, provider_key
+from .lock_objects import payment_lock
+from .models import (
+    PAYMENT_TRANSITIONS,
+    Payment,
+    PaymentEvent,
+    PaymentSettlement,
+    PaymentStatus,
+    PaymentTransaction,
+    TransactionKind,
+    TransactionStatus,
+)
+
+logger = logging.getLogger(__name__)
+
+SUPPORTED_METHODS: frozenset[str] = frozenset(
+    {"pm_card_ok", "pm_card_declined", "pm_card_timeout", "pm_card_unavailable"}
+)
+
+CAPTURED = "captured"
+DECLINED = "declined"
+UNKNOWN = "unknown"
+
+
+class PaymentReferenceConflict(ApplicationError):
+    status = 409
+    code = "payment_reference_conflict"
+    title = "Payment reference conflict"
+
+
+class InvalidPaymentTransition(ApplicationError):
+    status = 409
+    code = "invalid_payment_transition"
+    title = "Invalid payment transition"
+
+
+class TransactionOpen(RuntimeError):
+    """A provider call was attempted inside a database transaction."""
+
+
+@dataclass(frozen=True)
+class CaptureResult:
+    """What a capture came to: `captured`, `declined` (final) or `unknown` (being settled)."""
+
+    outcome: str
+    payment: Payment
+    detail: str = ""
+
+
+def validate_payment_method(payment_method: str) -> str:
+    """Refuse a payment method the provider does not know (400 `invalid_request`)."""
+    if payment_method not in SUPPORTED_METHODS:
+        raise InvalidRequest(
+            f"Unknown payment method {payment_method!r}.",
+            errors={"payment_method": [f"Must be one of {', '.join(sorted(SUPPORTED_METHODS))}."]},
+        )
+    return payment_method
+
+
+def _violated_constraint(exc: IntegrityError) -> str | None:
+    return getattr(getattr(exc.__cause__, "diag", None), "constraint_name", None)
+
+
+def _require_no_transaction(what: str) -> None:
+    if connection.in_atomic_block:
+        raise TransactionOpen(f"{what} calls the provider: call it with no transaction open")
+
+
+def _outcome_of(payment: Payment) -> str:
+    if payment.status in (
+        PaymentStatus.CAPTURED,
+        PaymentStatus.PARTIALLY_REFUNDED,
+        PaymentStatus.REFUNDED,
+    ):
+        return CAPTURED
+    if payment.status == PaymentStatus.FAILED:
+        return DECLINED
+    return UNKNOWN
+
+
+def _transition(*, payment: Payment, to: str, detail: dict, **changes) -> bool:
+    """Move a payment to `to` if it is still in the status we read; write the event.
+
+    Return False when another transaction moved it first (nothing written).
+    """
+    if to not in PAYMENT_TRANSITIONS[payment.status]:
+        raise InvalidPaymentTransition(f"A payment cannot go from {payment.status} to {to}.")
+    moved = Payment.objects.filter(id=payment.id, status=payment.status).update(
+        status=to, updated_at=Now(), **changes
+    )
+    if not moved:
+        return False
+    PaymentEvent.objects.create(
+        payment_id=payment.id,
+        kind="transition",
+        from_status=payment.status,
+        to_status=to,
+        detail=detail,
+    )
+    return True
+
+
+# -- create ----------------------------------------------------------------------
+
+
+@transaction.atomic
+def payment_create(
+    *, reference: str, amount: Decimal, currency: str, payment_method: str, owner=None
+) -> Payment:
+    """Create the payment of one operation; the same reference returns the same payment.
+
+    Call it inside the caller's transaction. The unique reference decides:
+    a second call with the same parameters returns the first payment; with
+    other parameters it is refused (409 `payment_reference_conflict`).
+    """
+    validate_payment_method(payment_method)
+    check_currency(currency)
+    if amount <= 0 or -amount.as_tuple().exponent > minor_units(currency):
+        raise InvalidRequest(
+            f"Invalid payment amount {amount}.", errors={"amount": ["Must be positive."]}
+        )
+    payment = Payment(
+        reference=reference,
+        amount=amount,
+        currency=currency,
+        payment_method=payment_method,
+        owner=owner,
+    )
+    try:
+        with transaction.atomic():
+            payment.save(force_insert=True)
+    except IntegrityError as exc:
+        if _violated_constraint(exc) != "payments_payment_reference_uniq":
+            raise
+        existing = Payment.objects.get(reference=reference)
+        same = (existing.amount, existing.currency, existing.payment_method) == (
+            amount,
+            currency,
+            payment_method,
+        ) and existing.owner_id == (owner.pk if owner is not None else None)
+        if not same:
+            raise PaymentReferenceConflict(
+                f"Payment {reference!r} exists with other parameters."
+            ) from exc
+        return existing
+    return payment
+
+
+# -- capture ---------------------------------------------------------------------
+
+
+def _transaction_get_or_insert(
+    *, payment: Payment, kind: str, key: str, amount: Decimal
+) -> PaymentTransaction:
+    try:
+        with transaction.atomic():
+            return PaymentTransaction.objects.create(
+                payment=payment,
+                kind=kind,
+                provider_key=key,
+                amount=amount,
+                currency=payment.currency,
+            )
+    except IntegrityError as exc:
+        if _violated_constraint(exc) != "payments_transaction_payment_kind_key_uniq":
+            raise
+    return PaymentTransaction.objects.get(payment=payment, kind=kind, provider_key=key)
+
+
+def _settlement_insert(*, txn: PaymentTransaction, first_attempt_in: float) -> None:
+    """Leave the row a sweeper will find if nobody records this call's outcome."""
+    try:
+        with transaction.atomic():
+            PaymentSettlement.objects.create(
+                transaction=txn, next_attempt_at=Now() + timedelta(seconds=first_attempt_in)
+            )
+    except IntegrityError as exc:
+        if _violated_constraint(exc) != "payments_settlement_transaction_uniq":
+            raise
+
+
+@transaction.atomic
+def _capture_begin(*, payment_id) -> tuple[Payment, PaymentTransaction] | CaptureResult:
+    payment = Payment.objects.get(id=payment_id)
+    key = provider_key(install=install_id(), reference=payment.reference, kind="capture")
+    if payment.status == PaymentStatus.NONE:
+        if not _transition(payment=payment, to=PaymentStatus.PENDING, detail={"provider_key": key}):
+            payment.refresh_from_db()
+        else:
+            payment.status = PaymentStatus.PENDING
+    if payment.status != PaymentStatus.PENDING:
+        return CaptureResult(
+            outcome=_outcome_of(payment), payment=payment, detail="already settled"
+        )
+    txn = _transaction_get_or_insert(
+        payment=payment, kind=TransactionKind.CAPTURE, key=key, amount=payment.amount
+    )
+    _settlement_insert(txn=txn, first_attempt_in=settings.PAYMENTS_SETTLE_GRACE)
+    return payment, txn
+
+
+def payment_capture(*, payment_id) -> CaptureResult:
+    """Take the payment's amount from its payment method, once.
+
+    Must be called with no transaction open: it calls the provider. Any
+    number of calls, from any number of processes, send the same derived
+    key `<install id>:<reference>:capture`, so the provider charges at most
+    once. An unknown outcome leaves the payment `pending` with a due
+    settlement row; the settlement task finishes it. The settled handler is
+    NOT called here: the caller acts on the returned outcome.
+    """
+    _require_no_transaction("payment_capture")
+    begun = _capture_begin(payment_id=payment_id)
+    if isinstance(begun, CaptureResult):
+        return begun
+    payment, txn = begun
+    failpoint("payments.capture.before_provider")
+    result = get_gateway().capture(
+        key=txn.provider_key,
+        amount=txn.amount,
+        currency=txn.currency,
+        reference=payment.reference,
+        payment_method=payment.payment_method,
+    )
+    failpoint("payments.capture.after_provider")
+    payment = _capture_record(transaction_id=txn.id, result=result, mode="inline")
+    return CaptureResult(outcome=_outcome_of(payment), payment=payment, detail=result.describe())
+
+
+def payment_lookup_once(*, payment_id) -> CaptureResult:
+    """Ask the provider once what became of the payment's capture, and record a final answer.
+
+    Must be called with no transaction open. Sends nothing new: a capture the
+    provider never received stays `unknown` here (settlement re-sends it).
+    The settled handler is NOT called here: the caller acts on the outcome.
+    """
+    _require_no_transaction("payment_lookup_once")
+    payment = Payment.objects.get(id=payment_id)
+    if payment.status != PaymentStatus.PENDING:
+        return CaptureResult(outcome=_outcome_of(payment), payment=payment)
+    txn = (
+        PaymentTransaction.objects.filter(payment=payment, kind=TransactionKind.CAPTURE)
+        .order_by("-id")
+        .first()
+    )
+    if txn is None:
+        return CaptureResult(outcome=UNKNOWN, payment=payment, detail="no capture sent")
+    result = get_gateway().lookup(key=txn.provider_key)
+    if result.outcome == Outcome.NOT_FOUND:
+        return CaptureResult(outcome=UNKNOWN, payment=payment, detail="not found at the provider")
+    payment = _capture_record(transaction_id=txn.id, result=result, mode="lookup")
+    return CaptureResult(outcome=_outcome_of(payment), payment=payment, detail=result.describe())
+
+
+def _notify_settled(*, payment: Payment, outcome: str) -> None:
+    path = settings.PAYMENTS_SETTLED_HANDLER
+    if path:
+        import_string(path)(payment=payment, outcome=outcome)
+
+
+def _ring_bell(settlement_id: int, delay: float) -> None:
+    """Enqueue the settle task sooner than the sweeper would (best effort: the row is the truth)."""
+    from .tasks import settle_payment
+
+    try:
+        settle_payment.apply_async(
+            args=[settlement_id], countdown=settle_countdown(delay), retry=False
+        )
+    except Exception:  # noqa: BLE001 - the broker being down must not fail a recorded outcome
+        logger.warning("could not enqueue settlement %s; the sweeper will", settlement_id)
+
+
+def settle_countdown(delay: float) -> float:
+    """Return a Celery countdown for `delay` seconds, never above CELERY_MAX_COUNTDOWN."""
+    return max(0.0, min(float(delay), float(settings.CELERY_MAX_COUNTDOWN)))
+
+
+def _settlement_close(*, txn: PaymentTransaction) -> None:
+    PaymentSettlement.objects.filter(transaction=txn, settled_at__isnull=True).update(
+        settled_at=Now(), claimed_until=None, needs_attention=False, updated_at=Now()
+    )
+
+
+def _flag_attention(*, payment: Payment, txn: PaymentTransaction, reason: str) -> None:
+    flagged = PaymentSettlement.objects.filter(
+        transaction=txn, settled_at__isnull=True, needs_attention=False
+    ).update(needs_attention=True, claimed_until=None, last_error=reason[:500], updated_at=Now())
+    if flagged:
+        PaymentEvent.objects.create(
+            payment_id=payment.id,
+            kind="needs_attention",
+            from_status=payment.status,
+            to_status=payment.status,
+            detail={"provider_key": txn.provider_key, "reason": reason},
+        )
+        logger.error("payment %s needs attention: %s", payment.reference, reason)
+
+
+@transaction.atomic
+def _capture_record(*, transaction_id: int, result: ProviderResult, mode: str) -> Payment:
+    """Record one provider answer about a capture (mode: inline | lookup | settlement)."""
+    txn = PaymentTransaction.objects.get(id=transaction_id)
+    payment = payment_lock(payment_id=txn.payment_id)
+    if payment.status != PaymentStatus.PENDING:
+        # Recorded already (by the other process, the inline call, an earlier
+        # attempt): the first recorder won; nothing changes twice.
+        return payment
+    detail = {"provider_key": txn.provider_key, "via": mode, "answer": result.describe()}
+    if result.outcome == Outcome.SUCCESS:
+        if (result.amount, result.currency) != (txn.amount, txn.currency):
+            _flag_attention(
+                payment=payment,
+                txn=txn,
+                reason=f"provider captured {result.amount} {result.currency}, "
+                f"shop asked {txn.amount} {txn.currency}",
+            )
+            return payment
+        _transition(
+            payment=payment,
+            to=PaymentStatus.CAPTURED,
+            detail=detail,
+            amount_authorized=F("amount_authorized") + txn.amount,
+            amount_captured=F("amount_captured") + txn.amount,
+        )
+        PaymentTransaction.objects.filter(id=txn.id).update(
+            status=TransactionStatus.SUCCEEDED,
+            provider_operation_id=result.operation_id,
+            last_error="",
+            updated_at=Now(),
+        )
+        _settlement_close(txn=txn)
+        payment.refresh_from_db()
+        if mode == "settlement":
+            _notify_settled(payment=payment, outcome=CAPTURED)
+        return payment
+    if result.outcome == Outcome.DECLINED:
+        _transition(payment=payment, to=PaymentStatus.FAILED, detail=detail)
+        PaymentTransaction.objects.filter(id=txn.id).update(
+            status=TransactionStatus.DECLINED,
+            provider_operation_id=result.operation_id,
+            last_error=result.describe(),
+            updated_at=Now(),
+        )
+        _settlement_close(txn=txn)
+        payment.refresh_from_db()
+        if mode == "settlement":
+            _notify_settled(payment=payment, outcome=DECLINED)
+        return payment
+    # Unknown: never treated as failed. The settlement row decides when to ask again.
+    PaymentTransaction.objects.filter(id=txn.id).update(
+        last_error=result.describe(), updated_at=Now()
+    )
+    settlements = PaymentSettlement.objects.filter(transaction=txn, settled_at__isnull=True)
+    if mode == "inline":
+        delay = settings.PAYMENTS_SETTLE_FIRST_DELAY
+        settlements.filter(needs_attention=False).update(
+            next_attempt_at=Now() + timedelta(seconds=delay),
+            last_error=result.describe(),
+            updated_at=Now(),
+        )
+        for settlement_id in settlements.values_list("id", flat=True):
+            transaction.on_commit(lambda sid=settlement_id: _ring_bell(sid, delay + 0.5))
+    elif mode == "settlement":
+        settlements.update(claimed_until=None, last_error=result.describe(), updated_at=Now())
+        exhausted = settlements.filter(
+            needs_attention=False, attempts__gte=settings.PAYMENTS_SETTLE_MAX_ATTEMPTS
+        ).exists()
+        if exhausted:
+            _flag_attention(
+                payment=payment,
+                txn=txn,
+                reason=f"outcome still unknown after {settings.PAYMENTS_SETTLE_MAX_ATTEMPTS} "
+                f"settlement attempts: {result.describe()}",
+            )
+    return payment
+
+
+_RECORDERS = {TransactionKind.CAPTURE: _capture_record}
+
+
+# -- settlement ------------------------------------------------------------------
+
+
+def settle_backoff(attempt: int) -> float:
+    """Seconds before attempt `attempt + 1`: exponential, capped, with equal jitter."""
+    ceiling = min(
+        settings.PAYMENTS_SETTLE_BACKOFF_BASE * 2 ** max(attempt - 1, 0),
+        settings.PAYMENTS_SETTLE_BACKOFF_MAX,
+    )
+    return ceiling / 2 + random.uniform(0, ceiling / 2)
+
+
+def _settlement_begin_attempt(*, settlement_id: int) -> PaymentSettlement | None:
+    """Count one attempt and schedule the next before calling out; None if not due.
+
+    The conditional UPDATE (same attempt count, still due) lets exactly one of
+    several concurrent runners (sweeper, bell, redelivered message) take the
+    attempt. It commits before the provider call, so a runner killed mid-call
+    has already pushed `next_attempt_at` back by the backoff.
+    """
+    row = PaymentSettlement.objects.filter(id=settlement_id).values("attempts").first()
+    if row is None:
+        return None
+    if row["attempts"] >= settings.PAYMENTS_SETTLE_MAX_ATTEMPTS:
+        # The budget is spent whatever ended the earlier attempts (an unknown
+        # answer, or a recorder or settled-handler that kept raising): staff
+        # decide now, instead of an endless loop at the maximum backoff.
+        _settlement_exhausted(settlement_id=settlement_id)
+        return None
+    attempt = row["attempts"] + 1
+    taken = PaymentSettlement.objects.filter(
+        id=settlement_id,
+        attempts=row["attempts"],
+        settled_at__isnull=True,
+        needs_attention=False,
+        next_attempt_at__lte=Now(),
+    ).update(
+        attempts=attempt,
+        next_attempt_at=Now() + timedelta(seconds=settle_backoff(attempt)),
+        updated_at=Now(),
+    )
+    if not taken:
+        return None
+    return PaymentSettlement.objects.select_related("transaction__payment").get(id=settlement_id)
+
+
+@transaction.atomic
+def _settlement_exhausted(*, settlement_id: int) -> None:
+    settlement = PaymentSettlement.objects.select_related("transaction").get(id=settlement_id)
+    if settlement.settled_at is not None or settlement.needs_attention:
+        return
+    txn = settlement.transaction
+    payment = payment_lock(payment_id=txn.payment_id)
+    _flag_attention(
+        payment=payment,
+        txn=txn,
+        reason=f"not settled after {settlement.attempts} attempts: {settlement.last_error}",
+    )
+
+
+def _resend(*, txn: PaymentTransaction, gateway) -> ProviderResult:
+    payment = txn.payment
+    if txn.kind == TransactionKind.CAPTURE:
+        return gateway.capture(
+            key=txn.provider_key,
+            amount=txn.amount,
+            currency=txn.currency,
+            reference=payment.reference,
+            payment_method=payment.payment_method,
+        )
+    raise NotImplementedError(f"settlement of {txn.kind} arrives with its issue")
+
+
+def payment_settle(*, settlement_id: int) -> PaymentSettlement:
+    """Make one settlement attempt if it is due: find out what became of the call and record it.
+
+    Must be called with no transaction open. Looks the call up by its
+    provider key; if the provider never got it, sends it again under the same
+    key. A final answer is recorded and `settings.PAYMENTS_SETTLED_HANDLER`
+    is called inside that transaction; an unknown one waits for the next
+    attempt (backoff with jitter, in the row) until the budget is spent and
+    the row needs attention.
+    """
+    _require_no_transaction("payment_settle")
+    settlement = _settlement_begin_attempt(settlement_id=settlement_id)
+    if settlement is None:
+        return PaymentSettlement.objects.get(id=settlement_id)
+    txn = settlement.transaction
+    gateway = get_gateway()
+    result = gateway.lookup(key=txn.provider_key)
+    failpoint("payments.settle.after_lookup")
+    if result.outcome == Outcome.NOT_FOUND:
+        # Never applied (lost before it arrived, or refused with a 503). The
+        # provider's idempotency makes a re-send under the same key safe even
+        # if the first call is still on its way.
+        result = _resend(txn=txn, gateway=gateway)
+    _RECORDERS[txn.kind](transaction_id=txn.id, result=result, mode="settlement")
+    settlement.refresh_from_db()
+    return settlement
+
+
+@transaction.atomic
+def settlements_claim_due(*, limit: int = 100) -> list[int]:
+    """Return ids of due settlements and lease them so the next sweep skips them."""
+    due = (
+        PaymentSettlement.objects.select_for_update(skip_locked=True)
+        .filter(settled_at__isnull=True, needs_attention=False, next_attempt_at__lte=Now())
+        .filter(Q(claimed_until__isnull=True) | Q(claimed_until__lt=Now()))
+        .order_by("next_attempt_at", "id")
+        .values_list("id", flat=True)[:limit]
+    )
+    ids = list(due)
+    if ids:
+        PaymentSettlement.objects.filter(id__in=ids).update(
+            claimed_until=Now() + timedelta(seconds=settings.PAYMENTS_SETTLE_LEASE)
+        )
+    return ids
+
+
+@transaction.atomic
+def settlement_retry_now(*, settlement_id: int, by=None) -> PaymentSettlement:
+    """Give a settlement that needs attention a fresh attempt budget, due now (staff action)."""
+    settlement = PaymentSettlement.objects.select_related("transaction").get(id=settlement_id)
+    reopened = PaymentSettlement.objects.filter(id=settlement_id, settled_at__isnull=True).update(
+        needs_attention=False,
+        attempts=0,
+        next_attempt_at=Now(),
+        claimed_until=None,
+        updated_at=Now(),
+    )
+    if reopened:
+        payment = Payment.objects.get(id=settlement.transaction.payment_id)
+        PaymentEvent.objects.create(
+            payment=payment,
+            kind="retry",
+            from_status=payment.status,
+            to_status=payment.status,
+            detail={
+                "provider_key": settlement.transaction.provider_key,
+                "by": getattr(by, "username", None),
+            },
+        )
+        transaction.on_commit(lambda: _ring_bell(settlement_id, 0))
+    settlement.refresh_from_db()
+    return settlement

@@ -1,0 +1,112 @@
+"""The simulator client classifies every answer: success, declined (final) or unknown."""
+
+from decimal import Decimal
+
+import pytest
+
+from payments.gateway import Outcome, ProviderUnreachable, get_gateway
+from payments.gateway.simulator import SimulatorGateway
+
+
+def capture(gateway, key, method="pm_card_ok", amount="10.00"):
+    return gateway.capture(
+        key=key, amount=Decimal(amount), currency="EUR", reference="order-1", payment_method=method
+    )
+
+
+@pytest.fixture
+def gateway(provider):
+    return get_gateway()
+
+
+def test_configured_gateway_is_the_simulator_client(gateway, provider):
+    assert isinstance(gateway, SimulatorGateway)
+    assert gateway.base_url == provider.url
+
+
+def test_success_carries_the_provider_operation(gateway):
+    result = capture(gateway, "k1")
+    assert result.outcome == Outcome.SUCCESS
+    assert result.amount == Decimal("10.00") and result.currency == "EUR"
+    assert result.operation_id.startswith("op_")
+    assert gateway.lookup(key="k1").outcome == Outcome.SUCCESS
+
+
+def test_decline_is_final(gateway):
+    assert capture(gateway, "k1", "pm_card_declined").outcome == Outcome.DECLINED
+    assert gateway.lookup(key="k1").outcome == Outcome.DECLINED
+
+
+def test_503_is_unknown_never_declined(gateway):
+    result = capture(gateway, "k1", "pm_card_unavailable")
+    assert result.outcome == Outcome.UNKNOWN
+    assert result.http_status == 503
+    assert gateway.lookup(key="k1").outcome == Outcome.NOT_FOUND
+
+
+def test_timeout_is_unknown(gateway, provider):
+    result = capture(gateway, "k1", "pm_card_timeout")
+    assert result.outcome == Outcome.UNKNOWN
+    assert result.code == "ReadTimeout"
+    assert len(provider.charges("k1")) == 1
+
+
+def test_refused_connection_is_unknown(gateway, provider):
+    provider.faults(refuse_connections=True)
+    result = capture(gateway, "k1")
+    assert result.outcome == Outcome.UNKNOWN
+    assert result.code == "ConnectionError"
+    assert gateway.lookup(key="k1").outcome == Outcome.UNKNOWN
+
+
+def test_key_reused_with_other_parameters_is_unknown(gateway):
+    """The key already moved money under other parameters: not a decline."""
+    assert capture(gateway, "k1").outcome == Outcome.SUCCESS
+    result = capture(gateway, "k1", amount="11.00")
+    assert result.outcome == Outcome.UNKNOWN
+    assert result.http_status == 422
+
+
+def test_request_refused_as_invalid_is_final(gateway):
+    result = gateway.refund(
+        key="r1", capture_key="missing", amount=Decimal("1.00"), currency="EUR", reference="ret-1"
+    )
+    assert result.outcome == Outcome.DECLINED
+    assert result.code == "invalid_parent"
+
+
+def test_authorize_capture_void_refund(gateway):
+    auth = gateway.authorize(
+        key="a1",
+        amount=Decimal("10.00"),
+        currency="EUR",
+        payment_method="pm_card_ok",
+        reference="order-2",
+    )
+    assert auth.outcome == Outcome.SUCCESS
+    cap = gateway.capture(
+        key="c1",
+        amount=Decimal("7.00"),
+        currency="EUR",
+        reference="order-2",
+        authorization_key="a1",
+    )
+    assert cap.outcome == Outcome.SUCCESS
+    void = gateway.void(key="v1", authorization_key="a1", reference="order-2")
+    assert void.outcome == Outcome.SUCCESS and void.amount == Decimal("3.00")
+    refund = gateway.refund(
+        key="r1", capture_key="c1", amount=Decimal("2.00"), currency="EUR", reference="ret-1"
+    )
+    assert refund.outcome == Outcome.SUCCESS
+
+
+def test_operations_reads_the_whole_ledger(gateway):
+    for i in range(3):
+        capture(gateway, f"p:{i}")
+    assert [op["key"] for op in gateway.operations(key_prefix="p:")] == ["p:0", "p:1", "p:2"]
+
+
+def test_operations_raises_when_the_ledger_cannot_be_read(gateway, provider):
+    provider.faults(refuse_connections=True)
+    with pytest.raises(ProviderUnreachable):
+        list(gateway.operations(key_prefix=""))
