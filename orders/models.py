@@ -44,6 +44,10 @@ class Order(models.Model):
     # Σ unit_price × quantity_confirmed: what is (or would be) charged.
     total = models.DecimalField(max_digits=14, decimal_places=2)
     reservation_expires_at = models.DateTimeField(null=True, blank=True)
+    # Created when the order goes to payment (reference "order-<number>").
+    payment = models.OneToOneField(
+        "payments.Payment", on_delete=models.PROTECT, null=True, blank=True, related_name="order"
+    )
     created_at = models.DateTimeField(db_default=Now())
     updated_at = models.DateTimeField(db_default=Now())
 

@@ -3,19 +3,30 @@
 from __future__ import annotations
 
 import uuid
+from decimal import Decimal
 
 from django.db.models import Prefetch, QuerySet
 
 from idempotency.errors import NotFound
+from idempotency.money import format_money
 
 from .models import Order, OrderLine
 
 
-def order_list_for_user(*, user) -> QuerySet[Order]:
-    """Return the orders `user` may read (their own; staff: all), lines prefetched."""
-    orders = Order.objects.prefetch_related(
+def _orders() -> QuerySet[Order]:
+    return Order.objects.select_related("payment").prefetch_related(
         Prefetch("lines", queryset=OrderLine.objects.order_by("position"))
     )
+
+
+def order_get(*, order_id) -> Order:
+    """Return one order with its lines and payment (no permission check: services' use)."""
+    return _orders().get(id=order_id)
+
+
+def order_list_for_user(*, user) -> QuerySet[Order]:
+    """Return the orders `user` may read (their own; staff: all), lines prefetched."""
+    orders = _orders()
     if user.is_staff:
         return orders
     return orders.filter(owner=user)
@@ -35,5 +46,16 @@ def order_get_for_user(*, user, order_id) -> Order:
 
 def order_payment_summary(*, order: Order) -> dict:
     """Return the order body's `payment` member: status and amounts in the shop currency."""
-    # Until the order is linked to a payment, nothing was attempted.
-    return {"status": "none", "amount_captured": "0.00", "amount_refunded": "0.00"}
+    payment = order.payment
+    if payment is None:
+        # No payment was ever asked for (awaiting a decision, or nothing to charge).
+        return {
+            "status": "none",
+            "amount_captured": format_money(Decimal(0)),
+            "amount_refunded": format_money(Decimal(0)),
+        }
+    return {
+        "status": payment.status,
+        "amount_captured": format_money(payment.amount_captured),
+        "amount_refunded": format_money(payment.amount_refunded),
+    }

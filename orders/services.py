@@ -25,8 +25,12 @@ from django.db.models.functions import Now
 
 from idempotency.errors import ApplicationError
 from idempotency.money import format_money, minor_units
+from idempotency.outbox import outbox_write
 from inventory import services as inventory_services
 from inventory.models import Product, Reservation
+from payments import services as payment_services
+from payments.lock_objects import payment_lock
+from payments.models import Payment, PaymentStatus
 
 from .models import Order, OrderEvent, OrderLine
 from .states import (
@@ -74,6 +78,12 @@ class InvalidState(ApplicationError):
     status = 409
     code = "invalid_state"
     title = "Invalid state"
+
+
+class PaymentDeclined(ApplicationError):
+    status = 402
+    code = "payment_declined"
+    title = "Payment declined"
 
 
 @dataclass(frozen=True)
@@ -152,6 +162,35 @@ def _lines_move(
 
 def _reservation_ids(lines: Sequence[OrderLine]) -> list:
     return [line.reservation_id for line in lines if line.reservation_id is not None]
+
+
+def _publish(*, order_id, event_type: str) -> None:
+    """Write the order's event to the outbox, in the transaction that made it true."""
+    order = Order.objects.get(id=order_id)
+    lines = OrderLine.objects.filter(order_id=order_id).order_by("position")
+    outbox_write(
+        aggregate_type="order",
+        aggregate_id=str(order.id),
+        event_type=event_type,
+        payload={
+            "order_id": str(order.id),
+            "number": order.number,
+            "owner_id": order.owner_id,
+            "status": order.status,
+            "total": format_money(order.total),
+            "currency": order.currency,
+            "lines": [
+                {
+                    "sku": line.sku,
+                    "quantity_requested": line.quantity_requested,
+                    "quantity_confirmed": line.quantity_confirmed,
+                    "unit_price": format_money(line.unit_price),
+                    "status": line.status,
+                }
+                for line in lines
+            ],
+        },
+    )
 
 
 @transaction.atomic
@@ -291,6 +330,7 @@ def order_payment_record(*, order_id, captured: bool) -> Order:
                 kind="paid",
             )
             inventory_services.reservations_commit(reservation_ids=_reservation_ids(moved))
+            _publish(order_id=order_id, event_type=f"order.{target}")
     elif _order_move(
         order_id=order_id,
         source=OrderStatus.PAYMENT_PENDING,
@@ -305,7 +345,70 @@ def order_payment_record(*, order_id, captured: bool) -> Order:
             kind="payment_failed",
         )
         inventory_services.reservations_release(reservation_ids=_reservation_ids(moved))
+        _publish(order_id=order_id, event_type="order.payment_failed")
     return Order.objects.get(id=order_id)
+
+
+@transaction.atomic
+def order_payment_start(*, order_id) -> Order:
+    """Create the payment of a `payment_pending` order (inside the phase that decided it).
+
+    Its reference is `order-<number>`, from which the provider key is derived,
+    so every capture attempt for this order is the same charge. An order
+    whose total is zero (free articles) has nothing to charge: it is
+    confirmed at once.
+    """
+    order = Order.objects.get(id=order_id)
+    assert order.status == OrderStatus.PAYMENT_PENDING, order.status
+    if order.total == 0:
+        return order_payment_record(order_id=order_id, captured=True)
+    payment = payment_services.payment_create(
+        reference=f"order-{order.number}",
+        amount=order.total,
+        currency=order.currency,
+        payment_method=order.payment_method,
+        owner=order.owner,
+    )
+    Order.objects.filter(id=order_id, payment__isnull=True).update(payment=payment)
+    return Order.objects.get(id=order_id)
+
+
+_CAPTURED_STATUSES = frozenset(
+    {PaymentStatus.CAPTURED, PaymentStatus.PARTIALLY_REFUNDED, PaymentStatus.REFUNDED}
+)
+
+
+@transaction.atomic
+def order_payment_apply(*, order_id) -> Order:
+    """Bring a `payment_pending` order in line with its payment's recorded outcome.
+
+    The payment row is locked first (the order settlement also takes: payment,
+    then order), so an outcome being recorded right now is either seen
+    or waited for, never missed. A payment still pending leaves the order
+    `payment_pending` with its flags held.
+    """
+    order = Order.objects.get(id=order_id)
+    if order.payment_id is None:
+        return order
+    payment = payment_lock(payment_id=order.payment_id)
+    if payment.status in _CAPTURED_STATUSES:
+        return order_payment_record(order_id=order_id, captured=True)
+    if payment.status == PaymentStatus.FAILED:
+        return order_payment_record(order_id=order_id, captured=False)
+    return order
+
+
+def order_payment_settled(*, payment: Payment, outcome: str) -> None:
+    """Apply a payment outcome that settlement recorded (settings.PAYMENTS_SETTLED_HANDLER).
+
+    Called inside the transaction that records it, with the payment locked,
+    so the order and the payment change together. A payment that is not an
+    order's is none of this handler's business.
+    """
+    order_id = Order.objects.filter(payment_id=payment.id).values_list("id", flat=True).first()
+    if order_id is None:
+        return
+    order_payment_record(order_id=order_id, captured=outcome == payment_services.CAPTURED)
 
 
 @transaction.atomic
@@ -358,6 +461,7 @@ def order_cancel(*, order_id) -> Order:
             kind="cancelled_by_shopper",
         )
         inventory_services.reservations_release(reservation_ids=_reservation_ids(moved))
+        _publish(order_id=order_id, event_type="order.cancelled")
         return Order.objects.get(id=order_id)
 
     order = Order.objects.get(id=order_id)
@@ -402,6 +506,7 @@ def order_expire(*, order_id) -> bool:
     inventory_services.reservations_release(
         reservation_ids=_reservation_ids(moved), state=Reservation.State.EXPIRED
     )
+    _publish(order_id=order_id, event_type="order.expired")
     return True
 
 

@@ -258,3 +258,5 @@ CELERY_BEAT_SCHEDULE["orders.expire_reservations"] = {
     "task": "orders.expire_reservations",
     "schedule": ORDER_EXPIRY_SWEEP_SECONDS,
 }
+# Settlement's outcome confirms or fails the order, in the transaction that records it.
+PAYMENTS_SETTLED_HANDLER = "orders.services.order_payment_settled"

@@ -5,9 +5,10 @@ from rest_framework.permissions import AllowAny, IsAuthenticated
 from rest_framework.response import Response
 
 from idempotency.permissions import IsStaff
+from idempotency.views import KeyRequest, idempotent
 
 from .. import selectors, services
-from .serializers import ProductIn, ProductOut
+from .serializers import ProductIn, ProductOut, StockIn, StockOut
 
 
 class ProductListView(GenericAPIView):
@@ -50,3 +51,18 @@ class ProductDetailView(GenericAPIView):
 
     def get(self, request, sku: str):
         return Response(ProductOut(selectors.product_get(sku=sku)).data)
+
+
+class StockView(GenericAPIView):
+    """Change a product's units on hand (staff, keyed): `{"delta": n}` or `{"set": n}`."""
+
+    serializer_class = StockOut
+    permission_classes = [IsAuthenticated, IsStaff]
+
+    @extend_schema(request=StockIn, responses={200: StockOut})
+    @idempotent(operation=services.STOCK_ADJUST)
+    def post(self, request, sku: str, *, key: KeyRequest):
+        data = StockIn(data=request.data)
+        data.is_valid(raise_exception=True)
+        product = selectors.product_get(sku=sku)
+        services.stock_adjust_keyed(run=key.claim(), sku=product.sku, **data.validated_data)

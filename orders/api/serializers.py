@@ -8,17 +8,13 @@ from rest_framework import serializers
 from idempotency.fields import ClosedSerializer, StrictCharField, StrictIntegerField
 from idempotency.money import MoneyField, check_currency
 from inventory.models import Product
+from payments.services import SUPPORTED_METHODS
 
 from .. import selectors
 from ..services import LineRequest
 from ..states import OnShortage
 
 MAX_LINES = 100
-
-# The provider's test methods; payments owns the list once it is merged.
-SUPPORTED_PAYMENT_METHODS = frozenset(
-    {"pm_card_ok", "pm_card_declined", "pm_card_timeout", "pm_card_unavailable"}
-)
 
 
 class OrderLineIn(ClosedSerializer):
@@ -54,7 +50,7 @@ class OrderIn(ClosedSerializer):
     currency = StrictCharField(required=False, min_length=3, max_length=3)
 
     def validate_payment_method(self, value: str) -> str:
-        if value not in SUPPORTED_PAYMENT_METHODS:
+        if value not in SUPPORTED_METHODS:
             raise serializers.ValidationError("Unknown payment method.")
         return value
 

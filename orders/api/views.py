@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework.generics import GenericAPIView
 from rest_framework.response import Response
 
-from .. import selectors
-from .serializers import OrderOut, order_body
+from idempotency.views import KeyRequest, idempotent
+
+from .. import checkout, selectors
+from .serializers import OrderIn, OrderOut, order_body
+
+PROBLEM = OpenApiResponse(description="application/problem+json")
 
 
 class OrderListView(GenericAPIView):
-    """List the caller's orders (staff: every order), newest first."""
+    """List the caller's orders (staff: every order), newest first; place an order."""
 
     serializer_class = OrderOut
 
@@ -25,6 +29,23 @@ class OrderListView(GenericAPIView):
         page = self.paginate_queryset(selectors.order_list_for_user(user=request.user))
         return self.get_paginated_response([order_body(order) for order in page])
 
+    @extend_schema(
+        request=OrderIn,
+        responses={
+            201: OrderOut,
+            202: OrderOut,
+            400: PROBLEM,
+            402: PROBLEM,
+            409: PROBLEM,
+            422: PROBLEM,
+        },
+    )
+    @idempotent(operation=checkout.CREATE)
+    def post(self, request, *, key: KeyRequest):
+        data = OrderIn(data=request.data)
+        data.is_valid(raise_exception=True)
+        checkout.order_place_keyed(run=key.claim(), user=request.user, **data.validated_data)
+
 
 class OrderDetailView(GenericAPIView):
     """Show one order: its shopper's or, for staff, anyone's; others get 404."""
@@ -35,3 +56,30 @@ class OrderDetailView(GenericAPIView):
     def get(self, request, order_id: str):
         order = selectors.order_get_for_user(user=request.user, order_id=order_id)
         return Response(order_body(order))
+
+
+class OrderConfirmView(GenericAPIView):
+    """Say yes to an `awaiting_decision` order: charge what is reserved."""
+
+    serializer_class = OrderOut
+
+    @extend_schema(
+        request=None,
+        responses={200: OrderOut, 202: OrderOut, 402: PROBLEM, 404: PROBLEM, 409: PROBLEM},
+    )
+    @idempotent(operation=checkout.CONFIRM)
+    def post(self, request, order_id: str, *, key: KeyRequest):
+        order = selectors.order_get_for_user(user=request.user, order_id=order_id)
+        checkout.order_confirm_keyed(run=key.claim(), order_id=order.id)
+
+
+class OrderCancelView(GenericAPIView):
+    """Cancel an order (for now: one awaiting the shopper's decision)."""
+
+    serializer_class = OrderOut
+
+    @extend_schema(request=None, responses={200: OrderOut, 404: PROBLEM, 409: PROBLEM})
+    @idempotent(operation=checkout.CANCEL)
+    def post(self, request, order_id: str, *, key: KeyRequest):
+        order = selectors.order_get_for_user(user=request.user, order_id=order_id)
+        checkout.order_cancel_keyed(run=key.claim(), order_id=order.id)

@@ -36,3 +36,15 @@ def reserve(shopper):
         )
 
     return place
+
+
+@pytest.fixture
+def provider(tmp_path, settings):
+    """A real payment simulator process; the shop (this process) points at it."""
+    from tests.payments.conftest import Simulator
+
+    simulator = Simulator(tmp_path).start()
+    settings.PAYMENTS_PROVIDER_URL = simulator.url
+    settings.PAYMENTS_PROVIDER_TIMEOUT = 1.0
+    yield simulator
+    simulator.stop()

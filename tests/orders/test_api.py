@@ -44,3 +44,20 @@ def test_detail_for_owner_and_staff_404_for_others(placed, staff_client):
 def test_anonymous_is_401(api_client, placed):
     assert_problem(api_client.get("/api/v1/orders/"), 401, "not_authenticated")
     assert_problem(api_client.get(f"/api/v1/orders/{placed[2][0].id}/"), 401, "not_authenticated")
+
+
+def test_schema_declares_the_order_endpoints_and_their_keys(api_client):
+    paths = api_client.get("/api/schema/", HTTP_ACCEPT="application/json").json()["paths"]
+    keyed = [
+        ("/api/v1/orders/", "post"),
+        ("/api/v1/orders/{order_id}/confirm/", "post"),
+        ("/api/v1/orders/{order_id}/cancel/", "post"),
+        ("/api/v1/products/{sku}/stock/", "post"),
+    ]
+    for path, method in keyed:
+        headers = [p for p in paths[path][method]["parameters"] if p["in"] == "header"]
+        assert headers == [{**headers[0], "name": "Idempotency-Key", "required": True}], (
+            path,
+            headers,
+        )
+    assert "get" in paths["/api/v1/orders/"] and "get" in paths["/api/v1/orders/{order_id}/"]

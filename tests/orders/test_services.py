@@ -19,9 +19,14 @@ from orders.services import (
     order_cancel,
     order_decide_confirm,
     order_expire,
+    order_payment_apply,
     order_payment_record,
+    order_payment_settled,
+    order_payment_start,
     orders_expire_due,
 )
+from payments.models import Payment
+from payments.services import payment_create
 from tests.concurrency import Workers, wait_for_lock_waiters, wait_until
 
 
@@ -389,3 +394,60 @@ def test_multi_line_orders_over_overlapping_skus_in_random_order_never_deadlock(
     for sku in skus:
         assert counters(sku) == (1000, OrderLine.objects.filter(sku=sku).count())
     books_balance()
+
+
+@pytest.mark.django_db
+class TestPaymentLink:
+    def test_payment_start_creates_the_orders_payment(self, stock, reserve):
+        order = reserve({"TEE-M": 2})
+        order = order_payment_start(order_id=order.id)
+        payment = order.payment
+        assert payment.reference == f"order-{order.number}"
+        assert (payment.amount, payment.currency, payment.payment_method) == (
+            Decimal("39.98"),
+            "EUR",
+            "pm_card_ok",
+        )
+        assert payment.owner_id == order.owner_id and payment.status == "none"
+        assert order_payment_start(order_id=order.id).payment_id == payment.id
+
+    def test_free_order_is_confirmed_without_a_payment(self, make_product, reserve):
+        make_product("GIFT", price="0.00", stock=3)
+        order = order_payment_start(order_id=reserve({"GIFT": 1}).id)
+        assert order.status == "confirmed" and order.payment is None
+        assert counters("GIFT") == (2, 0)
+
+    def test_apply_follows_the_payment_row(self, stock, reserve):
+        order = order_payment_start(order_id=reserve({"TEE-M": 1}).id)
+        assert order_payment_apply(order_id=order.id).status == "payment_pending"
+        Payment.objects.filter(id=order.payment_id).update(status="captured")
+        assert order_payment_apply(order_id=order.id).status == "confirmed"
+        failed = order_payment_start(order_id=reserve({"TEE-M": 1}).id)
+        Payment.objects.filter(id=failed.payment_id).update(status="failed")
+        assert order_payment_apply(order_id=failed.id).status == "payment_failed"
+        assert counters("TEE-M") == (4, 0)
+        books_balance()
+
+    @pytest.mark.parametrize(
+        "outcome, status", [("captured", "confirmed"), ("declined", "payment_failed")]
+    )
+    def test_settled_handler_applies_the_outcome_once(self, stock, reserve, outcome, status):
+        order = order_payment_start(order_id=reserve({"MUG": 2}).id)
+        order_payment_settled(payment=order.payment, outcome=outcome)
+        order_payment_settled(payment=order.payment, outcome=outcome)
+        assert Order.objects.get(id=order.id).status == status
+        assert OrderEvent.objects.filter(order=order, line=None).count() == 2
+        books_balance()
+
+    def test_settled_handler_ignores_a_payment_of_no_order(self, stock):
+        payment = payment_create(
+            reference="refund-1",
+            amount=Decimal("1.00"),
+            currency="EUR",
+            payment_method="pm_card_ok",
+        )
+        order_payment_settled(payment=payment, outcome="captured")
+        assert not Order.objects.exists()
+
+    def test_handler_is_the_configured_one(self, settings):
+        assert settings.PAYMENTS_SETTLED_HANDLER == "orders.services.order_payment_settled"
