@@ -191,6 +191,8 @@ CRASH_POINTS = [
     "checkout.reserve.after_hold",
     # phase 1 committed (order, flags, payment row); the provider not called
     "order.create.reserved.after_commit",
+    # the same state, reached from the other side of the commit
+    "checkout.capture.before",
     # the provider charged; the shop recorded nothing
     "payments.capture.after_provider",
     # the payment recorded as captured; the order still payment_pending
@@ -261,6 +263,33 @@ def test_crash_without_retry_leaves_nothing_dangling(
         assert order.status == "confirmed"
         assert counters("TEE-M") == (3, 0)
     assert len(charges(provider)) <= 1
+    nothing_dangling()
+    assert_reconciled()
+
+
+@pytest.mark.parametrize(
+    "point", ["order.confirm.reserved.after_commit", "payments.capture.after_provider"]
+)
+def test_confirm_crash_then_retry_charges_once(shop, make_product, make_user, provider, point):
+    make_product("TEE-M", price="19.99", stock=1)
+    token = token_for(make_user())
+    server = shop(workers=1, failpoints=f"{point}=exit@1")
+    placed = post_order(server.url, token, order_body({"TEE-M": 2}, on_shortage="ask"), "ask")
+    assert placed.status_code == 201 and placed.json()["status"] == "awaiting_decision"
+    url = f"{server.url}/api/v1/orders/{placed.json()['id']}/confirm/"
+    headers = {"Authorization": f"Token {token}", "Idempotency-Key": "confirm"}
+    with pytest.raises(requests.ConnectionError):
+        requests.post(url, json={}, headers=headers, timeout=60)
+
+    def retried():
+        response = requests.post(url, json={}, headers=headers, timeout=60)
+        return response if response.status_code != 409 else None
+
+    response = wait_until(retried, timeout=30, what="the key's lock to expire")
+    assert response.status_code == 200, response.content
+    assert response.json()["status"] == "partially_confirmed"
+    assert len(charges(provider)) == 1
+    assert counters("TEE-M") == (0, 0)
     nothing_dangling()
     assert_reconciled()
 
