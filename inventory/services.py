@@ -71,11 +71,24 @@ def _stock_reserve(*, requests: Mapping[int, int], partial: bool) -> dict[int, i
     """Raise `reserved` of each stock item; return the units granted per stock id.
 
     All-or-nothing per item (`partial=False`): `reserved + q` only where
-    `on_hand - reserved >= q`. Partial: `LEAST(q, on_hand - reserved)`. The
-    rows are locked first in primary-key order (one statement), then one
-    UPDATE changes all of them; the grant is what the UPDATE added to the
-    value read under our own lock, so nothing else can have changed it.
+    `on_hand - reserved >= q`. Partial: `LEAST(q, on_hand - reserved)`.
+    Several rows are locked first in primary-key order (one statement), then
+    one UPDATE changes all of them; the grant is what the UPDATE added to the
+    value read under our own lock, so nothing else can have changed it. A
+    single row first tries the plain conditional UPDATE for all `q` units
+    (one statement, no lock order to keep); only a shortage takes the
+    locked path.
     """
+    if len(requests) == 1:
+        # One row needs no lock order: first the plain conditional UPDATE
+        # (the common case, one statement); only a shortage needs the lock.
+        ((stock_id, quantity),) = requests.items()
+        if StockItem.objects.filter(id=stock_id, on_hand__gte=F("reserved") + quantity).update(
+            reserved=F("reserved") + quantity, updated_at=Now()
+        ):
+            return {stock_id: quantity}
+        if not partial:
+            return {stock_id: 0}
     locked = lock_objects.stock_items_lock(stock_ids=requests.keys())
     if not locked:
         return {}
@@ -102,7 +115,7 @@ def _stock_reserve(*, requests: Mapping[int, int], partial: bool) -> dict[int, i
     return granted
 
 
-@transaction.atomic
+@transaction.atomic(savepoint=False)
 def reservations_hold(*, requests: Mapping[int, int], partial: bool) -> dict[int, Reservation]:
     """Reserve units of several stock items at once; return a held flag per granted item.
 
@@ -142,7 +155,13 @@ def _per_stock(moved: list[tuple[int, int]]) -> dict[int, int]:
     return units
 
 
-@transaction.atomic
+def _lock_if_several(units: dict[int, int]) -> None:
+    """Lock several stock rows in primary-key order before changing them (one needs no order)."""
+    if len(units) > 1:
+        lock_objects.stock_items_lock(stock_ids=units.keys())
+
+
+@transaction.atomic(savepoint=False)
 def reservations_commit(*, reservation_ids: Iterable) -> int:
     """Sell the units of held flags: take them out of `on_hand` and `reserved` together.
 
@@ -151,7 +170,7 @@ def reservations_commit(*, reservation_ids: Iterable) -> int:
     """
     moved = _settle(reservation_ids=reservation_ids, state=Reservation.State.COMMITTED)
     units = _per_stock(moved)
-    lock_objects.stock_items_lock(stock_ids=units.keys())
+    _lock_if_several(units)
     for stock_id in sorted(units):
         StockItem.objects.filter(id=stock_id).update(
             on_hand=F("on_hand") - units[stock_id],
@@ -161,7 +180,7 @@ def reservations_commit(*, reservation_ids: Iterable) -> int:
     return len(moved)
 
 
-@transaction.atomic
+@transaction.atomic(savepoint=False)
 def reservations_release(
     *, reservation_ids: Iterable, state: str = Reservation.State.RELEASED
 ) -> int:
@@ -173,7 +192,7 @@ def reservations_release(
     assert state in (Reservation.State.RELEASED, Reservation.State.EXPIRED)
     moved = _settle(reservation_ids=reservation_ids, state=state)
     units = _per_stock(moved)
-    lock_objects.stock_items_lock(stock_ids=units.keys())
+    _lock_if_several(units)
     for stock_id in sorted(units):
         StockItem.objects.filter(id=stock_id).update(
             reserved=F("reserved") - units[stock_id], updated_at=Now()

@@ -86,8 +86,12 @@ def _answer(run: KeyRun, order: Order) -> None:
 
 def _charge(run: KeyRun) -> None:
     """Take the payment (no transaction open), then record what it became (phase 3)."""
-    order_id = run.data["order_id"]
-    payment_id = Order.objects.values_list("payment_id", flat=True).get(id=order_id)
+    data = run.data
+    order_id = data["order_id"]
+    if "payment_id" in data:  # None: a free order, nothing to charge
+        payment_id = data["payment_id"]
+    else:
+        payment_id = Order.objects.values_list("payment_id", flat=True).get(id=order_id)
     if payment_id is not None:
         failpoint("checkout.capture.before")
         if run.recovery_point == PAYMENT_UNKNOWN:
@@ -125,7 +129,8 @@ def order_place_keyed(
             failpoint("checkout.reserve.after_hold")
             data["order_id"] = str(order.id)
             if order.status == OrderStatus.PAYMENT_PENDING:
-                order = services.order_payment_start(order_id=order.id)
+                order = services.order_payment_start(order=order)
+                data["payment_id"] = order.payment_id and str(order.payment_id)
             if order.status != OrderStatus.PAYMENT_PENDING:
                 _answer(run, order)  # awaiting the shopper, or free and confirmed
         if run.closed:
@@ -140,7 +145,9 @@ def order_confirm_keyed(*, run: KeyRun, order_id) -> None:
             data["order_id"] = str(order_id)
             order = services.order_decide_confirm(order_id=order_id)
             if order.status == OrderStatus.PAYMENT_PENDING and order.payment_id is None:
-                order = services.order_payment_start(order_id=order.id)
+                order = services.order_payment_start(order=order)
+            # Already paying (another key's confirm): join the same capture.
+            data["payment_id"] = order.payment_id and str(order.payment_id)
             if order.status != OrderStatus.PAYMENT_PENDING:
                 _answer(run, order)
         if run.closed:

@@ -105,58 +105,56 @@ def _quantize(amount: Decimal) -> Decimal:
     return amount.quantize(Decimal(1).scaleb(-minor_units()))
 
 
-def _order_move(
+def _transition(
     *,
-    order_id,
+    order: Order,
     source: str,
     target: str,
     kind: str,
     condition: Q | None = None,
-    data: dict | None = None,
-) -> bool:
-    """Move an order from `source` to `target` if it is still in `source`; record the event.
+    lines: Sequence[OrderLine] | None = None,
+    line_source: str | None = None,
+    line_target: str | None = None,
+) -> list[OrderLine] | None:
+    """Move `order` from `source` to `target` if it is still in `source`, and its lines with it.
 
-    Return False (and change nothing) when another transaction moved it first.
+    Lines in `line_source` move to `line_target`. One event row per change,
+    all in one INSERT. Return the lines moved, or None (nothing changed)
+    when another transaction moved the order first. Only the transaction
+    that wins the order's conditional UPDATE touches its lines, so lines
+    read before it (or after it) cannot change under it.
     """
     check_transition(ORDER_TRANSITIONS, source, target)
-    moved = Order.objects.filter(condition or Q(), id=order_id, status=source).update(
+    moved = Order.objects.filter(condition or Q(), id=order.id, status=source).update(
         status=target, updated_at=Now()
     )
-    if moved:
-        OrderEvent.objects.create(
-            order_id=order_id, kind=kind, from_status=source, to_status=target, data=data or {}
-        )
-    return bool(moved)
-
-
-def _lines_move(
-    *, order_id, lines: Sequence[OrderLine], source: str, target: str, kind: str
-) -> list[OrderLine]:
-    """Move the order's lines that are in `source` to `target`; record one event per line.
-
-    Only the transaction that just won the order's own transition calls
-    this, so the lines cannot change under it.
-    """
-    check_transition(LINE_TRANSITIONS, source, target)
-    moving = [line for line in lines if line.status == source]
-    if not moving:
-        return []
-    OrderLine.objects.filter(id__in=[line.id for line in moving], status=source).update(
-        status=target
-    )
-    OrderEvent.objects.bulk_create(
-        OrderEvent(
-            order_id=order_id,
-            line_id=line.id,
-            kind=kind,
-            from_status=source,
-            to_status=target,
-            data={"sku": line.sku},
-        )
-        for line in moving
-    )
-    for line in moving:
-        line.status = target
+    if not moved:
+        return None
+    order.status = target
+    events = [OrderEvent(order_id=order.id, kind=kind, from_status=source, to_status=target)]
+    moving: list[OrderLine] = []
+    if line_source is not None:
+        check_transition(LINE_TRANSITIONS, line_source, line_target)
+        if lines is None:
+            lines = list(OrderLine.objects.filter(order_id=order.id).order_by("position"))
+        moving = [line for line in lines if line.status == line_source]
+        if moving:
+            OrderLine.objects.filter(
+                id__in=[line.id for line in moving], status=line_source
+            ).update(status=line_target)
+        for line in moving:
+            line.status = line_target
+            events.append(
+                OrderEvent(
+                    order_id=order.id,
+                    line_id=line.id,
+                    kind=kind,
+                    from_status=line_source,
+                    to_status=line_target,
+                    data={"sku": line.sku},
+                )
+            )
+    OrderEvent.objects.bulk_create(events)
     return moving
 
 
@@ -164,10 +162,10 @@ def _reservation_ids(lines: Sequence[OrderLine]) -> list:
     return [line.reservation_id for line in lines if line.reservation_id is not None]
 
 
-def _publish(*, order_id, event_type: str) -> None:
+def _publish(*, order: Order, event_type: str, lines: Sequence[OrderLine] | None = None) -> None:
     """Write the order's event to the outbox, in the transaction that made it true."""
-    order = Order.objects.get(id=order_id)
-    lines = OrderLine.objects.filter(order_id=order_id).order_by("position")
+    if lines is None:
+        lines = list(OrderLine.objects.filter(order_id=order.id).order_by("position"))
     outbox_write(
         aggregate_type="order",
         aggregate_id=str(order.id),
@@ -306,51 +304,54 @@ def order_reserve(
     return order
 
 
-@transaction.atomic
+def _payment_record(*, order: Order, captured: bool) -> Order:
+    lines = list(OrderLine.objects.filter(order_id=order.id).order_by("position"))
+    if captured:
+        partial = any(line.quantity_confirmed < line.quantity_requested for line in lines)
+        target = OrderStatus.PARTIALLY_CONFIRMED if partial else OrderStatus.CONFIRMED
+        moved = _transition(
+            order=order,
+            source=OrderStatus.PAYMENT_PENDING,
+            target=target,
+            kind="paid",
+            lines=lines,
+            line_source=LineStatus.RESERVED,
+            line_target=LineStatus.CONFIRMED,
+        )
+        if moved is not None:
+            inventory_services.reservations_commit(reservation_ids=_reservation_ids(moved))
+            _publish(order=order, lines=lines, event_type=f"order.{target}")
+        return order
+    moved = _transition(
+        order=order,
+        source=OrderStatus.PAYMENT_PENDING,
+        target=OrderStatus.PAYMENT_FAILED,
+        kind="payment_failed",
+        lines=lines,
+        line_source=LineStatus.RESERVED,
+        line_target=LineStatus.RELEASED,
+    )
+    if moved is not None:
+        inventory_services.reservations_release(reservation_ids=_reservation_ids(moved))
+        _publish(order=order, lines=lines, event_type="order.payment_failed")
+    return order
+
+
+@transaction.atomic(savepoint=False)
 def order_payment_record(*, order_id, captured: bool) -> Order:
     """Apply the payment's final outcome to a `payment_pending` order; harmless twice.
 
     Captured → `confirmed` (or `partially_confirmed` when a line got fewer
     units than requested) and the flags committed (units sold). Declined →
     `payment_failed` and the flags reset. An order that already left
-    `payment_pending` is returned unchanged.
+    `payment_pending` is returned unchanged. (No savepoint: the caller's
+    transaction is all or nothing with it.)
     """
-    lines = list(OrderLine.objects.filter(order_id=order_id).order_by("position"))
-    if captured:
-        partial = any(line.quantity_confirmed < line.quantity_requested for line in lines)
-        target = OrderStatus.PARTIALLY_CONFIRMED if partial else OrderStatus.CONFIRMED
-        if _order_move(
-            order_id=order_id, source=OrderStatus.PAYMENT_PENDING, target=target, kind="paid"
-        ):
-            moved = _lines_move(
-                order_id=order_id,
-                lines=lines,
-                source=LineStatus.RESERVED,
-                target=LineStatus.CONFIRMED,
-                kind="paid",
-            )
-            inventory_services.reservations_commit(reservation_ids=_reservation_ids(moved))
-            _publish(order_id=order_id, event_type=f"order.{target}")
-    elif _order_move(
-        order_id=order_id,
-        source=OrderStatus.PAYMENT_PENDING,
-        target=OrderStatus.PAYMENT_FAILED,
-        kind="payment_failed",
-    ):
-        moved = _lines_move(
-            order_id=order_id,
-            lines=lines,
-            source=LineStatus.RESERVED,
-            target=LineStatus.RELEASED,
-            kind="payment_failed",
-        )
-        inventory_services.reservations_release(reservation_ids=_reservation_ids(moved))
-        _publish(order_id=order_id, event_type="order.payment_failed")
-    return Order.objects.get(id=order_id)
+    return _payment_record(order=Order.objects.get(id=order_id), captured=captured)
 
 
-@transaction.atomic
-def order_payment_start(*, order_id) -> Order:
+@transaction.atomic(savepoint=False)
+def order_payment_start(*, order: Order) -> Order:
     """Create the payment of a `payment_pending` order (inside the phase that decided it).
 
     Its reference is `order-<number>`, from which the provider key is derived,
@@ -358,10 +359,9 @@ def order_payment_start(*, order_id) -> Order:
     whose total is zero (free articles) has nothing to charge: it is
     confirmed at once.
     """
-    order = Order.objects.get(id=order_id)
     assert order.status == OrderStatus.PAYMENT_PENDING, order.status
     if order.total == 0:
-        return order_payment_record(order_id=order_id, captured=True)
+        return _payment_record(order=order, captured=True)
     payment = payment_services.payment_create(
         reference=f"order-{order.number}",
         amount=order.total,
@@ -369,8 +369,9 @@ def order_payment_start(*, order_id) -> Order:
         payment_method=order.payment_method,
         owner=order.owner,
     )
-    Order.objects.filter(id=order_id, payment__isnull=True).update(payment=payment)
-    return Order.objects.get(id=order_id)
+    Order.objects.filter(id=order.id, payment__isnull=True).update(payment=payment)
+    order.payment = payment
+    return order
 
 
 _CAPTURED_STATUSES = frozenset(
@@ -378,23 +379,24 @@ _CAPTURED_STATUSES = frozenset(
 )
 
 
-@transaction.atomic
+@transaction.atomic(savepoint=False)
 def order_payment_apply(*, order_id) -> Order:
     """Bring a `payment_pending` order in line with its payment's recorded outcome.
 
-    The payment row is locked first (the order settlement also takes: payment,
-    then order), so an outcome being recorded right now is either seen
-    or waited for, never missed. A payment still pending leaves the order
-    `payment_pending` with its flags held.
+    The payment row is locked first (settlement takes the same locks in the
+    same order: payment, then order), so an outcome being recorded right now
+    is either seen or waited for, never missed. A payment still pending
+    leaves the order `payment_pending` with its flags held.
     """
     order = Order.objects.get(id=order_id)
     if order.payment_id is None:
         return order
     payment = payment_lock(payment_id=order.payment_id)
+    order.payment = payment
     if payment.status in _CAPTURED_STATUSES:
-        return order_payment_record(order_id=order_id, captured=True)
+        return _payment_record(order=order, captured=True)
     if payment.status == PaymentStatus.FAILED:
-        return order_payment_record(order_id=order_id, captured=False)
+        return _payment_record(order=order, captured=False)
     return order
 
 
@@ -421,21 +423,23 @@ def order_decide_confirm(*, order_id) -> Order:
     UPDATE the sweeper would make). Return the order in whatever state it
     ends; the caller answers from it (`expired` → 409 reservation_expired).
     """
-    if _order_move(
-        order_id=order_id,
+    order = Order.objects.select_related("owner").get(id=order_id)
+    moved = _transition(
+        order=order,
         source=OrderStatus.AWAITING_DECISION,
         target=OrderStatus.PAYMENT_PENDING,
         kind="confirmed_by_shopper",
         condition=Q(reservation_expires_at__gt=Now()),
-    ):
+    )
+    if moved is not None:
         # While the payment's outcome is being decided, the flags never expire.
         inventory_services.reservations_set_expiry(
             reservation_ids=_reservation_ids(OrderLine.objects.filter(order_id=order_id)),
             expires_at=None,
         )
-    else:
-        order_expire(order_id=order_id)
-    return Order.objects.get(id=order_id)
+        return order
+    order_expire(order_id=order_id)
+    return Order.objects.select_related("owner").get(id=order_id)
 
 
 @transaction.atomic
@@ -446,23 +450,19 @@ def order_cancel(*, order_id) -> Order:
     are cancelled by compensation (refund, restock), which arrives with its
     own issue; until then they answer 409 `invalid_state`.
     """
-    if _order_move(
-        order_id=order_id,
+    order = Order.objects.get(id=order_id)
+    moved = _transition(
+        order=order,
         source=OrderStatus.AWAITING_DECISION,
         target=OrderStatus.CANCELLED,
         kind="cancelled_by_shopper",
-    ):
-        lines = list(OrderLine.objects.filter(order_id=order_id))
-        moved = _lines_move(
-            order_id=order_id,
-            lines=lines,
-            source=LineStatus.RESERVED,
-            target=LineStatus.CANCELLED,
-            kind="cancelled_by_shopper",
-        )
+        line_source=LineStatus.RESERVED,
+        line_target=LineStatus.CANCELLED,
+    )
+    if moved is not None:
         inventory_services.reservations_release(reservation_ids=_reservation_ids(moved))
-        _publish(order_id=order_id, event_type="order.cancelled")
-        return Order.objects.get(id=order_id)
+        _publish(order=order, event_type="order.cancelled")
+        return order
 
     order = Order.objects.get(id=order_id)
     if order.status in (OrderStatus.CANCELLED, OrderStatus.CANCELLING):
@@ -487,26 +487,22 @@ def order_expire(*, order_id) -> bool:
     is not due or another transaction (a confirm, a cancel, a second
     sweeper) moved it first.
     """
-    if not _order_move(
-        order_id=order_id,
+    order = Order(id=order_id)
+    moved = _transition(
+        order=order,
         source=OrderStatus.AWAITING_DECISION,
         target=OrderStatus.EXPIRED,
         kind="reservation_expired",
         condition=Q(reservation_expires_at__lte=Now()),
-    ):
-        return False
-    lines = list(OrderLine.objects.filter(order_id=order_id))
-    moved = _lines_move(
-        order_id=order_id,
-        lines=lines,
-        source=LineStatus.RESERVED,
-        target=LineStatus.RELEASED,
-        kind="reservation_expired",
+        line_source=LineStatus.RESERVED,
+        line_target=LineStatus.RELEASED,
     )
+    if moved is None:
+        return False
     inventory_services.reservations_release(
         reservation_ids=_reservation_ids(moved), state=Reservation.State.EXPIRED
     )
-    _publish(order_id=order_id, event_type="order.expired")
+    _publish(order=Order.objects.get(id=order_id), event_type="order.expired")
     return True
 
 

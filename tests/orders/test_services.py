@@ -400,7 +400,7 @@ def test_multi_line_orders_over_overlapping_skus_in_random_order_never_deadlock(
 class TestPaymentLink:
     def test_payment_start_creates_the_orders_payment(self, stock, reserve):
         order = reserve({"TEE-M": 2})
-        order = order_payment_start(order_id=order.id)
+        order = order_payment_start(order=order)
         payment = order.payment
         assert payment.reference == f"order-{order.number}"
         assert (payment.amount, payment.currency, payment.payment_method) == (
@@ -409,20 +409,20 @@ class TestPaymentLink:
             "pm_card_ok",
         )
         assert payment.owner_id == order.owner_id and payment.status == "none"
-        assert order_payment_start(order_id=order.id).payment_id == payment.id
+        assert order_payment_start(order=Order.objects.get(id=order.id)).payment_id == payment.id
 
     def test_free_order_is_confirmed_without_a_payment(self, make_product, reserve):
         make_product("GIFT", price="0.00", stock=3)
-        order = order_payment_start(order_id=reserve({"GIFT": 1}).id)
+        order = order_payment_start(order=reserve({"GIFT": 1}))
         assert order.status == "confirmed" and order.payment is None
         assert counters("GIFT") == (2, 0)
 
     def test_apply_follows_the_payment_row(self, stock, reserve):
-        order = order_payment_start(order_id=reserve({"TEE-M": 1}).id)
+        order = order_payment_start(order=reserve({"TEE-M": 1}))
         assert order_payment_apply(order_id=order.id).status == "payment_pending"
         Payment.objects.filter(id=order.payment_id).update(status="captured")
         assert order_payment_apply(order_id=order.id).status == "confirmed"
-        failed = order_payment_start(order_id=reserve({"TEE-M": 1}).id)
+        failed = order_payment_start(order=reserve({"TEE-M": 1}))
         Payment.objects.filter(id=failed.payment_id).update(status="failed")
         assert order_payment_apply(order_id=failed.id).status == "payment_failed"
         assert counters("TEE-M") == (4, 0)
@@ -432,7 +432,7 @@ class TestPaymentLink:
         "outcome, status", [("captured", "confirmed"), ("declined", "payment_failed")]
     )
     def test_settled_handler_applies_the_outcome_once(self, stock, reserve, outcome, status):
-        order = order_payment_start(order_id=reserve({"MUG": 2}).id)
+        order = order_payment_start(order=reserve({"MUG": 2}))
         order_payment_settled(payment=order.payment, outcome=outcome)
         order_payment_settled(payment=order.payment, outcome=outcome)
         assert Order.objects.get(id=order.id).status == status

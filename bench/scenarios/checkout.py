@@ -1,0 +1,252 @@
+"""Checkout: keyed POST /api/v1/orders/ paid through the simulated provider.
+
+The harness's gunicorn knows no provider, so this scenario starts its own
+simulator (`python -m payments.simulator --port 0`) and a second gunicorn
+with the same environment plus `PAYMENTS_PROVIDER_URL`; both are stopped at
+the end whatever happens.
+
+- `order` at 4, 16 and 64 in flight: one line (1 unit of a random seeded
+  sku, a million units each), `pm_card_ok`, a fresh key per request: the
+  whole flow (claim, hold, order, payment row; capture at the provider;
+  record, commit the flag). Target: orders/s >= 0.08 x pgbench TPS.
+- `hot`: 500 attempts for one sku with 100 units at 16 in flight: exactly
+  100 answers 201 (the rest 409 insufficient_stock), on_hand and reserved
+  end at 0. Target: confirmed orders/s >= 0.5 x the uncontended orders/s at
+  the same concurrency; requests/s is reported too.
+- `profile`: one order placed in the harness process under cProfile, with its
+  SQL statements counted and timed and the provider call timed: where the
+  time of one request goes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import cProfile
+import dataclasses
+import json
+import pstats
+import random
+import select
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from decimal import Decimal
+from pathlib import Path
+
+from bench.loadgen import Request
+from bench.server import ROOT, Gunicorn
+
+NAME = "checkout"
+DESCRIPTION = "keyed POST /orders/ paid at the simulator: 4/16/64 in flight, hot sku, profile"
+ORDER = 50
+
+LEVELS = (4, 16, 64)
+HOT_UNITS, HOT_ATTEMPTS, HOT_CONCURRENCY = 100, 500, 16
+TARGETS = {"orders_per_pgbench_tps": 0.08, "hot_vs_uncontended": 0.5}
+ADDRESS = {
+    "name": "Bench Shopper",
+    "line1": "1 Load Street",
+    "city": "Loopback",
+    "postal_code": "12700",
+    "country": "DE",
+}
+
+
+@contextlib.contextmanager
+def _simulator(workdir: Path):
+    """Run the simulated provider on a free port; yield its base URL."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "payments.simulator", "--port", "0"]
+        + ["--db", str(workdir / "simulator.sqlite3")],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        ready, _, _ = select.select([proc.stdout], [], [], 30)
+        line = proc.stdout.readline() if ready else b""
+        if not line:
+            raise RuntimeError("the payment simulator did not start")
+        yield f"http://127.0.0.1:{json.loads(line)['port']}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+
+
+def _order_request(token_headers: dict, sku: str, quantity: int = 1) -> Request:
+    body = {
+        "lines": [{"sku": sku, "quantity": quantity}],
+        "on_shortage": "reject",
+        "payment_method": "pm_card_ok",
+        "shipping_address": ADDRESS,
+    }
+    headers = {
+        **token_headers,
+        "Content-Type": "application/json",
+        "Idempotency-Key": uuid.uuid4().hex,
+    }
+    return Request("POST", "/api/v1/orders/", headers, json.dumps(body).encode())
+
+
+def _profile_one(token: str, sku: str, provider_url: str) -> dict:
+    """Place one order in this process; return where its time went."""
+    import requests as http
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext, override_settings
+    from rest_framework.test import APIClient
+
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {token}")
+    provider_s = [0.0]
+    original = http.Session.request
+
+    def timed(self, *args, **kwargs):
+        started = time.perf_counter()
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            provider_s[0] += time.perf_counter() - started
+
+    body = json.loads(_order_request({}, sku).body)
+    with override_settings(PAYMENTS_PROVIDER_URL=provider_url):
+        for _ in range(3):  # warm: imports, install id, first connections
+            client.post(
+                "/api/v1/orders/", body, format="json", HTTP_IDEMPOTENCY_KEY=uuid.uuid4().hex
+            )
+        profiler = cProfile.Profile()
+        with CaptureQueriesContext(connection) as queries:
+            http.Session.request = timed
+            try:
+                started = time.perf_counter()
+                profiler.enable()
+                response = client.post(
+                    "/api/v1/orders/", body, format="json", HTTP_IDEMPOTENCY_KEY=uuid.uuid4().hex
+                )
+                profiler.disable()
+                total_s = time.perf_counter() - started
+            finally:
+                http.Session.request = original
+    if response.status_code != 201:
+        raise AssertionError(f"profiled order answered {response.status_code}: {response.content}")
+    sql_s = sum(float(q["time"]) for q in queries.captured_queries)
+    stats = pstats.Stats(profiler)
+    stats.sort_stats("cumulative")
+    top = []
+    for (filename, line, func), (_, calls, _, cumulative, _) in sorted(
+        stats.stats.items(), key=lambda item: item[1][3], reverse=True
+    ):
+        if "/work/" not in filename and "site-packages/django" not in filename:
+            continue
+        top.append(
+            {
+                "function": f"{Path(filename).name}:{line} {func}",
+                "calls": calls,
+                "cumulative_ms": round(cumulative * 1000, 2),
+            }
+        )
+        if len(top) == 15:
+            break
+    statements = [q["sql"].split()[0].upper() for q in queries.captured_queries]
+    return {
+        "total_ms": round(total_s * 1000, 2),
+        "sql_statements": len(statements),
+        "sql_by_kind": {kind: statements.count(kind) for kind in sorted(set(statements))},
+        "sql_ms": round(sql_s * 1000, 2),
+        "provider_ms": round(provider_s[0] * 1000, 2),
+        "python_ms": round((total_s - sql_s - provider_s[0]) * 1000, 2),
+        "top_cumulative": top,
+        "note": "in the harness process with cProfile on (inflates Python time); "
+        "SQL time is as the driver saw it",
+    }
+
+
+def run(ctx) -> dict:
+    """Run the uncontended levels, the hot sku and the profile against a provider-backed shop."""
+    from inventory.models import StockItem
+    from inventory.services import product_create
+    from orders.models import Order
+
+    tokens = ctx.tokens(32)
+    token_headers = [ctx.auth_headers(token) for token in tokens]
+    skus = list(ctx.skus)
+    with contextlib.ExitStack() as stack:
+        workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-checkout-")))
+        provider_url = stack.enter_context(_simulator(workdir))
+        server = Gunicorn(
+            workers=ctx.workers,
+            env={**ctx.server.env, "PAYMENTS_PROVIDER_URL": provider_url},
+            log_path=workdir / "gunicorn.log",
+        )
+        stack.callback(server.stop)
+        server.start()
+        shop = dataclasses.replace(ctx, base_url=server.base_url, server=server)
+        ctx.log(f"  provider {provider_url}; checkout gunicorn on {server.base_url}")
+
+        def order(worker: int, seq: int) -> Request:
+            rng = random.Random(worker * 1_000_003 + seq)
+            return _order_request(token_headers[worker % len(tokens)], rng.choice(skus))
+
+        runs, uncontended = [], {}
+        for concurrency in shop.concurrency_levels(LEVELS):
+            result = shop.load(
+                label="order", concurrency=concurrency, factory=order, expected=(201,)
+            )
+            runs.append(result)
+            uncontended[concurrency] = result["rps"]
+
+        hot_sku = f"HOT-{uuid.uuid4().hex[:8]}"
+        product_create(
+            sku=hot_sku, name="Hot", price=Decimal("10.00"), currency="EUR", stock=HOT_UNITS
+        )
+        confirmed = [0]
+
+        def hot(worker: int, seq: int) -> Request:
+            return _order_request(token_headers[worker % len(tokens)], hot_sku)
+
+        def count(request, response) -> None:
+            if response.status == 201:
+                confirmed[0] += 1
+
+        hot_run = shop.load(
+            label="hot",
+            concurrency=HOT_CONCURRENCY,
+            factory=hot,
+            max_requests=HOT_ATTEMPTS,
+            warmup=0,
+            expected=(201, 409),
+            on_response=count,
+        )
+        runs.append(hot_run)
+        stock = StockItem.objects.get(product__sku=hot_sku)
+        sold = Order.objects.filter(lines__sku=hot_sku, status="confirmed").count()
+        hot_orders_per_s = confirmed[0] / hot_run["elapsed_s"] if hot_run["elapsed_s"] else 0.0
+        base = uncontended.get(HOT_CONCURRENCY) or max(uncontended.values())
+        hot_result = {
+            "attempts": hot_run["requests"],
+            "answered_201": confirmed[0],
+            "orders_confirmed": sold,
+            "on_hand": stock.on_hand,
+            "reserved": stock.reserved,
+            "exactly_100_sold": sold == HOT_UNITS == confirmed[0]
+            and (stock.on_hand, stock.reserved) == (0, 0),
+            "confirmed_orders_per_s": round(hot_orders_per_s, 1),
+            "hot_orders_vs_uncontended": round(hot_orders_per_s / base, 3) if base else None,
+            "hot_requests_vs_uncontended": round(hot_run["rps"] / base, 3) if base else None,
+        }
+        ctx.log(f"  hot sku: {hot_result}")
+        if not hot_result["exactly_100_sold"]:
+            raise AssertionError(f"hot sku oversold or undersold: {hot_result}")
+
+        profile = _profile_one(tokens[0], skus[0], provider_url)
+        ctx.log(
+            "  one order: {total_ms} ms = SQL {sql_ms} ms ({sql_statements} statements) + "
+            "provider {provider_ms} ms + Python {python_ms} ms".format(**profile)
+        )
+    return {"runs": runs, "hot": hot_result, "profile": profile, "targets": dict(TARGETS)}
