@@ -7,8 +7,12 @@ win: the loser's UPDATE matches no row and it does nothing. The winner
 changes the lines, the reservation flags and the event rows in the same
 transaction.
 
-Lock order, everywhere: the order row, its lines, their reservation flags,
-then stock rows in primary-key order (`inventory.lock_objects`).
+Lock order, everywhere: the order's payment row (only where a payment
+outcome is applied: `order_payment_apply`, and settlement, which calls
+`order_payment_settled` with the payment locked), the order row, its lines,
+their reservation flags, then stock rows in primary-key order
+(`inventory.lock_objects`). Anything that will later lock a payment after
+an order (compensation) must take the payment first, too.
 """
 
 from __future__ import annotations
