@@ -73,29 +73,43 @@ def die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
     return preexec
 
 
-def process_matches(pid: int, *, create_time: float | None = None, needle: str = "") -> bool:
-    """Tell whether `pid` is still the process we recorded (not a reused pid)."""
+def process_matches(pid: int, *, create_time: float | None = None, cwd: Path | None = None) -> bool:
+    """Tell whether `pid` is still the process we mean, not a reused pid.
+
+    Servers are recognised by their working folder: PostgreSQL and Redis both
+    work in their data folder, and both rewrite their command line.
+    """
     try:
         proc = psutil.Process(pid)
         if create_time is not None and abs(proc.create_time() - create_time) > 0.01:
             return False
-        if needle and needle not in " ".join(proc.cmdline()):
+        if cwd is not None and proc.cwd() != str(cwd):
             return False
         return proc.status() != psutil.STATUS_ZOMBIE
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
         return False
 
 
 def wait_gone(pids: list[int], timeout: float) -> list[int]:
-    """Wait until the processes are gone; return those still alive at the deadline."""
-    procs = []
-    for pid in pids:
-        try:
-            procs.append(psutil.Process(pid))
-        except psutil.NoSuchProcess:
-            continue
-    _, alive = psutil.wait_procs(procs, timeout=timeout)
-    return [p.pid for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+    """Wait until the processes are gone; return those still alive at the deadline.
+
+    A zombie counts as gone: it has exited, and a process that is not our
+    child stays a zombie until its own parent reaps it.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        alive = [pid for pid in pids if _alive(pid)]
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.05)
+
+
+def _alive(pid: int) -> bool:
+    _reap(pid)
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def stop_pid(pid: int, *, sig: int = signal.SIGTERM, timeout: float = 20.0) -> None:
@@ -113,13 +127,22 @@ def stop_pid(pid: int, *, sig: int = signal.SIGTERM, timeout: float = 20.0) -> N
 
 
 def group_alive(pgid: int) -> bool:
+    """Tell whether a process group still has a live (non-zombie) member."""
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    # kill() reaches zombies too; a zombie whose parent is gone may never be
+    # reaped where pid 1 does not reap, so look at the members themselves.
+    for pid in psutil.pids():
+        try:
+            if os.getpgid(pid) == pgid and _alive(pid):
+                return True
+        except (ProcessLookupError, PermissionError):
+            continue
+    return False
 
 
 def stop_group(pgid: int, *, sig: int = signal.SIGTERM, timeout: float = 20.0) -> None:
@@ -132,7 +155,6 @@ def stop_group(pgid: int, *, sig: int = signal.SIGTERM, timeout: float = 20.0) -
     while time.monotonic() < deadline:
         if not group_alive(pgid):
             return
-        _reap(pgid)
         time.sleep(0.05)
     try:
         os.killpg(pgid, signal.SIGKILL)
@@ -140,7 +162,6 @@ def stop_group(pgid: int, *, sig: int = signal.SIGTERM, timeout: float = 20.0) -
         return
     deadline = time.monotonic() + 5
     while group_alive(pgid) and time.monotonic() < deadline:
-        _reap(pgid)
         time.sleep(0.05)
 
 

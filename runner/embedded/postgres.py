@@ -168,7 +168,7 @@ class EmbeddedPostgres:
             pid = int(pid_file.read_text().split("\n", 1)[0])
         except (OSError, ValueError):
             pid = None
-        if pid is not None and process_matches(pid, needle=str(self.data_dir)):
+        if pid is not None and process_matches(pid, cwd=self.data_dir):
             # A server whose starter died (and that the parent-death signal did
             # not stop, or that is still shutting down): it holds the data
             # folder, so stop it before starting ours.

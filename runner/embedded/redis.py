@@ -137,7 +137,7 @@ class EmbeddedRedis:
             pid = int(self.pid_file.read_text().strip())
         except (OSError, ValueError):
             pid = None
-        if pid is not None and process_matches(pid, needle=str(self.config_file)):
+        if pid is not None and process_matches(pid, cwd=self.data_dir):
             print(f"embedded redis: stopping leftover server pid {pid}", file=sys.stderr)
             stop_pid(pid, sig=signal.SIGTERM, timeout=30)
         self.pid_file.unlink(missing_ok=True)
