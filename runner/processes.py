@@ -165,6 +165,21 @@ def stop_group(pgid: int, *, sig: int = signal.SIGTERM, timeout: float = 20.0) -
         time.sleep(0.05)
 
 
+def stop_leader_then_group(pgid: int, *, timeout: float = 20.0) -> None:
+    """Ask a group's leader to stop (it stops its own workers gracefully), then clear the group.
+
+    Signalling the whole group at once would hit the workers directly and cut
+    short the graceful shutdown of e.g. a Celery worker's running tasks.
+    """
+    try:
+        os.kill(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    else:
+        wait_gone([pgid], timeout)
+    stop_group(pgid, sig=signal.SIGTERM, timeout=5.0)
+
+
 def _reap(pid: int) -> None:
     # A group leader that is our own child stays a zombie (and keeps the
     # group "alive") until waited for.

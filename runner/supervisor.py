@@ -34,6 +34,7 @@ from .processes import (
     port_is_free,
     run_dir_for,
     stop_group,
+    stop_leader_then_group,
 )
 
 
@@ -185,7 +186,7 @@ class Supervisor:
             if code is None:
                 continue
             # Its workers may outlive it; they go before the new one starts.
-            stop_group(child.proc.pid, timeout=STOP_TIMEOUT)
+            stop_group(child.proc.pid, timeout=5)
             if now - child.started_at > 60:
                 child.backoff = 1.0
             say(f"{child.name} exited with code {code}; restarting in {child.backoff:.0f} s")
@@ -195,13 +196,18 @@ class Supervisor:
     def stop_all(self) -> None:
         self.stopping = True
         running = [c for c in self.children if c.proc is not None]
+        # Each leader stops its own workers gracefully; all stop in parallel.
+        for child in running:
+            if child.proc.poll() is None:
+                child.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_TIMEOUT
         for child in running:
             try:
-                os.killpg(child.proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        for child in running:
-            stop_group(child.proc.pid, timeout=STOP_TIMEOUT)
+                child.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                say(f"{child.name} did not stop within {STOP_TIMEOUT:.0f} s; killing it")
+            # Whatever is left of its group (or the leader itself, on timeout).
+            stop_group(child.proc.pid, sig=signal.SIGKILL, timeout=5)
             child.proc.wait()
             say(f"stopped {child.name}")
         self.state_file.unlink(missing_ok=True)
@@ -238,7 +244,7 @@ def clear_leftovers(state_file: Path) -> None:
             same = True
         if same and group_alive(pid):
             say(f"stopping {entry['name']} left by a killed run (pid {pid})")
-            stop_group(pid, timeout=STOP_TIMEOUT)
+            stop_leader_then_group(pid, timeout=STOP_TIMEOUT)
     state_file.unlink(missing_ok=True)
 
 
@@ -266,7 +272,7 @@ def run_step(step: Program, ctx: Mapping[str, str], env, signals: Signals) -> No
     )
     while (code := proc.poll()) is None:
         if signals.received is not None:
-            stop_group(proc.pid, timeout=STOP_TIMEOUT)
+            stop_leader_then_group(proc.pid, timeout=STOP_TIMEOUT)
             proc.wait()
             signals.check()
         time.sleep(0.1)
