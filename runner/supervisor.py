@@ -80,6 +80,10 @@ PROGRAMS: list[Program] = [
     ),
 ]  # fmt: skip
 
+# Environment for every program and setup step (placeholders allowed); a
+# variable already set in the caller's environment wins.
+ENV: dict[str, str] = {}
+
 # One-off steps before the programs start, in order; a failure stops the run.
 SETUP: list[Program] = [
     Program("migrate", ("{python}", "manage.py", "migrate", "--noinput")),
@@ -307,6 +311,8 @@ def main() -> int:
             say(f"embedded {name}={url}")
         env = {**os.environ, **urls, "PYTHONUNBUFFERED": "1"}
         env.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.base")
+        for name, value in ENV.items():
+            env.setdefault(name, value.format(**ctx))
         if not port_is_free(int(ctx["port"]), ctx["host"]):
             say(f"port {ctx['port']} is in use; choose another with PORT=...")
             return 1

@@ -100,3 +100,32 @@ def test_interrupted_session_leaves_nothing_running(short_tmp, marker, sig):
             message="embedded servers outlived the killed session",
         )
     assert sockets_under(run_dir_for(var / "test")) == []
+
+
+def test_a_second_session_of_the_checkout_gets_servers_of_its_own(short_tmp, marker):
+    """var/test is taken by a running session: the next one uses a throwaway folder."""
+    var = short_tmp / "var"
+    started = short_tmp / "started"
+    first = _session(
+        short_tmp,
+        embedded_env(marker=marker, var=var, INNER_BLOCK=str(started)),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for(started.exists, timeout=240, message="the first session never started")
+        second = _session(
+            short_tmp,
+            embedded_env(marker=marker, var=var),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        out, _ = second.communicate(timeout=240)
+        assert second.returncode == 0, out
+        assert f"in {var}/test-" in out  # the report header names the throwaway folder
+        assert sorted(p.name for p in var.iterdir()) == ["test"]  # and it is gone
+    finally:
+        first.send_signal(signal.SIGINT)
+        first.wait(timeout=60)
+    assert leftovers(marker=marker, under=var) == []
