@@ -39,7 +39,7 @@ def run_dir_for(data_root: Path) -> Path:
     return SHORT_TMP / f"shop-{digest}"
 
 
-def ensure_private_dir(path: Path, *, mode: int = 0o755) -> Path:
+def ensure_owned_dir(path: Path, *, mode: int = 0o755) -> Path:
     """Create `path` (one level) owned by us; refuse a folder or link planted by someone else."""
     try:
         path.mkdir(mode=mode)

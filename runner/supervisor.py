@@ -29,7 +29,7 @@ from . import BASE_DIR, var_dir
 from .embedded.services import EmbeddedServices
 from .processes import (
     die_with_parent,
-    ensure_private_dir,
+    ensure_owned_dir,
     group_alive,
     port_is_free,
     run_dir_for,
@@ -154,7 +154,6 @@ class Supervisor:
         self.children = [Child(program, ctx) for program in programs]
         self.env = env
         self.state_file = state_file
-        self.stopping = False
 
     def spawn(self, child: Child) -> None:
         child.proc = subprocess.Popen(
@@ -198,7 +197,6 @@ class Supervisor:
             child.backoff = min(child.backoff * 2, MAX_BACKOFF)
 
     def stop_all(self) -> None:
-        self.stopping = True
         running = [c for c in self.children if c.proc is not None]
         # Each leader stops its own workers gracefully; all stop in parallel.
         for child in running:
@@ -296,7 +294,7 @@ def main() -> int:
     ctx = context()
     var = var_dir()
     var.mkdir(parents=True, exist_ok=True)
-    run_dir = ensure_private_dir(run_dir_for(var))
+    run_dir = ensure_owned_dir(run_dir_for(var))
     lock = acquire_lock(run_dir)
     state_file = run_dir / "supervisor.json"
     signals = Signals()

@@ -6,7 +6,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from ..processes import ensure_private_dir, run_dir_for
+from ..processes import ensure_owned_dir, run_dir_for
 from .postgres import EmbeddedPostgres
 from .redis import EmbeddedRedis
 
@@ -36,7 +36,7 @@ class EmbeddedServices:
         env = os.environ if env is None else env
         urls: dict[str, str] = {}
         self.root.mkdir(parents=True, exist_ok=True)
-        ensure_private_dir(self.run_dir)
+        ensure_owned_dir(self.run_dir)
         try:
             if not env.get("DATABASE_URL"):
                 self.started.append(self.postgres)
