@@ -58,9 +58,10 @@ def die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
 
     Runs after the child switched user (Popen's `user=`), because changing
     credentials clears the setting. Elsewhere than Linux it returns None and
-    the next start's recovery cleans up instead.
+    the next start's recovery cleans up instead; `SHOP_NO_PDEATHSIG=1` does
+    the same on Linux, so that tests can exercise that recovery.
     """
-    if not sys.platform.startswith("linux"):
+    if not sys.platform.startswith("linux") or os.environ.get("SHOP_NO_PDEATHSIG") == "1":
         return None
     libc = ctypes.CDLL(None, use_errno=True)
     parent = os.getpid()

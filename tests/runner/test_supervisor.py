@@ -35,6 +35,9 @@ def _start(env: dict, log) -> subprocess.Popen:
 def _up(base: str, proc: subprocess.Popen, log_path) -> None:
     def ready():
         assert proc.poll() is None, log_path.read_text()[-3000:]
+        # This run's announcement, not an answer from a leftover of an earlier one.
+        if "run: the shop is running at" not in log_path.read_text():
+            return False
         try:
             health = requests.get(f"{base}/healthz", timeout=2)
             catalog = requests.get(f"{base}/api/v1/products/", timeout=2)
@@ -55,15 +58,17 @@ def _children(run_dir) -> dict[str, int]:
     return {entry["name"]: entry["pid"] for entry in state["children"]}
 
 
-def test_run_restarts_children_survives_sigkill_and_leaves_nothing(short_tmp, marker):
+def test_run_restarts_children_recovers_from_sigkill_and_leaves_nothing(short_tmp, marker):
     var = short_tmp / "var"
     run_dir = run_dir_for(var)
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     env = embedded_env(marker=marker, var=var, PORT=str(port), WEB_CONCURRENCY="1")
+
+    # 1. First start, as on a platform without the parent-death signal.
     first_log = short_tmp / "first.log"
     with open(first_log, "wb") as log:
-        first = _start(env, log)
+        first = _start({**env, "SHOP_NO_PDEATHSIG": "1"}, log)
     try:
         _up(base, first, first_log)
         assert "created 7 products and 3 users" in first_log.read_text()
@@ -86,29 +91,54 @@ def test_run_restarts_children_survives_sigkill_and_leaves_nothing(short_tmp, ma
         )
         assert psutil.Process(restarted).is_running()
 
-        # SIGKILL of the supervisor itself: no chance to clean up.
+        # SIGKILL of the supervisor: no chance to clean up, and here nothing
+        # stops its children and servers either.
         first.kill()
         first.wait()
     finally:
         if first.poll() is None:
             first.kill()
             first.wait()
+    assert len(leftovers(marker=marker, under=var)) > 5  # web, worker, beat, servers
+    assert requests.get(f"{base}/healthz", timeout=5).status_code == 200
 
-    # The next start recovers whatever is left (processes still stopping,
-    # pid files, sockets) and reuses the data.
+    # 2. The next start stops all that (children from the state file, servers
+    # from their pid files) and reuses the data.
     second_log = short_tmp / "second.log"
     with open(second_log, "wb") as log:
         second = _start(env, log)
     try:
         _up(base, second, second_log)
-        assert "created nothing new" in second_log.read_text()
-        second.send_signal(signal.SIGINT)  # Ctrl-C
-        assert second.wait(timeout=90) == 0, second_log.read_text()[-3000:]
+        output = second_log.read_text()
+        assert "stopping web left by a killed run" in output
+        assert "embedded postgres: stopping leftover server" in output
+        assert "embedded redis: stopping leftover server" in output
+        assert "created nothing new" in output
+        # 3. SIGKILL again, now with the parent-death signal: everything stops.
+        second.kill()
+        second.wait()
     finally:
         if second.poll() is None:
             second.kill()
             second.wait()
+    wait_for(
+        lambda: not leftovers(marker=marker, under=var),
+        timeout=60,
+        message="children outlived the killed supervisor",
+    )
 
+    # 4. A last start and Ctrl-C: a clean stop, nothing left.
+    third_log = short_tmp / "third.log"
+    with open(third_log, "wb") as log:
+        third = _start(env, log)
+    try:
+        _up(base, third, third_log)
+        third.send_signal(signal.SIGINT)
+        assert third.wait(timeout=90) == 0, third_log.read_text()[-3000:]
+    finally:
+        if third.poll() is None:
+            third.kill()
+            third.wait()
     assert leftovers(marker=marker, under=var) == []
     assert sockets_under(run_dir) == []
     assert port_is_free(port)

@@ -73,9 +73,9 @@ def test_start_recovers_stale_pid_and_socket_files_after_a_killed_server(short_t
     pid_file = server.data_dir / "postmaster.pid"
     socket_lock = server.socket_dir / ".s.PGSQL.5432.lock"
     assert pid_file.exists() and socket_lock.exists()
-    # The stale files name a pid that is alive again (reused by another
-    # process): PostgreSQL alone would refuse to start.
-    squatter = subprocess.Popen(["sleep", "600"])
+    # The stale files name a pid that is alive again, reused by another
+    # process of the server's user: PostgreSQL alone would refuse to start.
+    squatter = subprocess.Popen(["sleep", "600"], **server._as_service_user())
     try:
         for stale in (pid_file, socket_lock):
             lines = stale.read_text().split("\n")
