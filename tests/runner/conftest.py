@@ -25,15 +25,18 @@ def short_tmp():
     path = Path(tempfile.mkdtemp(prefix="shop-t", dir=SHORT_TMP))
     path.chmod(0o755)
     yield path
+    _kill(_matching(under=path))  # servers a failed test left running
     shutil.rmtree(path, ignore_errors=True)
     shutil.rmtree(run_dir_for(path / "var"), ignore_errors=True)
     shutil.rmtree(run_dir_for(path / "var" / "test"), ignore_errors=True)
 
 
 @pytest.fixture
-def marker() -> str:
+def marker():
     """A value put in the environment of what a test starts, to find its processes later."""
-    return uuid.uuid4().hex
+    value = uuid.uuid4().hex
+    yield value
+    _kill(_matching(marker=value))  # what a failed test left running
 
 
 def embedded_env(*, marker: str, var: Path, **extra: str) -> dict[str, str]:
@@ -50,6 +53,25 @@ def leftovers(*, marker: str | None = None, under: Path | None = None) -> list[s
     processes are found by their working folder (the data folder) instead.
     """
     found = []
+    for proc in _matching(marker, under):
+        try:
+            found.append(f"{proc.pid} {' '.join(proc.cmdline())[:120]}")
+        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def _kill(procs: list[psutil.Process]) -> None:
+    for proc in procs:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(procs, timeout=5)
+
+
+def _matching(marker: str | None = None, under: Path | None = None) -> list[psutil.Process]:
+    found = []
     for proc in psutil.process_iter(["pid", "name"]):
         try:
             if proc.status() == psutil.STATUS_ZOMBIE:
@@ -59,7 +81,7 @@ def leftovers(*, marker: str | None = None, under: Path | None = None) -> list[s
                 cwd = proc.cwd()
                 ours = cwd == str(under) or cwd.startswith(f"{under}/")
             if ours:
-                found.append(f"{proc.pid} {' '.join(proc.cmdline())[:120]}")
+                found.append(proc)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
     return found
