@@ -47,7 +47,7 @@ def main() -> int:
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
     port = free_port()
     marker = uuid.uuid4().hex
-    env.update(PORT=str(port), SHOP_SMOKE_MARKER=marker)
+    env.update(PORT=str(port), SIMULATOR_PORT=str(free_port()), SHOP_SMOKE_MARKER=marker)
     var = var_dir()
     run_dir = run_dir_for(var)
     base = f"http://127.0.0.1:{port}"

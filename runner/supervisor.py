@@ -78,11 +78,20 @@ PROGRAMS: list[Program] = [
             "--loglevel", "INFO", "--schedule", "{var}/celerybeat-schedule",
         ),
     ),
+    Program(
+        # The simulated payment provider: an outside system with its own
+        # ledger file, reached over loopback like a real provider.
+        "payments-simulator",
+        (
+            "{python}", "-m", "payments.simulator", "--host", "127.0.0.1",
+            "--port", "{sim_port}", "--db", "{var}/payments-simulator.sqlite3",
+        ),
+    ),
 ]  # fmt: skip
 
 # Environment for every program and setup step (placeholders allowed); a
 # variable already set in the caller's environment wins.
-ENV: dict[str, str] = {}
+ENV: dict[str, str] = {"PAYMENTS_PROVIDER_URL": "http://127.0.0.1:{sim_port}"}
 
 # One-off steps before the programs start, in order; a failure stops the run.
 SETUP: list[Program] = [
@@ -104,6 +113,7 @@ def context() -> dict[str, str]:
         "var": str(var_dir()),
         "run": str(run_dir_for(var_dir())),
         "web_workers": os.environ.get("WEB_CONCURRENCY", "2"),
+        "sim_port": os.environ.get("SIMULATOR_PORT", "8470"),
     }
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from runner.processes import SHORT_TMP, run_dir_for
+from runner.processes import SHORT_TMP, free_port, run_dir_for
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -42,7 +42,9 @@ def marker():
 def embedded_env(*, marker: str, var: Path, **extra: str) -> dict[str, str]:
     """The environment of a fresh machine: no DATABASE_URL / REDIS_URL, our own var folder."""
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
-    env.update(SHOP_VAR_DIR=str(var), SHOP_TEST_MARKER=marker, PYTHONUNBUFFERED="1", **extra)
+    env.update(SHOP_VAR_DIR=str(var), SHOP_TEST_MARKER=marker, PYTHONUNBUFFERED="1")
+    env["SIMULATOR_PORT"] = str(free_port())
+    env.update(extra)
     return env
 
 
