@@ -17,6 +17,11 @@ $(STAMP): requirements.txt requirements-dev.txt
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
+## Run the shop: embedded PostgreSQL and Redis unless DATABASE_URL / REDIS_URL
+## are set, migrations, demo data, then web + worker + beat (docs/running.md).
+run: $(STAMP)
+	$(BIN)/python -m runner
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .

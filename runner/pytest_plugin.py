@@ -1,0 +1,61 @@
+"""pytest plugin: embedded PostgreSQL and Redis for a session without DATABASE_URL / REDIS_URL.
+
+Loaded with `-p runner.pytest_plugin` (pyproject's addopts) so that
+its first hook runs before pytest-django reads the settings: it starts the
+missing servers once per session (data under `var/test`) and sets the URLs in
+the environment; the test database is then created inside them as usual. The
+servers stop when the session ends, also after Ctrl-C; if pytest is killed
+outright, the kernel's parent-death signal stops them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+import pytest
+
+from . import var_dir
+from .embedded.services import EmbeddedServices
+from .processes import ServerBusy, run_dir_for
+
+_services_key = pytest.StashKey[EmbeddedServices]()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config: pytest.Config, parser, args) -> None:
+    options = early_config.known_args_namespace
+    if options.help or options.version:
+        return
+    if os.environ.get("DATABASE_URL") and os.environ.get("REDIS_URL"):
+        return
+    root = var_dir() / "test"
+    services = EmbeddedServices(root=root, durable=False)
+    try:
+        urls = services.start()
+    except ServerBusy:
+        # Another session of this checkout uses var/test: run on servers of
+        # our own in a throwaway folder.
+        root.parent.mkdir(parents=True, exist_ok=True)
+        root = tempfile.mkdtemp(prefix="test-", dir=root.parent)
+        services = EmbeddedServices(root=root, durable=False)
+        early_config.add_cleanup(lambda: _remove(services))
+        urls = services.start()
+    early_config.add_cleanup(services.stop)
+    early_config.stash[_services_key] = services
+    os.environ.update(urls)
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    services = config.stash.get(_services_key, None)
+    if services is None:
+        return []
+    names = ", ".join(type(server).__name__ for server in services.started)
+    return [f"embedded services: {names} in {services.root}"]
+
+
+def _remove(services: EmbeddedServices) -> None:
+    services.stop()
+    shutil.rmtree(services.root, ignore_errors=True)
+    shutil.rmtree(run_dir_for(services.root), ignore_errors=True)

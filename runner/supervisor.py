@@ -1,0 +1,356 @@
+"""The run command: the whole shop from one process (`make run`, docs/running.md).
+
+Starts the embedded PostgreSQL and Redis unless DATABASE_URL / REDIS_URL are
+set, runs the SETUP steps (migrate, collectstatic, seed_demo), then keeps
+every program of PROGRAMS running: a child that exits is restarted with
+backoff. Ctrl-C or SIGTERM stops every child (and its process group), then
+the embedded servers, and exits. A supervisor killed with SIGKILL takes its
+children with it (the kernel's parent-death signal), and the next start
+clears whatever is still left from the state file in the runtime folder.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from . import BASE_DIR, var_dir
+from .embedded.services import EmbeddedServices
+from .processes import (
+    die_with_parent,
+    ensure_owned_dir,
+    group_alive,
+    port_is_free,
+    run_dir_for,
+    stop_group,
+    stop_leader_then_group,
+)
+
+
+@dataclass(frozen=True)
+class Program:
+    """One long-running process: a name, its argv and extra environment.
+
+    Both may use the placeholders {python}, {host}, {port}, {var} (data
+    folder), {run} (short runtime folder for sockets) and {web_workers}; add
+    more to `context()` when a program needs them.
+    """
+
+    name: str
+    argv: tuple[str, ...]
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+# The process table: one line per long-running process. Later areas add
+# theirs here (the payment simulator, the outbox relay).
+PROGRAMS: list[Program] = [
+    Program(
+        "web",
+        (
+            "{python}", "-m", "gunicorn", "config.wsgi:application",
+            "--bind", "{host}:{port}", "--workers", "{web_workers}",
+            "--graceful-timeout", "10", "--access-logfile", "-",
+            "--control-socket", "{run}/gunicorn.ctl",
+        ),
+    ),
+    Program(
+        "worker",
+        (
+            "{python}", "-m", "celery", "--app", "config.celery:app", "worker",
+            "--loglevel", "INFO", "--concurrency", "2", "--hostname", "worker-{port}@%h",
+        ),
+    ),
+    Program(
+        "beat",
+        (
+            "{python}", "-m", "celery", "--app", "config.celery:app", "beat",
+            "--loglevel", "INFO", "--schedule", "{var}/celerybeat-schedule",
+        ),
+    ),
+    Program(
+        # The simulated payment provider: an outside system with its own
+        # ledger file, reached over loopback like a real provider.
+        "payments-simulator",
+        (
+            "{python}", "-m", "payments.simulator", "--host", "127.0.0.1",
+            "--port", "{sim_port}", "--db", "{var}/payments-simulator.sqlite3",
+        ),
+    ),
+]  # fmt: skip
+
+# Environment for every program and setup step (placeholders allowed); a
+# variable already set in the caller's environment wins.
+ENV: dict[str, str] = {"PAYMENTS_PROVIDER_URL": "http://127.0.0.1:{sim_port}"}
+
+# One-off steps before the programs start, in order; a failure stops the run.
+SETUP: list[Program] = [
+    Program("migrate", ("{python}", "manage.py", "migrate", "--noinput")),
+    Program("collectstatic", ("{python}", "manage.py", "collectstatic", "--noinput", "-v0")),
+    Program("seed_demo", ("{python}", "manage.py", "seed_demo")),
+]
+
+STOP_TIMEOUT = 15.0  # seconds a child gets to stop before SIGKILL (gunicorn: 10 s grace)
+MAX_BACKOFF = 30.0
+
+
+def context() -> dict[str, str]:
+    """Return the values of the placeholders in PROGRAMS and SETUP."""
+    return {
+        "python": sys.executable,
+        "host": os.environ.get("HOST", "127.0.0.1"),
+        "port": os.environ.get("PORT", "8000"),
+        "var": str(var_dir()),
+        "run": str(run_dir_for(var_dir())),
+        "web_workers": os.environ.get("WEB_CONCURRENCY", "2"),
+        "sim_port": os.environ.get("SIMULATOR_PORT", "8470"),
+    }
+
+
+def say(message: str) -> None:
+    print(f"run: {message}", file=sys.stderr, flush=True)
+
+
+class Stop(Exception):
+    """A stop signal arrived (Ctrl-C, SIGTERM, SIGHUP)."""
+
+
+class Signals:
+    """Remember the first stop signal; the loops check it (no exceptions from handlers)."""
+
+    def __init__(self) -> None:
+        self.received: str | None = None
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(signum, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        if self.received is None:
+            self.received = signal.Signals(signum).name
+
+    def check(self) -> None:
+        if self.received is not None:
+            raise Stop(self.received)
+
+
+class Child:
+    def __init__(self, program: Program, ctx: Mapping[str, str]) -> None:
+        self.program = program
+        self.argv = [part.format(**ctx) for part in program.argv]
+        self.env = {key: value.format(**ctx) for key, value in program.env.items()}
+        self.proc: subprocess.Popen | None = None
+        self.started_at = 0.0
+        self.backoff = 1.0
+        self.restart_at: float | None = None
+
+    @property
+    def name(self) -> str:
+        return self.program.name
+
+
+class Supervisor:
+    """Keep the programs running; stop them all, with their process groups, at the end."""
+
+    def __init__(self, *, programs: list[Program], ctx: Mapping[str, str], env, state_file: Path):
+        self.children = [Child(program, ctx) for program in programs]
+        self.env = env
+        self.state_file = state_file
+
+    def spawn(self, child: Child) -> None:
+        child.proc = subprocess.Popen(
+            child.argv,
+            cwd=BASE_DIR,
+            env={**self.env, **child.env},
+            stdin=subprocess.DEVNULL,
+            # Its own process group: Ctrl-C reaches only us, and we can stop
+            # the child together with its workers.
+            process_group=0,
+            preexec_fn=die_with_parent(signal.SIGTERM),
+        )
+        child.started_at = time.monotonic()
+        child.restart_at = None
+        say(f"started {child.name} (pid {child.proc.pid})")
+        self.save_state()
+
+    def start_all(self) -> None:
+        for child in self.children:
+            self.spawn(child)
+
+    def poll(self) -> None:
+        """Restart children that exited, each after its own backoff."""
+        now = time.monotonic()
+        for child in self.children:
+            if child.proc is None:
+                continue
+            if child.restart_at is not None:
+                if now >= child.restart_at:
+                    self.spawn(child)
+                continue
+            code = child.proc.poll()
+            if code is None:
+                continue
+            # Its workers may outlive it; they go before the new one starts.
+            stop_group(child.proc.pid, timeout=5)
+            if now - child.started_at > 60:
+                child.backoff = 1.0
+            say(f"{child.name} exited with code {code}; restarting in {child.backoff:.0f} s")
+            child.restart_at = now + child.backoff
+            child.backoff = min(child.backoff * 2, MAX_BACKOFF)
+
+    def stop_all(self) -> None:
+        running = [c for c in self.children if c.proc is not None]
+        # Each leader stops its own workers gracefully; all stop in parallel.
+        for child in running:
+            if child.proc.poll() is None:
+                child.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_TIMEOUT
+        for child in running:
+            try:
+                child.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                say(f"{child.name} did not stop within {STOP_TIMEOUT:.0f} s; killing it")
+            # Whatever is left of its group (or the leader itself, on timeout).
+            stop_group(child.proc.pid, sig=signal.SIGKILL, timeout=5)
+            child.proc.wait()
+            say(f"stopped {child.name}")
+        self.state_file.unlink(missing_ok=True)
+
+    def save_state(self) -> None:
+        children = []
+        for child in self.children:
+            if child.proc is None:
+                continue
+            try:
+                created = psutil.Process(child.proc.pid).create_time()
+            except psutil.NoSuchProcess:
+                continue
+            children.append({"name": child.name, "pid": child.proc.pid, "create_time": created})
+        state = {"pid": os.getpid(), "children": children}
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state))
+        tmp.replace(self.state_file)
+
+
+def clear_leftovers(state_file: Path) -> None:
+    """Stop the process groups a killed supervisor left (recorded in its state file)."""
+    try:
+        state = json.loads(state_file.read_text())
+    except (OSError, ValueError):
+        state_file.unlink(missing_ok=True)
+        return
+    for entry in state.get("children", []):
+        pid = entry["pid"]
+        try:
+            same = abs(psutil.Process(pid).create_time() - entry["create_time"]) < 0.01
+        except psutil.NoSuchProcess:
+            # The leader is gone; a group with its id can only hold its own workers.
+            same = True
+        if same and group_alive(pid):
+            say(f"stopping {entry['name']} left by a killed run (pid {pid})")
+            stop_leader_then_group(pid, timeout=STOP_TIMEOUT)
+    state_file.unlink(missing_ok=True)
+
+
+def acquire_lock(run_dir: Path) -> int:
+    """Hold the supervisor lock of this data folder for our lifetime; exit if it is taken."""
+    fd = os.open(run_dir / "supervisor.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        say(f"the shop is already running for {var_dir()}; stop it first")
+        raise SystemExit(1) from None
+    return fd
+
+
+def run_step(step: Program, ctx: Mapping[str, str], env, signals: Signals) -> None:
+    argv = [part.format(**ctx) for part in step.argv]
+    say(f"{step.name}: {' '.join(argv[1:])}")
+    proc = subprocess.Popen(
+        argv,
+        cwd=BASE_DIR,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        process_group=0,
+        preexec_fn=die_with_parent(signal.SIGTERM),
+    )
+    while (code := proc.poll()) is None:
+        if signals.received is not None:
+            stop_leader_then_group(proc.pid, timeout=STOP_TIMEOUT)
+            proc.wait()
+            signals.check()
+        time.sleep(0.1)
+    if code != 0:
+        raise SystemExit(f"run: {step.name} failed with code {code}")
+
+
+def healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def main() -> int:
+    ctx = context()
+    var = var_dir()
+    var.mkdir(parents=True, exist_ok=True)
+    run_dir = ensure_owned_dir(run_dir_for(var))
+    lock = acquire_lock(run_dir)
+    state_file = run_dir / "supervisor.json"
+    signals = Signals()
+    services = EmbeddedServices(root=var, durable=True)
+    supervisor: Supervisor | None = None
+    code = 0
+    try:
+        clear_leftovers(state_file)
+        urls = services.start()
+        signals.check()
+        for name, url in urls.items():
+            say(f"embedded {name}={url}")
+        env = {**os.environ, **urls, "PYTHONUNBUFFERED": "1"}
+        env.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.base")
+        for name, value in ENV.items():
+            env.setdefault(name, value.format(**ctx))
+        if not port_is_free(int(ctx["port"]), ctx["host"]):
+            say(f"port {ctx['port']} is in use; choose another with PORT=...")
+            return 1
+        for step in SETUP:
+            if step.name == "seed_demo" and os.environ.get("SHOP_DEMO_DATA", "1") == "0":
+                continue
+            run_step(step, ctx, env, signals)
+        supervisor = Supervisor(programs=PROGRAMS, ctx=ctx, env=env, state_file=state_file)
+        supervisor.start_all()
+        base = f"http://{ctx['host']}:{ctx['port']}"
+        announced = False
+        while True:
+            signals.check()
+            supervisor.poll()
+            if services.dead():
+                say(f"embedded server stopped unexpectedly: {', '.join(services.dead())}")
+                code = 1
+                break
+            if not announced and healthy(f"{base}/healthz"):
+                announced = True
+                say(f"the shop is running at {base}/  (API {base}/api/docs/, admin {base}/admin/)")
+                say("press Ctrl-C to stop")
+            time.sleep(0.2)
+    except Stop as stop:
+        say(f"{stop.args[0]}: stopping")
+    finally:
+        if supervisor is not None:
+            supervisor.stop_all()
+        services.stop()
+        state_file.unlink(missing_ok=True)
+        os.close(lock)
+        say("stopped")
+    return code

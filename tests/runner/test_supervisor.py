@@ -1,0 +1,165 @@
+"""The run command on embedded services: up, restarts, SIGKILL recovery, nothing left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+
+import psutil
+import pytest
+import requests
+
+from runner.processes import free_port, port_is_free, run_dir_for
+from tests.runner.conftest import ROOT, embedded_env, leftovers, sockets_under, wait_for
+
+pytestmark = [pytest.mark.embedded, pytest.mark.slow]
+
+START_TIMEOUT = 240  # a first start migrates a fresh database on a busy machine
+
+
+def _start(env: dict, log) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "runner"],
+        cwd=ROOT,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+
+
+def _up(base: str, proc: subprocess.Popen, log_path) -> None:
+    def ready():
+        assert proc.poll() is None, log_path.read_text()[-3000:]
+        # This run's announcement, not an answer from a leftover of an earlier one.
+        if "run: the shop is running at" not in log_path.read_text():
+            return False
+        try:
+            health = requests.get(f"{base}/healthz", timeout=2)
+            catalog = requests.get(f"{base}/api/v1/products/", timeout=2)
+        except requests.RequestException:
+            return False
+        if health.status_code != 200 or catalog.status_code != 200:
+            return False
+        return "TEE-M" in {item["sku"] for item in catalog.json()["results"]}
+
+    wait_for(ready, timeout=START_TIMEOUT, message=f"the shop never came up at {base}")
+
+
+def _children(run_dir) -> dict[str, int]:
+    try:
+        state = json.loads((run_dir / "supervisor.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return {entry["name"]: entry["pid"] for entry in state["children"]}
+
+
+def test_run_restarts_children_recovers_from_sigkill_and_leaves_nothing(short_tmp, marker):
+    var = short_tmp / "var"
+    run_dir = run_dir_for(var)
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    env = embedded_env(marker=marker, var=var, PORT=str(port), WEB_CONCURRENCY="1")
+
+    # 1. First start, as on a platform without the parent-death signal.
+    first_log = short_tmp / "first.log"
+    with open(first_log, "wb") as log:
+        first = _start({**env, "SHOP_NO_PDEATHSIG": "1"}, log)
+    try:
+        _up(base, first, first_log)
+        assert "created 7 products and 3 users" in first_log.read_text()
+
+        # A second run on the same data folder is refused; the first goes on.
+        second_try = subprocess.run(
+            [sys.executable, "-m", "runner"], cwd=ROOT, env=env, capture_output=True, text=True
+        )
+        assert second_try.returncode == 1
+        assert "already running" in second_try.stderr
+        assert requests.get(f"{base}/healthz", timeout=5).status_code == 200
+
+        # A crashed child is restarted.
+        beat = _children(run_dir)["beat"]
+        os.killpg(beat, signal.SIGKILL)
+        restarted = wait_for(
+            lambda: (pid := _children(run_dir).get("beat")) not in (None, beat) and pid,
+            timeout=60,
+            message="beat was not restarted",
+        )
+        assert psutil.Process(restarted).is_running()
+
+        # SIGKILL of the supervisor: no chance to clean up, and here nothing
+        # stops its children and servers either.
+        first.kill()
+        first.wait()
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    assert len(leftovers(marker=marker, under=var)) > 5  # web, worker, beat, servers
+    assert requests.get(f"{base}/healthz", timeout=5).status_code == 200
+
+    # 2. The next start stops all that (children from the state file, servers
+    # from their pid files) and reuses the data.
+    second_log = short_tmp / "second.log"
+    with open(second_log, "wb") as log:
+        second = _start(env, log)
+    try:
+        _up(base, second, second_log)
+        output = second_log.read_text()
+        assert "stopping web left by a killed run" in output
+        assert "embedded postgres: stopping leftover server" in output
+        assert "embedded redis: stopping leftover server" in output
+        assert "created nothing new" in output
+        # 3. SIGKILL again, now with the parent-death signal: everything stops.
+        second.kill()
+        second.wait()
+    finally:
+        if second.poll() is None:
+            second.kill()
+            second.wait()
+    wait_for(
+        lambda: not leftovers(marker=marker, under=var),
+        timeout=60,
+        message="children outlived the killed supervisor",
+    )
+
+    # 4. A last start and Ctrl-C: a clean stop, nothing left.
+    third_log = short_tmp / "third.log"
+    with open(third_log, "wb") as log:
+        third = _start(env, log)
+    try:
+        _up(base, third, third_log)
+        third.send_signal(signal.SIGINT)
+        assert third.wait(timeout=90) == 0, third_log.read_text()[-3000:]
+    finally:
+        if third.poll() is None:
+            third.kill()
+            third.wait()
+    assert leftovers(marker=marker, under=var) == []
+    assert sockets_under(run_dir) == []
+    assert port_is_free(port)
+
+
+def test_run_refuses_a_taken_port_and_stops_the_embedded_servers(short_tmp, marker):
+    var = short_tmp / "var"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = embedded_env(marker=marker, var=var, PORT=str(port))
+        result = subprocess.run(
+            [sys.executable, "-m", "runner"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert result.returncode == 1
+    assert f"port {port} is in use" in result.stderr
+    assert leftovers(marker=marker, under=var) == []
+    assert sockets_under(run_dir_for(var)) == []

@@ -1,0 +1,72 @@
+"""seed_demo: the demo catalog and users, idempotent by the unique constraints."""
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.core.management import call_command
+
+from inventory.models import Product, StockItem
+from shop.demo import DEMO_PRODUCTS, DEMO_USERS
+
+pytestmark = [pytest.mark.embedded, pytest.mark.django_db]
+
+User = get_user_model()
+
+
+def _seed(capsys) -> str:
+    call_command("seed_demo")
+    return capsys.readouterr().out
+
+
+def test_seed_creates_catalog_with_stock_and_one_user_per_role(capsys, api_client):
+    out = _seed(capsys)
+
+    assert Product.objects.count() == len(DEMO_PRODUCTS)
+    assert StockItem.objects.get(product__sku="TEE-M").on_hand == 40
+    staff = User.objects.get(username="staff")
+    assert staff.is_staff and staff.check_password("staff-demo")
+    courier = User.objects.get(username="courier")
+    assert list(courier.groups.values_list("name", flat=True)) == ["couriers"]
+    assert not courier.is_staff
+    shopper = User.objects.get(username="shopper")
+    assert not shopper.is_staff and not shopper.groups.exists()
+    for user in DEMO_USERS:  # credentials are printed
+        assert f"{user.username:<8} / {user.password}" in out
+
+    catalog = api_client.get("/api/v1/products/").json()
+    skus = {item["sku"]: item for item in catalog["results"]}
+    assert set(skus) == {p.sku for p in DEMO_PRODUCTS}
+    token = api_client.post(
+        "/api/v1/auth/token/", {"username": "shopper", "password": "shopper-demo"}, format="json"
+    )
+    assert token.status_code == 200
+
+
+def test_seed_twice_creates_nothing_new(capsys):
+    _seed(capsys)
+    before = (
+        set(Product.objects.values_list("id", flat=True)),
+        set(User.objects.values_list("id", "password")),
+    )
+
+    out = _seed(capsys)
+
+    assert "created nothing new" in out
+    after = (
+        set(Product.objects.values_list("id", flat=True)),
+        set(User.objects.values_list("id", "password")),
+    )
+    assert after == before
+
+
+def test_seed_leaves_existing_rows_alone(capsys, make_user, make_product):
+    """A taken username or sku is "already there": no reset password, no restocking."""
+    mine = make_user(username="staff")  # not staff, own password
+    make_product("MUG", stock=1)
+
+    out = _seed(capsys)
+
+    mine.refresh_from_db()
+    assert not mine.is_staff and mine.check_password("correct horse battery")
+    assert StockItem.objects.get(product__sku="MUG").on_hand == 1
+    assert "existing user, left as is" in out
+    assert Product.objects.count() == len(DEMO_PRODUCTS)
