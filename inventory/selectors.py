@@ -17,6 +17,9 @@ def product_list() -> QuerySet[Product]:
 
 def product_get(*, sku: str) -> Product:
     """Return one product by sku, or raise not_found."""
+    # PostgreSQL text cannot hold NUL (the driver refuses the query): no sku has one.
+    if "\x00" in sku:
+        raise NotFound(f"No product with sku {sku!r}.")
     product = product_list().filter(sku=sku).first()
     if product is None:
         raise NotFound(f"No product with sku {sku!r}.")

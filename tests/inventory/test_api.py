@@ -28,6 +28,18 @@ def test_unknown_sku_is_problem_404(api_client):
     assert_problem(api_client.get("/api/v1/products/NOPE/"), 404, "not_found")
 
 
+@pytest.mark.parametrize("path", ["/api/v1/products/A%00B/", "/api/v1/products/%00/"])
+def test_nul_in_sku_is_404_not_500(api_client, path):
+    assert_problem(api_client.get(path), 404, "not_found")
+
+
+def test_nul_in_sku_of_stock_endpoint_is_404_not_500(staff_client):
+    response = staff_client.post(
+        "/api/v1/products/%00/stock/", {"delta": 1}, format="json", HTTP_IDEMPOTENCY_KEY="k-nul"
+    )
+    assert_problem(response, 404, "not_found")
+
+
 def test_cursor_pagination_walks_every_product_once(api_client, make_product):
     for i in range(7):
         make_product(f"SKU-{i}")
