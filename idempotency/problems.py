@@ -16,6 +16,7 @@ from django.conf import settings
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import RequestDataTooBig
 from django.http import Http404, HttpResponse
+from django.urls import is_valid_path
 from rest_framework import exceptions as drf
 from rest_framework.response import Response
 
@@ -175,7 +176,25 @@ def drf_exception_handler(exc: Exception, context: dict[str, Any]) -> Response |
 
 
 def _is_api_path(path: str) -> bool:
-    return path.startswith("/api/") or path in ("/healthz", "/metrics")
+    return path.startswith("/api/") or path.rstrip("/") in ("/healthz", "/metrics")
+
+
+def _append_slash(request) -> None:
+    """Serve an API path written without its trailing slash as the path with it.
+
+    Django's APPEND_SLASH would answer with a 301 (an HTML response) that
+    clients follow as a GET, dropping a POST's body. Rewriting in place keeps
+    one resource per path; the key fingerprint uses the slashed path, so both
+    spellings are the same request.
+    """
+    path = request.path_info
+    if path.endswith("/"):
+        return
+    urlconf = getattr(request, "urlconf", None)
+    if is_valid_path(path, urlconf) or not is_valid_path(path + "/", urlconf):
+        return
+    request.path_info = path + "/"
+    request.path = request.path + "/"
 
 
 class ProblemMiddleware:
@@ -190,6 +209,7 @@ class ProblemMiddleware:
 
     def __call__(self, request):
         if _is_api_path(request.path):
+            _append_slash(request)
             limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
             try:
                 length = int(request.META.get("CONTENT_LENGTH") or 0)

@@ -18,6 +18,38 @@ def test_unauthenticated_is_401_with_challenge(api_client):
     assert response["WWW-Authenticate"].startswith("Token")
 
 
+def test_api_path_without_trailing_slash_is_served_not_redirected(api_client, make_product):
+    make_product("MUG")
+    response = api_client.get("/api/v1/products")
+    assert response.status_code == 200
+    assert response.json()["results"][0]["sku"] == "MUG"
+    assert api_client.get("/api/v1/products/MUG").json()["sku"] == "MUG"
+
+
+def test_post_without_trailing_slash_keeps_its_body(staff_client):
+    body = {"sku": "CAP", "name": "Cap", "price": "5.00", "currency": "EUR", "stock": 1}
+    response = staff_client.post("/api/v1/products", body, format="json")
+    assert response.status_code == 201, response.content
+
+
+def test_keyed_path_without_slash_is_the_same_request(staff_client, make_product):
+    make_product("MUG", stock=1)
+    first = staff_client.post(
+        "/api/v1/products/MUG/stock", {"delta": 1}, format="json", HTTP_IDEMPOTENCY_KEY="k-slash"
+    )
+    assert first.status_code == 200, first.content
+    again = staff_client.post(
+        "/api/v1/products/MUG/stock/", {"delta": 1}, format="json", HTTP_IDEMPOTENCY_KEY="k-slash"
+    )
+    assert again.status_code == 200
+    assert again["Idempotent-Replayed"] == "true"
+    assert again.json()["on_hand"] == 2
+
+
+def test_healthz_with_slash_is_problem_404(api_client):
+    assert_problem(api_client.get("/healthz/"), 404, "not_found")
+
+
 def test_bad_token_is_401(api_client):
     api_client.credentials(HTTP_AUTHORIZATION="Token nope")
     assert_problem(api_client.delete("/api/v1/auth/account/"), 401, "not_authenticated")
