@@ -1,6 +1,7 @@
+from django.core.validators import RegexValidator
 from rest_framework import serializers
 
-from idempotency.fields import ClosedSerializer, StrictIntegerField
+from idempotency.fields import ClosedSerializer, StrictCharField, StrictIntegerField
 from idempotency.money import MoneyField
 
 SKU_REGEX = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
@@ -14,12 +15,17 @@ class ProductOut(serializers.Serializer):
     available = serializers.IntegerField()
 
 
-class ProductIn(serializers.Serializer):
-    sku = serializers.RegexField(SKU_REGEX, max_length=64)
-    name = serializers.CharField(max_length=200)
+class ProductIn(ClosedSerializer):
+    """POST /products/ body: JSON types as documented, no unknown members."""
+
+    sku = StrictCharField(
+        max_length=64,
+        validators=[RegexValidator(SKU_REGEX, "1-64 letters, digits, '.', '_' or '-'.")],
+    )
+    name = StrictCharField(max_length=200)
     price = MoneyField()
-    currency = serializers.CharField(min_length=3, max_length=3)
-    stock = serializers.IntegerField(min_value=0, max_value=1_000_000_000, default=0)
+    currency = StrictCharField(min_length=3, max_length=3)
+    stock = StrictIntegerField(min_value=0, max_value=1_000_000_000, default=0)
 
 
 class StockIn(ClosedSerializer):

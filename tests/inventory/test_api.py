@@ -116,6 +116,28 @@ def test_bad_price_is_400(staff_client, price):
     assert "price" in body["errors"]
 
 
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("sku", 123),
+        ("name", 123),
+        ("currency", ["EUR"]),
+        ("stock", "4"),
+        ("stock", 4.0),
+        ("stock", True),
+        ("colour", "red"),
+    ],
+)
+def test_product_fields_have_strict_json_types(staff_client, field, value):
+    body = assert_problem(
+        staff_client.post("/api/v1/products/", {**NEW, field: value}, format="json"),
+        400,
+        "invalid_request",
+    )
+    assert field in body["errors"]
+    assert not Product.objects.exists()
+
+
 def test_price_non_negative_is_a_database_constraint(db):
     with pytest.raises(IntegrityError) as info, transaction.atomic():
         Product.objects.create(sku="X", name="x", price=-1, currency="EUR")
