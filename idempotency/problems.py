@@ -74,9 +74,23 @@ def problem_response(
     return response
 
 
+def _field_errors(value: Any) -> Any:
+    """Give a member whose own value is wrong its messages as a list, as `{field: [messages]}`.
+
+    DRF reports an error of a nested object or list as a whole (wrong type,
+    empty list, too many items) as `{"non_field_errors": [...]}` one level
+    down; the problem document says it on the member itself.
+    """
+    if isinstance(value, dict):
+        if set(value) == {"non_field_errors"}:
+            return value["non_field_errors"]
+        return {key: _field_errors(item) for key, item in value.items()}
+    return value
+
+
 def _validation_errors(detail: Any) -> dict[str, Any]:
     if isinstance(detail, dict):
-        return detail
+        return {key: _field_errors(value) for key, value in detail.items()}
     if isinstance(detail, list):
         return {"non_field_errors": detail}
     return {"non_field_errors": [str(detail)]}

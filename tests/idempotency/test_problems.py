@@ -1,5 +1,7 @@
 """Every class of API error is an RFC 9457 problem, never HTML, never a 500 for bad input."""
 
+import json
+
 import pytest
 from django.test import override_settings
 
@@ -92,6 +94,36 @@ def test_validation_error_lists_fields(staff_client):
         "invalid_request",
     )
     assert {"sku", "name", "price", "currency"} <= set(body["errors"])
+
+
+@pytest.mark.parametrize("body", [{"delta": 1, "set": 1}, [1, 2]])
+def test_whole_body_errors_are_non_field_errors(staff_client, make_product, body):
+    make_product("MUG")
+    response = staff_client.post(
+        "/api/v1/products/MUG/stock/", body, format="json", HTTP_IDEMPOTENCY_KEY="k-nfe"
+    )
+    errors = assert_problem(response, 400, "invalid_request")["errors"]
+    assert isinstance(errors["non_field_errors"], list)
+
+
+def test_nested_member_errors_are_a_list_of_messages():
+    from rest_framework.exceptions import ValidationError
+
+    from idempotency.problems import exception_to_problem
+
+    detail = {
+        "lines": {"non_field_errors": ["This list may not be empty."]},
+        "shipping_address": {"city": ["This field is required."]},
+        "items": {0: {"non_field_errors": ["Expected a dictionary."]}},
+    }
+    body, status, _ = exception_to_problem(ValidationError(detail))
+    assert status == 400
+    assert json.loads(json.dumps(body["errors"])) == {
+        "lines": ["This list may not be empty."],
+        "shipping_address": {"city": ["This field is required."]},
+        "items": {"0": ["Expected a dictionary."]},
+    }
+    assert body["detail"] == "lines: This list may not be empty."
 
 
 def test_json_array_body_is_400_not_500(staff_client):
