@@ -1,5 +1,7 @@
 """Cursor pagination with the contract's `{results, next}` envelope."""
 
+import re
+
 from rest_framework.exceptions import NotFound
 from rest_framework.pagination import CursorPagination
 from rest_framework.response import Response
@@ -14,6 +16,20 @@ class CursorPage(CursorPagination):
     page_size_query_param = "page_size"
     max_page_size = 200
     ordering = "-created_at"
+
+    def get_page_size(self, request):
+        """Read `?page_size=`: a positive integer (above 200 means 200), else a 400."""
+        raw = request.query_params.get(self.page_size_query_param)
+        if raw is None:
+            return self.page_size
+        digits = raw.lstrip("0")
+        if not re.fullmatch(r"[0-9]+", raw) or not digits:
+            raise InvalidRequest(
+                f"page_size must be an integer from 1 to {self.max_page_size}.",
+                errors={"page_size": [f"An integer from 1 to {self.max_page_size}."]},
+            )
+        # Any number of digits: never int() a huge string (Python refuses over 4300 digits).
+        return self.max_page_size if len(digits) > 9 else min(int(digits), self.max_page_size)
 
     def paginate_queryset(self, queryset, request, view=None):
         try:
