@@ -6,6 +6,7 @@ import re
 from decimal import Decimal
 
 from django.conf import settings
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from .errors import ApplicationError
@@ -43,6 +44,9 @@ def check_currency(currency: str) -> None:
         )
 
 
+@extend_schema_field(
+    {"type": "string", "format": "decimal", "pattern": r"^\d+(\.\d+)?$", "example": "19.99"}
+)
 class MoneyField(serializers.Field):
     """A decimal string, never a JSON number, with at most the currency's minor units."""
 

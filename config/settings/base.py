@@ -260,3 +260,17 @@ CELERY_BEAT_SCHEDULE["orders.expire_reservations"] = {
 }
 # Settlement's outcome confirms or fails the order, in the transaction that records it.
 PAYMENTS_SETTLED_HANDLER = "orders.services.order_payment_settled"
+
+# --- Contract audit: /healthz in the OpenAPI document (a plain Django view) ----
+SPECTACULAR_SETTINGS.setdefault("APPEND_PATHS", {})["/healthz"] = {
+    "get": {
+        "operationId": "healthz",
+        "summary": "200 when the database and the broker answer, 503 otherwise.",
+        "tags": ["operations"],
+        "security": [{}],
+        "responses": {
+            "200": {"description": '{"status": "ok", "checks": {"database", "broker"}}'},
+            "503": {"description": "application/problem+json: a dependency is not answering"},
+        },
+    }
+}
