@@ -26,3 +26,16 @@ class IsCourierOrStaff(BasePermission):
     def has_permission(self, request, view) -> bool:
         user = request.user
         return bool(user and user.is_authenticated and (user.is_staff or is_courier(user)))
+
+
+class IsNotCourier(BasePermission):
+    """Refuse couriers who are not staff: the contract lets them only post tracking events.
+
+    Staff pass without a query; anyone else costs one indexed look-up of the group.
+    """
+
+    message = "Couriers may only post tracking events."
+
+    def has_permission(self, request, view) -> bool:
+        user = request.user
+        return bool(user and user.is_authenticated and (user.is_staff or not is_courier(user)))

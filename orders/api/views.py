@@ -4,20 +4,25 @@ from __future__ import annotations
 
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework.generics import GenericAPIView
+from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 
+from idempotency.permissions import IsNotCourier
 from idempotency.views import KeyRequest, idempotent
 
 from .. import checkout, selectors
 from .serializers import OrderIn, OrderOut, order_body
 
 PROBLEM = OpenApiResponse(description="application/problem+json")
+# Shoppers and staff; a courier gets 403 (it may only post tracking events).
+ORDER_PERMISSIONS = [IsAuthenticated, IsNotCourier]
 
 
 class OrderListView(GenericAPIView):
     """List the caller's orders (staff: every order), newest first; place an order."""
 
     serializer_class = OrderOut
+    permission_classes = ORDER_PERMISSIONS
 
     def paginate_queryset(self, queryset):
         # Numbers are unique and increase with time: a stable cursor.
@@ -51,6 +56,7 @@ class OrderDetailView(GenericAPIView):
     """Show one order: its shopper's or, for staff, anyone's; others get 404."""
 
     serializer_class = OrderOut
+    permission_classes = ORDER_PERMISSIONS
 
     @extend_schema(responses=OrderOut)
     def get(self, request, order_id: str):
@@ -62,6 +68,7 @@ class OrderConfirmView(GenericAPIView):
     """Say yes to an `awaiting_decision` order: charge what is reserved."""
 
     serializer_class = OrderOut
+    permission_classes = ORDER_PERMISSIONS
 
     @extend_schema(
         request=None,
@@ -77,6 +84,7 @@ class OrderCancelView(GenericAPIView):
     """Cancel an order (for now: one awaiting the shopper's decision)."""
 
     serializer_class = OrderOut
+    permission_classes = ORDER_PERMISSIONS
 
     @extend_schema(request=None, responses={200: OrderOut, 404: PROBLEM, 409: PROBLEM})
     @idempotent(operation=checkout.CANCEL)

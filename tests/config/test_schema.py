@@ -29,25 +29,6 @@ def test_schema_documents_healthz(api_client):
     assert set(paths["/healthz"]) >= {"get"}
 
 
-KEYED = [
-    ("post", "/api/v1/orders/"),
-    ("post", "/api/v1/orders/{order_id}/confirm/"),
-    ("post", "/api/v1/orders/{order_id}/cancel/"),
-    ("post", "/api/v1/products/{sku}/stock/"),
-]
-
-
-@pytest.mark.parametrize("method, path", KEYED)
-def test_keyed_endpoints_declare_the_key_header_required(api_client, method, path):
-    paths = api_client.get("/api/schema/", HTTP_ACCEPT="application/json").json()["paths"]
-    headers = {
-        p["name"]: p.get("required", False)
-        for p in paths[path][method].get("parameters", [])
-        if p["in"] == "header"
-    }
-    assert headers.get("Idempotency-Key") is True
-
-
 def test_schema_is_valid_openapi_without_warnings(tmp_path):
     from django.core.management import call_command
 

@@ -46,6 +46,40 @@ def test_anonymous_is_401(api_client, placed):
     assert_problem(api_client.get(f"/api/v1/orders/{placed[2][0].id}/"), 401, "not_authenticated")
 
 
+def test_courier_may_not_use_orders(placed, make_user, client_for):
+    """Couriers may only post tracking events: every order endpoint is 403 for them."""
+    courier = client_for(make_user(courier=True))
+    order = placed[2][0]
+    assert_problem(courier.get("/api/v1/orders/"), 403, "permission_denied")
+    assert_problem(courier.get(f"/api/v1/orders/{order.id}/"), 403, "permission_denied")
+    body = {
+        "lines": [{"sku": "TEE-M", "quantity": 1}],
+        "payment_method": "pm_card_ok",
+        "shipping_address": {
+            "name": "C",
+            "line1": "L",
+            "city": "X",
+            "postal_code": "1",
+            "country": "DE",
+        },
+    }
+    placing = courier.post("/api/v1/orders/", body, format="json", HTTP_IDEMPOTENCY_KEY="c-1")
+    assert_problem(placing, 403, "permission_denied")
+    for action in ("confirm", "cancel"):
+        response = courier.post(
+            f"/api/v1/orders/{order.id}/{action}/", HTTP_IDEMPOTENCY_KEY=f"c-{action}"
+        )
+        assert_problem(response, 403, "permission_denied")
+    from idempotency.models import IdempotencyKey
+
+    assert not IdempotencyKey.objects.filter(owner_id=courier.user.pk).exists()
+
+
+def test_courier_who_is_staff_reads_orders(placed, make_user, client_for):
+    both = client_for(make_user(staff=True, courier=True))
+    assert both.get(f"/api/v1/orders/{placed[2][0].id}/").status_code == 200
+
+
 def test_schema_declares_the_order_endpoints_and_their_keys(api_client):
     paths = api_client.get("/api/schema/", HTTP_ACCEPT="application/json").json()["paths"]
     keyed = [
