@@ -1,9 +1,12 @@
 from django.contrib.auth import authenticate
+from django.core.validators import RegexValidator
 from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import serializers, status
 from rest_framework.permissions import AllowAny, IsAuthenticated
 from rest_framework.response import Response
 from rest_framework.views import APIView
+
+from idempotency.fields import ClosedSerializer, StrictCharField
 
 from .. import services
 from .throttles import RegisterThrottle, TokenAddressThrottle, TokenUsernameThrottle
@@ -11,15 +14,22 @@ from .throttles import RegisterThrottle, TokenAddressThrottle, TokenUsernameThro
 TokenOut = inline_serializer("TokenOut", {"token": serializers.CharField()})
 
 
-class RegisterIn(serializers.Serializer):
-    username = serializers.RegexField(r"^[\w.@+-]+$", max_length=150)
-    email = serializers.EmailField()
-    password = serializers.CharField(max_length=128, trim_whitespace=False)
+class StrictEmailField(StrictCharField, serializers.EmailField):
+    """An email address sent as a JSON string."""
 
 
-class TokenIn(serializers.Serializer):
-    username = serializers.CharField(max_length=150)
-    password = serializers.CharField(max_length=128, trim_whitespace=False)
+class RegisterIn(ClosedSerializer):
+    username = StrictCharField(
+        max_length=150,
+        validators=[RegexValidator(r"^[\w.@+-]+$", "Letters, digits and @ . + - _ only.")],
+    )
+    email = StrictEmailField()
+    password = StrictCharField(max_length=128, trim_whitespace=False)
+
+
+class TokenIn(ClosedSerializer):
+    username = StrictCharField(max_length=150)
+    password = StrictCharField(max_length=128, trim_whitespace=False)
 
 
 class RegisterView(APIView):

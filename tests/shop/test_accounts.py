@@ -44,6 +44,28 @@ def test_register_missing_fields_lists_them(api_client):
     assert set(body["errors"]) == {"username", "email", "password"}
 
 
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("username", 12345678),
+        ("email", ["a@example.com"]),
+        ("password", 12345678),
+        ("is_staff", True),
+    ],
+)
+def test_register_fields_have_strict_json_types(api_client, field, value):
+    body = {"username": "newbie", "email": "n@example.com", "password": "Corr3ct-horse!"}
+    response = api_client.post("/api/v1/auth/register/", {**body, field: value}, format="json")
+    assert field in assert_problem(response, 400, "invalid_request")["errors"]
+
+
+@pytest.mark.parametrize("field, value", [("username", 5), ("password", 5), ("otp", "1")])
+def test_token_fields_have_strict_json_types(api_client, field, value):
+    body = {"username": "someone", "password": "secret"}
+    response = api_client.post("/api/v1/auth/token/", {**body, field: value}, format="json")
+    assert field in assert_problem(response, 400, "invalid_request")["errors"]
+
+
 def test_token_for_good_credentials(api_client):
     api_client.post("/api/v1/auth/register/", GOOD, format="json")
     response = api_client.post(
