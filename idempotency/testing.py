@@ -39,16 +39,24 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def database_url_for_current_connection() -> str:
-    """Return a DATABASE_URL naming the database this process is connected to (the test DB)."""
+    """Return a DATABASE_URL naming the database this process is connected to (the test DB).
+
+    Built from the connection's effective parameters, so a Unix-socket server
+    (the embedded PostgreSQL of a fresh machine) is named by its socket folder
+    (`?host=/path`), a TCP one by host and port.
+    """
     from django.db import connection
 
-    s = connection.settings_dict
-    user = quote(s.get("USER") or "", safe="")
-    password = quote(s.get("PASSWORD") or "", safe="")
+    params = connection.get_connection_params()
+    user = quote(params.get("user") or "", safe="")
+    password = quote(params.get("password") or "", safe="")
     auth = f"{user}:{password}@" if password else (f"{user}@" if user else "")
-    host = s.get("HOST") or "127.0.0.1"
-    port = s.get("PORT") or 5432
-    return f"postgres://{auth}{host}:{port}/{s['NAME']}"
+    host = params.get("host") or "127.0.0.1"
+    name = quote(connection.settings_dict["NAME"], safe="")
+    if host.startswith("/"):
+        return f"postgres://{auth}/{name}?host={quote(host, safe='/')}"
+    port = params.get("port") or 5432
+    return f"postgres://{auth}{host}:{port}/{name}"
 
 
 def server_env(**extra: str) -> dict[str, str]:

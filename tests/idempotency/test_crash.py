@@ -222,6 +222,9 @@ def test_stalled_request_taken_over_after_its_ttl_cannot_commit(gunicorn, stub_s
     assert IdempotencyKey.objects.get().runs == 2
 
 
+# Also run on the embedded servers in CI: real server processes must find the
+# socket-only PostgreSQL of a fresh machine.
+@pytest.mark.embedded
 def test_concurrent_requests_to_real_workers_make_one_effect(gunicorn, stub_service, token):
     """Twenty clients released together against four worker processes."""
     n = 20

@@ -16,8 +16,9 @@ import pytest
 import requests
 from django.core.management import call_command
 from django.core.management.base import CommandError
-from django.db import connection
 from django.db.models.functions import Now
+
+from idempotency.testing import database_url_for_current_connection
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -179,11 +180,7 @@ def assert_reconciled() -> dict:
 
 def subprocess_database_url() -> str:
     """The URL of the test database this process uses (for shop subprocesses)."""
-    s = connection.settings_dict
-    host = s.get("HOST") or "127.0.0.1"
-    port = s.get("PORT") or 5432
-    auth = s["USER"] + (f":{s['PASSWORD']}" if s.get("PASSWORD") else "")
-    return f"postgres://{auth}@{host}:{port}/{s['NAME']}"
+    return database_url_for_current_connection()
 
 
 def shop_env(simulator: Simulator, **extra: str) -> dict[str, str]:
