@@ -19,12 +19,13 @@ from __future__ import annotations
 import json
 import logging
 import random
+import uuid
 from dataclasses import dataclass
 from datetime import timedelta
 from decimal import Decimal
 
 from django.conf import settings
-from django.db import IntegrityError, connection, transaction
+from django.db import connection, transaction
 from django.db.models import Q
 from django.db.models.functions import Now
 from django.utils.module_loading import import_string
@@ -93,10 +94,6 @@ def validate_payment_method(payment_method: str) -> str:
     return payment_method
 
 
-def _violated_constraint(exc: IntegrityError) -> str | None:
-    return getattr(getattr(exc.__cause__, "diag", None), "constraint_name", None)
-
-
 def _require_no_transaction(what: str) -> None:
     if connection.in_atomic_block:
         raise TransactionOpen(f"{what} calls the provider: call it with no transaction open")
@@ -156,7 +153,6 @@ def _transition(
 # -- create ----------------------------------------------------------------------
 
 
-@transaction.atomic
 def payment_create(
     *, reference: str, amount: Decimal, currency: str, payment_method: str, owner=None
 ) -> Payment:
@@ -172,31 +168,36 @@ def payment_create(
         raise InvalidRequest(
             f"Invalid payment amount {amount}.", errors={"amount": ["Must be positive."]}
         )
-    payment = Payment(
-        reference=reference,
-        amount=amount,
-        currency=currency,
-        payment_method=payment_method,
-        owner=owner,
+    # Insert first; exactly the reference's unique constraint means "made already".
+    # One statement (no savepoint): it commits or rolls back with the caller's transaction.
+    sql = (
+        f"INSERT INTO {_table(Payment)} (id, reference, owner_id, amount, currency,"
+        " payment_method, status, amount_authorized, amount_captured, amount_refunded)"
+        " VALUES (%s, %s, %s, %s, %s, %s, %s, 0, 0, 0)"
+        " ON CONFLICT ON CONSTRAINT payments_payment_reference_uniq DO NOTHING RETURNING *"
     )
-    try:
-        with transaction.atomic():
-            payment.save(force_insert=True)
-    except IntegrityError as exc:
-        if _violated_constraint(exc) != "payments_payment_reference_uniq":
-            raise
-        existing = Payment.objects.get(reference=reference)
-        same = (existing.amount, existing.currency, existing.payment_method) == (
-            amount,
-            currency,
-            payment_method,
-        ) and existing.owner_id == (owner.pk if owner is not None else None)
-        if not same:
-            raise PaymentReferenceConflict(
-                f"Payment {reference!r} exists with other parameters."
-            ) from exc
-        return existing
-    return payment
+    owner_id = owner.pk if owner is not None else None
+    params = [
+        uuid.uuid4(),
+        reference,
+        owner_id,
+        amount,
+        currency,
+        payment_method,
+        PaymentStatus.NONE,
+    ]
+    created = list(Payment.objects.raw(sql, params))
+    if created:
+        return created[0]
+    existing = Payment.objects.get(reference=reference)
+    same = (existing.amount, existing.currency, existing.payment_method) == (
+        amount,
+        currency,
+        payment_method,
+    ) and existing.owner_id == owner_id
+    if not same:
+        raise PaymentReferenceConflict(f"Payment {reference!r} exists with other parameters.")
+    return existing
 
 
 # -- capture ---------------------------------------------------------------------
