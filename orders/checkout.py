@@ -52,8 +52,13 @@ SUCCESS_STATUS = {CREATE: 201, CONFIRM: 200}
 
 
 def _answer(run: KeyRun, order: Order) -> None:
-    """Give the answer the order's current state calls for (inside the last phase)."""
-    order = selectors.order_get(order_id=order.id)
+    """Give the answer the order's current state calls for (inside the last phase).
+
+    An order the phase just moved carries its current lines and payment; any
+    other is read again (another transaction may have moved it).
+    """
+    if not selectors.order_is_loaded(order):
+        order = selectors.order_get(order_id=order.id)
     if order.status in (
         OrderStatus.CONFIRMED,
         OrderStatus.PARTIALLY_CONFIRMED,

@@ -24,6 +24,27 @@ def order_get(*, order_id) -> Order:
     return _orders().get(id=order_id)
 
 
+def order_with_lines(*, order: Order, lines: list[OrderLine]) -> Order:
+    """Give `order` the lines just read and changed in this transaction, as if prefetched.
+
+    Spares the answer of a transition a second read of rows that are current
+    in memory (`order.payment` must be current too). `order_is_loaded` says
+    whether an order carries them.
+    """
+    cached = OrderLine.objects.filter(order_id=order.id).order_by("position")
+    cached._result_cache = list(lines)
+    cached._prefetch_done = True
+    order._prefetched_objects_cache = {"lines": cached}
+    return order
+
+
+def order_is_loaded(order: Order) -> bool:
+    """Return True if `order` carries its lines (prefetched or attached) and its payment."""
+    return "lines" in getattr(order, "_prefetched_objects_cache", {}) and (
+        order.payment_id is None or Order.payment.is_cached(order)
+    )
+
+
 def order_list_for_user(*, user) -> QuerySet[Order]:
     """Return the orders `user` may read (their own; staff: all), lines prefetched."""
     orders = _orders()

@@ -36,6 +36,7 @@ from payments import services as payment_services
 from payments.lock_objects import payment_lock
 from payments.models import Payment, PaymentStatus
 
+from . import selectors
 from .models import Order, OrderEvent, OrderLine
 from .states import (
     LINE_TRANSITIONS,
@@ -325,6 +326,7 @@ def _payment_record(*, order: Order, captured: bool) -> Order:
         if moved is not None:
             inventory_services.reservations_commit(reservation_ids=_reservation_ids(moved))
             _publish(order=order, lines=lines, event_type=f"order.{target}")
+            selectors.order_with_lines(order=order, lines=lines)
         return order
     moved = _transition(
         order=order,
@@ -338,6 +340,7 @@ def _payment_record(*, order: Order, captured: bool) -> Order:
     if moved is not None:
         inventory_services.reservations_release(reservation_ids=_reservation_ids(moved))
         _publish(order=order, lines=lines, event_type="order.payment_failed")
+        selectors.order_with_lines(order=order, lines=lines)
     return order
 
 

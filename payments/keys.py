@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import uuid
 
+from django.db.models import Subquery
+
 from .models import PaymentInstallation
 
 
@@ -23,6 +25,14 @@ def install_id() -> str:
         [PaymentInstallation(id=1, install_id=uuid.uuid4().hex[:16])], ignore_conflicts=True
     )
     return PaymentInstallation.objects.values_list("install_id", flat=True).get(id=1)
+
+
+def install_id_subquery() -> Subquery:
+    """Return the install id as a subquery, to read in the same statement as another row.
+
+    It is NULL until `install_id()` first created the row (then call that).
+    """
+    return Subquery(PaymentInstallation.objects.filter(id=1).values("install_id")[:1])
 
 
 def provider_key(*, install: str, reference: str, kind: str) -> str:

@@ -16,15 +16,17 @@ database transaction. A capture is three steps:
 
 from __future__ import annotations
 
+import json
 import logging
 import random
+import uuid
 from dataclasses import dataclass
 from datetime import timedelta
 from decimal import Decimal
 
 from django.conf import settings
-from django.db import IntegrityError, connection, transaction
-from django.db.models import F, Q
+from django.db import connection, transaction
+from django.db.models import Q
 from django.db.models.functions import Now
 from django.utils.module_loading import import_string
 
@@ -33,7 +35,7 @@ from idempotency.failpoints import failpoint
 from idempotency.money import check_currency, minor_units
 
 from .gateway import Outcome, ProviderResult, get_gateway
-from .keys import install_id, provider_key
+from .keys import install_id, install_id_subquery, provider_key
 from .lock_objects import payment_lock
 from .models import (
     PAYMENT_TRANSITIONS,
@@ -92,10 +94,6 @@ def validate_payment_method(payment_method: str) -> str:
     return payment_method
 
 
-def _violated_constraint(exc: IntegrityError) -> str | None:
-    return getattr(getattr(exc.__cause__, "diag", None), "constraint_name", None)
-
-
 def _require_no_transaction(what: str) -> None:
     if connection.in_atomic_block:
         raise TransactionOpen(f"{what} calls the provider: call it with no transaction open")
@@ -113,32 +111,48 @@ def _outcome_of(payment: Payment) -> str:
     return UNKNOWN
 
 
-def _transition(*, payment: Payment, to: str, detail: dict, **changes) -> bool:
+def _table(model) -> str:
+    return connection.ops.quote_name(model._meta.db_table)
+
+
+def _transition(
+    *,
+    payment: Payment,
+    to: str,
+    detail: dict,
+    increments: dict[str, Decimal] | None = None,
+) -> Payment | None:
     """Move a payment to `to` if it is still in the status we read; write the event.
 
-    Return False when another transaction moved it first (nothing written).
+    One statement: the conditional UPDATE (amount columns grow by
+    `increments`, in SQL) and the event INSERT fed by its RETURNING, so the
+    event exists exactly when the change happened. Return the payment as
+    updated, or None when another transaction moved it first (nothing written).
     """
     if to not in PAYMENT_TRANSITIONS[payment.status]:
         raise InvalidPaymentTransition(f"A payment cannot go from {payment.status} to {to}.")
-    moved = Payment.objects.filter(id=payment.id, status=payment.status).update(
-        status=to, updated_at=Now(), **changes
+    sets = ["status = %s", "updated_at = statement_timestamp()"]
+    params: list = [to]
+    for column, amount in (increments or {}).items():
+        Payment._meta.get_field(column)  # only real columns reach the SQL
+        sets.append(f"{column} = {column} + %s")
+        params.append(amount)
+    sql = (
+        f"WITH moved AS (UPDATE {_table(Payment)} SET {', '.join(sets)}"
+        "  WHERE id = %s AND status = %s RETURNING *),"
+        f" event AS (INSERT INTO {_table(PaymentEvent)}"
+        "  (payment_id, kind, from_status, to_status, detail)"
+        "  SELECT id, 'transition', %s, %s, %s::jsonb FROM moved)"
+        " SELECT * FROM moved"
     )
-    if not moved:
-        return False
-    PaymentEvent.objects.create(
-        payment_id=payment.id,
-        kind="transition",
-        from_status=payment.status,
-        to_status=to,
-        detail=detail,
-    )
-    return True
+    params += [payment.id, payment.status, payment.status, to, json.dumps(detail)]
+    moved = list(Payment.objects.raw(sql, params))
+    return moved[0] if moved else None
 
 
 # -- create ----------------------------------------------------------------------
 
 
-@transaction.atomic
 def payment_create(
     *, reference: str, amount: Decimal, currency: str, payment_method: str, owner=None
 ) -> Payment:
@@ -154,70 +168,110 @@ def payment_create(
         raise InvalidRequest(
             f"Invalid payment amount {amount}.", errors={"amount": ["Must be positive."]}
         )
-    payment = Payment(
-        reference=reference,
-        amount=amount,
-        currency=currency,
-        payment_method=payment_method,
-        owner=owner,
+    # Insert first; exactly the reference's unique constraint means "made already".
+    # One statement (no savepoint): it commits or rolls back with the caller's transaction.
+    sql = (
+        f"INSERT INTO {_table(Payment)} (id, reference, owner_id, amount, currency,"
+        " payment_method, status, amount_authorized, amount_captured, amount_refunded)"
+        " VALUES (%s, %s, %s, %s, %s, %s, %s, 0, 0, 0)"
+        " ON CONFLICT ON CONSTRAINT payments_payment_reference_uniq DO NOTHING RETURNING *"
     )
-    try:
-        with transaction.atomic():
-            payment.save(force_insert=True)
-    except IntegrityError as exc:
-        if _violated_constraint(exc) != "payments_payment_reference_uniq":
-            raise
-        existing = Payment.objects.get(reference=reference)
-        same = (existing.amount, existing.currency, existing.payment_method) == (
-            amount,
-            currency,
-            payment_method,
-        ) and existing.owner_id == (owner.pk if owner is not None else None)
-        if not same:
-            raise PaymentReferenceConflict(
-                f"Payment {reference!r} exists with other parameters."
-            ) from exc
-        return existing
-    return payment
+    owner_id = owner.pk if owner is not None else None
+    params = [
+        uuid.uuid4(),
+        reference,
+        owner_id,
+        amount,
+        currency,
+        payment_method,
+        PaymentStatus.NONE,
+    ]
+    created = list(Payment.objects.raw(sql, params))
+    if created:
+        return created[0]
+    existing = Payment.objects.get(reference=reference)
+    same = (existing.amount, existing.currency, existing.payment_method) == (
+        amount,
+        currency,
+        payment_method,
+    ) and existing.owner_id == owner_id
+    if not same:
+        raise PaymentReferenceConflict(f"Payment {reference!r} exists with other parameters.")
+    return existing
 
 
 # -- capture ---------------------------------------------------------------------
 
 
 def _transaction_get_or_insert(
-    *, payment: Payment, kind: str, key: str, amount: Decimal
+    *, payment: Payment, kind: str, key: str, amount: Decimal, first_attempt_in: float
 ) -> PaymentTransaction:
-    try:
-        with transaction.atomic():
-            return PaymentTransaction.objects.create(
-                payment=payment,
-                kind=kind,
-                provider_key=key,
-                amount=amount,
-                currency=payment.currency,
-            )
-    except IntegrityError as exc:
-        if _violated_constraint(exc) != "payments_transaction_payment_kind_key_uniq":
-            raise
-    return PaymentTransaction.objects.get(payment=payment, kind=kind, provider_key=key)
+    """Insert the call's transaction row and its settlement row, or find the ones inserted before.
+
+    Insert first: one statement inserts both, each under `ON CONFLICT ON
+    CONSTRAINT <its unique constraint> DO NOTHING`, so exactly those
+    constraints mean "already there" and any other violation still raises.
+    The settlement row is what a sweeper finds if nobody records the outcome.
+    """
+    sql = (
+        f"WITH txn AS (INSERT INTO {_table(PaymentTransaction)}"
+        "  (payment_id, kind, provider_key, amount, currency, status, provider_operation_id,"
+        "   last_error) VALUES (%s, %s, %s, %s, %s, %s, '', '')"
+        "  ON CONFLICT ON CONSTRAINT payments_transaction_payment_kind_key_uniq DO NOTHING"
+        "  RETURNING id),"
+        f" settlement AS (INSERT INTO {_table(PaymentSettlement)}"
+        "  (transaction_id, next_attempt_at, attempts, needs_attention, last_error)"
+        "  SELECT id, statement_timestamp() + make_interval(secs => %s), 0, false, '' FROM txn"
+        "  ON CONFLICT ON CONSTRAINT payments_settlement_transaction_uniq DO NOTHING)"
+        " SELECT id FROM txn"
+    )
+    params = [
+        payment.id,
+        kind,
+        key,
+        amount,
+        payment.currency,
+        TransactionStatus.PENDING,
+        first_attempt_in,
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    if row is not None:
+        return PaymentTransaction(
+            id=row[0],
+            payment=payment,
+            kind=kind,
+            provider_key=key,
+            amount=amount,
+            currency=payment.currency,
+            status=TransactionStatus.PENDING,
+        )
+    # Inserted by an earlier attempt (with its settlement row, in the same transaction).
+    txn = PaymentTransaction.objects.get(payment=payment, kind=kind, provider_key=key)
+    _settlement_insert(txn=txn, first_attempt_in=first_attempt_in)
+    return txn
 
 
 def _settlement_insert(*, txn: PaymentTransaction, first_attempt_in: float) -> None:
-    """Leave the row a sweeper will find if nobody records this call's outcome."""
-    try:
-        with transaction.atomic():
-            PaymentSettlement.objects.create(
-                transaction=txn, next_attempt_at=Now() + timedelta(seconds=first_attempt_in)
-            )
-    except IntegrityError as exc:
-        if _violated_constraint(exc) != "payments_settlement_transaction_uniq":
-            raise
+    """Leave the row a sweeper will find if nobody records this call's outcome (if missing)."""
+    sql = (
+        f"INSERT INTO {_table(PaymentSettlement)}"
+        " (transaction_id, next_attempt_at, attempts, needs_attention, last_error)"
+        " VALUES (%s, statement_timestamp() + make_interval(secs => %s), 0, false, '')"
+        " ON CONFLICT ON CONSTRAINT payments_settlement_transaction_uniq DO NOTHING"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [txn.id, first_attempt_in])
 
 
 @transaction.atomic
 def _capture_begin(*, payment_id) -> tuple[Payment, PaymentTransaction] | CaptureResult:
-    payment = Payment.objects.get(id=payment_id)
-    key = provider_key(install=install_id(), reference=payment.reference, kind="capture")
+    # The install id never changes once made: read it with the payment, in one statement.
+    payment = Payment.objects.annotate(install=install_id_subquery()).get(id=payment_id)
+    key = provider_key(
+        install=payment.install or install_id(), reference=payment.reference, kind="capture"
+    )
     if payment.status == PaymentStatus.NONE:
         if not _transition(payment=payment, to=PaymentStatus.PENDING, detail={"provider_key": key}):
             payment.refresh_from_db()
@@ -228,9 +282,12 @@ def _capture_begin(*, payment_id) -> tuple[Payment, PaymentTransaction] | Captur
             outcome=_outcome_of(payment), payment=payment, detail="already settled"
         )
     txn = _transaction_get_or_insert(
-        payment=payment, kind=TransactionKind.CAPTURE, key=key, amount=payment.amount
+        payment=payment,
+        kind=TransactionKind.CAPTURE,
+        key=key,
+        amount=payment.amount,
+        first_attempt_in=settings.PAYMENTS_SETTLE_GRACE,
     )
-    _settlement_insert(txn=txn, first_attempt_in=settings.PAYMENTS_SETTLE_GRACE)
     return payment, txn
 
 
@@ -258,7 +315,7 @@ def payment_capture(*, payment_id) -> CaptureResult:
         payment_method=payment.payment_method,
     )
     failpoint("payments.capture.after_provider")
-    payment = _capture_record(transaction_id=txn.id, result=result, mode="inline")
+    payment = _capture_record(transaction_id=txn.id, result=result, mode="inline", txn=txn)
     return CaptureResult(outcome=_outcome_of(payment), payment=payment, detail=result.describe())
 
 
@@ -310,12 +367,6 @@ def settle_countdown(delay: float) -> float:
     return max(0.0, min(float(delay), float(settings.CELERY_MAX_COUNTDOWN)))
 
 
-def _settlement_close(*, txn: PaymentTransaction) -> None:
-    PaymentSettlement.objects.filter(transaction=txn, settled_at__isnull=True).update(
-        settled_at=Now(), claimed_until=None, needs_attention=False, updated_at=Now()
-    )
-
-
 def _flag_attention(*, payment: Payment, txn: PaymentTransaction, reason: str) -> None:
     flagged = PaymentSettlement.objects.filter(
         transaction=txn, settled_at__isnull=True, needs_attention=False
@@ -331,55 +382,77 @@ def _flag_attention(*, payment: Payment, txn: PaymentTransaction, reason: str) -
         logger.error("payment %s needs attention: %s", payment.reference, reason)
 
 
+def _transaction_close(*, txn: PaymentTransaction, status: str, operation_id: str, error: str):
+    """Record the call's final status and settle its settlement row, in one statement."""
+    sql = (
+        f"WITH txn AS (UPDATE {_table(PaymentTransaction)} SET status = %s,"
+        "  provider_operation_id = %s, last_error = %s, updated_at = statement_timestamp()"
+        "  WHERE id = %s RETURNING id)"
+        f" UPDATE {_table(PaymentSettlement)} SET settled_at = statement_timestamp(),"
+        "  claimed_until = NULL, needs_attention = false, updated_at = statement_timestamp()"
+        " WHERE transaction_id IN (SELECT id FROM txn) AND settled_at IS NULL"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [status, operation_id, error, txn.id])
+
+
 @transaction.atomic
-def _capture_record(*, transaction_id: int, result: ProviderResult, mode: str) -> Payment:
-    """Record one provider answer about a capture (mode: inline | lookup | settlement)."""
-    txn = PaymentTransaction.objects.get(id=transaction_id)
+def _capture_record(
+    *,
+    transaction_id: int,
+    result: ProviderResult,
+    mode: str,
+    txn: PaymentTransaction | None = None,
+) -> Payment:
+    """Record one provider answer about a capture (mode: inline | lookup | settlement).
+
+    A final answer is one conditional UPDATE of the payment (`pending` → the
+    outcome; it takes the payment's row lock, as `payment_lock` would) with
+    its event, then the transaction and settlement rows: the first recorder
+    wins, every later one finds the payment no longer `pending` and changes
+    nothing. `txn` spares the read when the caller has the row already.
+    """
+    if txn is None or txn.id != transaction_id:
+        txn = PaymentTransaction.objects.get(id=transaction_id)
+    final = {Outcome.SUCCESS: PaymentStatus.CAPTURED, Outcome.DECLINED: PaymentStatus.FAILED}
+    mismatch = result.outcome == Outcome.SUCCESS and (result.amount, result.currency) != (
+        txn.amount,
+        txn.currency,
+    )
+    if result.outcome in final and not mismatch:
+        detail = {"provider_key": txn.provider_key, "via": mode, "answer": result.describe()}
+        captured = result.outcome == Outcome.SUCCESS
+        payment = _transition(
+            payment=Payment(id=txn.payment_id, status=PaymentStatus.PENDING),
+            to=final[result.outcome],
+            detail=detail,
+            increments={"amount_authorized": txn.amount, "amount_captured": txn.amount}
+            if captured
+            else None,
+        )
+        if payment is None:
+            # Recorded already (by the other process, the inline call, an earlier
+            # attempt): the first recorder won; nothing changes twice.
+            return Payment.objects.get(id=txn.payment_id)
+        _transaction_close(
+            txn=txn,
+            status=TransactionStatus.SUCCEEDED if captured else TransactionStatus.DECLINED,
+            operation_id=result.operation_id,
+            error="" if captured else result.describe(),
+        )
+        if mode == "settlement":
+            _notify_settled(payment=payment, outcome=CAPTURED if captured else DECLINED)
+        return payment
     payment = payment_lock(payment_id=txn.payment_id)
     if payment.status != PaymentStatus.PENDING:
-        # Recorded already (by the other process, the inline call, an earlier
-        # attempt): the first recorder won; nothing changes twice.
         return payment
-    detail = {"provider_key": txn.provider_key, "via": mode, "answer": result.describe()}
-    if result.outcome == Outcome.SUCCESS:
-        if (result.amount, result.currency) != (txn.amount, txn.currency):
-            _flag_attention(
-                payment=payment,
-                txn=txn,
-                reason=f"provider captured {result.amount} {result.currency}, "
-                f"shop asked {txn.amount} {txn.currency}",
-            )
-            return payment
-        _transition(
+    if mismatch:
+        _flag_attention(
             payment=payment,
-            to=PaymentStatus.CAPTURED,
-            detail=detail,
-            amount_authorized=F("amount_authorized") + txn.amount,
-            amount_captured=F("amount_captured") + txn.amount,
+            txn=txn,
+            reason=f"provider captured {result.amount} {result.currency}, "
+            f"shop asked {txn.amount} {txn.currency}",
         )
-        PaymentTransaction.objects.filter(id=txn.id).update(
-            status=TransactionStatus.SUCCEEDED,
-            provider_operation_id=result.operation_id,
-            last_error="",
-            updated_at=Now(),
-        )
-        _settlement_close(txn=txn)
-        payment.refresh_from_db()
-        if mode == "settlement":
-            _notify_settled(payment=payment, outcome=CAPTURED)
-        return payment
-    if result.outcome == Outcome.DECLINED:
-        _transition(payment=payment, to=PaymentStatus.FAILED, detail=detail)
-        PaymentTransaction.objects.filter(id=txn.id).update(
-            status=TransactionStatus.DECLINED,
-            provider_operation_id=result.operation_id,
-            last_error=result.describe(),
-            updated_at=Now(),
-        )
-        _settlement_close(txn=txn)
-        payment.refresh_from_db()
-        if mode == "settlement":
-            _notify_settled(payment=payment, outcome=DECLINED)
         return payment
     # Unknown: never treated as failed. The settlement row decides when to ask again.
     PaymentTransaction.objects.filter(id=txn.id).update(

@@ -9,6 +9,13 @@ the end whatever happens.
   sku, a million units each), `pm_card_ok`, a fresh key per request: the
   whole flow (claim, hold, order, payment row; capture at the provider;
   record, commit the flag). Target: orders/s >= 0.08 x pgbench TPS.
+- `replay` at the same levels: 64 orders finished before the load, sent
+  again with the same key and body (answered from the stored answer: one
+  indexed read, no write). Target: replay >= 3x first (`order`).
+- `unkeyed` at the same levels: the same checkout without its request key
+  (`POST /api/v1/_test/orders-unkeyed/`, mounted because this scenario's
+  gunicorn runs with SHOP_TEST_ENDPOINTS=true; `idempotency.keys.UnkeyedRun`
+  runs the same phases as plain transactions). Target: keyed >= 0.9x unkeyed.
 - `hot`: 500 attempts for one sku with 100 units at 16 in flight: exactly
   100 answers 201 (the rest 409 insufficient_stock), on_hand and reserved
   end at 0. Target: sales/s while the stock lasts (first request to the
@@ -36,16 +43,28 @@ import uuid
 from decimal import Decimal
 from pathlib import Path
 
+import requests as http
+
 from bench.loadgen import Request
 from bench.server import ROOT, Gunicorn
 
 NAME = "checkout"
-DESCRIPTION = "keyed POST /orders/ paid at the simulator: 4/16/64 in flight, hot sku, profile"
+DESCRIPTION = (
+    "keyed POST /orders/ paid at the simulator: 4/16/64 in flight, replays, unkeyed, "
+    "hot sku, profile"
+)
 ORDER = 50
 
 LEVELS = (4, 16, 64)
 HOT_UNITS, HOT_ATTEMPTS, HOT_CONCURRENCY = 100, 500, 16
-TARGETS = {"orders_per_pgbench_tps": 0.08, "hot_vs_uncontended": 0.5}
+REPLAY_KEYS = 64
+UNKEYED = "/api/v1/_test/orders-unkeyed/"
+TARGETS = {
+    "orders_per_pgbench_tps": 0.08,
+    "hot_vs_uncontended": 0.5,
+    "replay_vs_first": 3.0,
+    "keyed_vs_unkeyed": 0.9,
+}
 ADDRESS = {
     "name": "Bench Shopper",
     "line1": "1 Load Street",
@@ -81,18 +100,19 @@ def _simulator(workdir: Path):
         proc.stdout.close()
 
 
-def _order_request(token_headers: dict, sku: str, quantity: int = 1) -> Request:
+def _order_request(
+    token_headers: dict, sku: str, quantity: int = 1, *, keyed: bool = True
+) -> Request:
     body = {
         "lines": [{"sku": sku, "quantity": quantity}],
         "on_shortage": "reject",
         "payment_method": "pm_card_ok",
         "shipping_address": ADDRESS,
     }
-    headers = {
-        **token_headers,
-        "Content-Type": "application/json",
-        "Idempotency-Key": uuid.uuid4().hex,
-    }
+    headers = {**token_headers, "Content-Type": "application/json"}
+    if not keyed:
+        return Request("POST", UNKEYED, headers, json.dumps(body).encode())
+    headers["Idempotency-Key"] = uuid.uuid4().hex
     return Request("POST", "/api/v1/orders/", headers, json.dumps(body).encode())
 
 
@@ -199,7 +219,12 @@ def run(ctx) -> dict:
         provider_url = stack.enter_context(_simulator(workdir))
         server = Gunicorn(
             workers=ctx.workers,
-            env={**ctx.server.env, "PAYMENTS_PROVIDER_URL": provider_url},
+            # The test endpoints give the unkeyed baseline (the same checkout, no key).
+            env={
+                **ctx.server.env,
+                "PAYMENTS_PROVIDER_URL": provider_url,
+                "SHOP_TEST_ENDPOINTS": "true",
+            },
             log_path=workdir / "gunicorn.log",
         )
         stack.callback(server.stop)
@@ -211,13 +236,56 @@ def run(ctx) -> dict:
             rng = random.Random(worker * 1_000_003 + seq)
             return _order_request(token_headers[worker % len(tokens)], rng.choice(skus))
 
-        runs, uncontended = [], {}
+        def unkeyed(worker: int, seq: int) -> Request:
+            rng = random.Random(worker * 1_000_003 + seq)
+            return _order_request(
+                token_headers[worker % len(tokens)], rng.choice(skus), keyed=False
+            )
+
+        # Orders finished before the load; `replay` sends them again, byte for byte.
+        finished = []
+        for i in range(REPLAY_KEYS):
+            request = _order_request(token_headers[i % len(tokens)], skus[i % len(skus)])
+            answer = http.post(
+                shop.base_url + request.path, data=request.body, headers=request.headers, timeout=30
+            )
+            if answer.status_code != 201:
+                raise AssertionError(f"seeding a replayed order answered {answer.status_code}")
+            finished.append(request)
+
+        def replay(worker: int, seq: int) -> Request:
+            return finished[(worker * 7 + seq) % len(finished)]
+
+        def must_be_replayed(request: Request, response) -> None:
+            if response.headers.get("idempotent-replayed") != "true":
+                raise AssertionError(f"not a replay: {response.status} {response.body[:200]!r}")
+
+        runs, uncontended, ratios = [], {}, {}
         for concurrency in shop.concurrency_levels(LEVELS):
             result = shop.load(
                 label="order", concurrency=concurrency, factory=order, expected=(201,)
             )
-            runs.append(result)
+            again = shop.load(
+                label="replay",
+                concurrency=concurrency,
+                factory=replay,
+                expected=(201,),
+                on_response=must_be_replayed,
+            )
+            plain = shop.load(
+                label="unkeyed", concurrency=concurrency, factory=unkeyed, expected=(201,)
+            )
+            runs += [result, again, plain]
             uncontended[concurrency] = result["rps"]
+            ratios[str(concurrency)] = {
+                "replay_vs_first": round(again["rps"] / result["rps"], 3)
+                if result["rps"]
+                else None,
+                "keyed_vs_unkeyed": round(result["rps"] / plain["rps"], 3)
+                if plain["rps"]
+                else None,
+            }
+            ctx.log(f"  c={concurrency}: {ratios[str(concurrency)]}")
 
         hot_sku = f"HOT-{uuid.uuid4().hex[:8]}"
         product_create(
@@ -275,4 +343,10 @@ def run(ctx) -> dict:
             "  one order: {wall_ms} ms = SQL {sql_ms} ms ({sql_statements} statements) + "
             "provider {provider_ms} ms + Python {python_ms} ms".format(**profile)
         )
-    return {"runs": runs, "hot": hot_result, "profile": profile, "targets": dict(TARGETS)}
+    return {
+        "runs": runs,
+        "ratios": ratios,
+        "hot": hot_result,
+        "profile": profile,
+        "targets": dict(TARGETS),
+    }

@@ -536,3 +536,22 @@ def test_confirm_racing_expiry_one_wins_and_its_answer_is_replayed(shopper_api, 
         assert counters("MUG") == (0, 0)
     assert_replayed(response, post(shopper_api, url, key="race"))
     books_balance()
+
+
+# -- the bench's unkeyed baseline -----------------------------------------------------------
+
+
+def test_unkeyed_variant_runs_the_same_checkout_without_a_key(shopper_api, provider):
+    """`/_test/orders-unkeyed/` (bench only): same phases and answer, nothing stored under a key."""
+    response = shopper_api.post(
+        "/api/v1/_test/orders-unkeyed/", order_request({"TEE-M": 2}), format="json"
+    )
+    assert response.status_code == 201, response.content
+    assert "Idempotent-Replayed" not in response
+    body = response.json()
+    assert body["status"] == "confirmed" and body["payment"]["status"] == "captured"
+    assert shopper_api.get(f"/api/v1/orders/{body['id']}/").json() == body
+    assert not IdempotencyKey.objects.exists()
+    assert len(charges(provider, Order.objects.get())) == 1
+    assert counters("TEE-M") == (3, 0)
+    books_balance()
