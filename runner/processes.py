@@ -10,6 +10,7 @@ files, sockets, processes) and clears it first.
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import hashlib
 import os
 import signal
@@ -31,6 +32,22 @@ SHORT_TMP = Path("/tmp") if Path("/tmp").is_dir() else Path(os.environ.get("TMPD
 
 class ServerBusy(RuntimeError):
     """Another live process runs this embedded server (its lock is held)."""
+
+
+def hold_lock(path: Path, *, what: str) -> int:
+    """Take an exclusive lock on `path` for this process's life; return its descriptor.
+
+    The kernel releases it when the holder dies, however it dies, so a later
+    start can tell a leftover from a live owner. Raise ServerBusy if held.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise ServerBusy(f"another process is running {what}") from None
+    return fd
 
 
 def run_dir_for(data_root: Path) -> Path:

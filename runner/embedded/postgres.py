@@ -15,7 +15,6 @@ and socket folders.
 
 from __future__ import annotations
 
-import fcntl
 import importlib.util
 import os
 import pwd
@@ -27,7 +26,14 @@ import sys
 import time
 from pathlib import Path
 
-from ..processes import ServerBusy, die_with_parent, process_matches, stop_group, stop_pid, tail
+from ..processes import (
+    die_with_parent,
+    hold_lock,
+    process_matches,
+    stop_group,
+    stop_pid,
+    tail,
+)
 
 SERVICE_USER = "pgserver"
 
@@ -136,17 +142,10 @@ class EmbeddedPostgres:
         # start knows that whatever still runs on this data folder is a leftover.
         if self._lock_fd is not None:
             return
-        self.socket_dir.parent.mkdir(parents=True, exist_ok=True)
-        lock_path = self.socket_dir.parent / "postgres.lock"
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise ServerBusy(
-                f"another process is running the embedded PostgreSQL of {self.data_dir}"
-            ) from None
-        self._lock_fd = fd
+        self._lock_fd = hold_lock(
+            self.socket_dir.parent / "postgres.lock",
+            what=f"the embedded PostgreSQL of {self.data_dir}",
+        )
 
     def _unlock(self) -> None:
         if self._lock_fd is not None:

@@ -11,7 +11,6 @@ file under the data folder, so a restart loses nothing queued.
 
 from __future__ import annotations
 
-import fcntl
 import importlib.util
 import os
 import signal
@@ -21,9 +20,9 @@ import time
 from pathlib import Path
 
 from ..processes import (
-    ServerBusy,
     die_with_parent,
     free_port,
+    hold_lock,
     process_matches,
     stop_group,
     stop_pid,
@@ -116,16 +115,9 @@ class EmbeddedRedis:
         # Held by the starting process for the server's life (see postgres.py).
         if self._lock_fd is not None:
             return
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.run_dir / "redis.lock", os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise ServerBusy(
-                f"another process is running the embedded Redis of {self.data_dir}"
-            ) from None
-        self._lock_fd = fd
+        self._lock_fd = hold_lock(
+            self.run_dir / "redis.lock", what=f"the embedded Redis of {self.data_dir}"
+        )
 
     def _unlock(self) -> None:
         if self._lock_fd is not None:
