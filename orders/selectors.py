@@ -12,10 +12,14 @@ from idempotency.money import format_money
 
 from .models import Order, OrderLine
 
+# Orders read for an answer carry their lines, in position order, as this
+# plain attribute (a `to_attr` prefetch); the order body reads it.
+LINES_ATTR = "line_list"
+
 
 def _orders() -> QuerySet[Order]:
     return Order.objects.select_related("payment").prefetch_related(
-        Prefetch("lines", queryset=OrderLine.objects.order_by("position"))
+        Prefetch("lines", queryset=OrderLine.objects.order_by("position"), to_attr=LINES_ATTR)
     )
 
 
@@ -31,16 +35,13 @@ def order_with_lines(*, order: Order, lines: list[OrderLine]) -> Order:
     in memory (`order.payment` must be current too). `order_is_loaded` says
     whether an order carries them.
     """
-    cached = OrderLine.objects.filter(order_id=order.id).order_by("position")
-    cached._result_cache = list(lines)
-    cached._prefetch_done = True
-    order._prefetched_objects_cache = {"lines": cached}
+    setattr(order, LINES_ATTR, sorted(lines, key=lambda line: line.position))
     return order
 
 
 def order_is_loaded(order: Order) -> bool:
     """Return True if `order` carries its lines (prefetched or attached) and its payment."""
-    return "lines" in getattr(order, "_prefetched_objects_cache", {}) and (
+    return hasattr(order, LINES_ATTR) and (
         order.payment_id is None or Order.payment.is_cached(order)
     )
 

@@ -103,7 +103,7 @@ class OrderOut(serializers.Serializer):
     number = serializers.IntegerField()
     status = serializers.CharField()
     fulfillment = serializers.CharField()
-    lines = OrderLineOut(many=True, source="lines.all")
+    lines = OrderLineOut(many=True, source=selectors.LINES_ATTR)
     total = MoneyField()
     currency = serializers.CharField()
     payment = serializers.SerializerMethodField()
@@ -116,5 +116,7 @@ class OrderOut(serializers.Serializer):
 
 
 def order_body(order) -> dict:
-    """Render the contract's order body."""
+    """Render the contract's order body (reading the lines if the order does not carry them)."""
+    if not hasattr(order, selectors.LINES_ATTR):
+        selectors.order_with_lines(order=order, lines=list(order.lines.all()))
     return dict(OrderOut(order).data)
