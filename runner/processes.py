@@ -16,6 +16,7 @@ import os
 import signal
 import socket
 import stat
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -181,6 +182,16 @@ def stop_group(pgid: int, *, sig: int = signal.SIGTERM, timeout: float = 20.0) -
     deadline = time.monotonic() + 5
     while group_alive(pgid) and time.monotonic() < deadline:
         time.sleep(0.05)
+
+
+def stop_child_group(proc: subprocess.Popen, *, sig: int, timeout: float) -> None:
+    """Stop a child that leads its own process group, then reap it (SIGKILL if it lingers)."""
+    stop_group(proc.pid, sig=sig, timeout=timeout)
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def stop_leader_then_group(pgid: int, *, timeout: float = 20.0) -> None:

@@ -30,7 +30,7 @@ from ..processes import (
     die_with_parent,
     hold_lock,
     process_matches,
-    stop_group,
+    stop_child_group,
     stop_pid,
     tail,
 )
@@ -101,12 +101,7 @@ class EmbeddedPostgres:
         if proc is not None:
             # The server is its own process group's leader; the group holds its
             # backends, which must be gone too before we call it stopped.
-            stop_group(proc.pid, sig=signal.SIGINT, timeout=timeout)
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop_child_group(proc, sig=signal.SIGINT, timeout=timeout)
         self._unlock()
 
     @property

@@ -24,7 +24,7 @@ from ..processes import (
     free_port,
     hold_lock,
     process_matches,
-    stop_group,
+    stop_child_group,
     stop_pid,
     tail,
 )
@@ -94,12 +94,7 @@ class EmbeddedRedis:
         """Stop the server; with append-only on, it flushes the file first."""
         proc, self._proc = self._proc, None
         if proc is not None:
-            stop_group(proc.pid, sig=signal.SIGTERM, timeout=timeout)
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop_child_group(proc, sig=signal.SIGTERM, timeout=timeout)
             self.pid_file.unlink(missing_ok=True)
         self._unlock()
 
