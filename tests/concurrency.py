@@ -15,6 +15,8 @@ from typing import Any
 
 from django.db import connection, connections
 
+from idempotency import testing
+
 
 def lock_waiters() -> int:
     """Count this database's backends waiting for a lock right now."""
@@ -40,15 +42,13 @@ def _activity() -> list[tuple]:
 
 
 def wait_until(predicate: Callable[[], Any], *, timeout: float = 20.0, what: str = "") -> Any:
-    """Poll `predicate` until it returns something truthy; fail the test after `timeout` s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what or predicate}: {_activity()}")
-        time.sleep(0.01)
+    """Poll `predicate` until it returns something truthy; fail with the database's activity."""
+    try:
+        return testing.wait_until(
+            predicate, timeout=timeout, interval=0.01, message=what or repr(predicate)
+        )
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: {_activity()}") from None
 
 
 def wait_for_lock_waiters(count: int, *, timeout: float = 20.0) -> int:
