@@ -2,6 +2,8 @@
 
 from django.contrib import admin, messages
 
+from idempotency.admin import ReadOnlyAdmin
+
 from . import services
 from .models import Payment, PaymentEvent, PaymentSettlement, PaymentTransaction
 
@@ -30,7 +32,7 @@ class EventInline(ReadOnlyInline):
 
 
 @admin.register(Payment)
-class PaymentAdmin(admin.ModelAdmin):
+class PaymentAdmin(ReadOnlyAdmin):
     list_display = [
         "reference",
         "status",
@@ -43,18 +45,9 @@ class PaymentAdmin(admin.ModelAdmin):
     search_fields = ["reference"]
     inlines = [TransactionInline, EventInline]
 
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
-
 
 @admin.register(PaymentSettlement)
-class PaymentSettlementAdmin(admin.ModelAdmin):
+class PaymentSettlementAdmin(ReadOnlyAdmin):
     list_display = [
         "id",
         "transaction",
@@ -66,15 +59,6 @@ class PaymentSettlementAdmin(admin.ModelAdmin):
     ]
     list_filter = ["needs_attention", ("settled_at", admin.EmptyFieldListFilter)]
     actions = ["retry_now"]
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
     @admin.action(description="Retry settlement now (fresh attempt budget)")
     def retry_now(self, request, queryset):
