@@ -7,7 +7,7 @@ from decimal import Decimal
 
 from django.db.models import Prefetch, QuerySet
 
-from idempotency.errors import NotFound
+from idempotency.errors import ApplicationError, NotFound
 from idempotency.money import format_money
 
 from .models import Order, OrderLine
@@ -63,6 +63,22 @@ def order_get_for_user(*, user, order_id) -> Order:
     order = order_list_for_user(user=user).filter(id=order_uuid).first()
     if order is None:
         raise NotFound("No such order.")
+    return order
+
+
+def order_get_for_owner_decision(*, user, order_id) -> Order:
+    """Return an order only its shopper may decide on (confirm: say yes and be charged).
+
+    Whoever may not read the order gets 404, as for any read. Staff may read
+    it, so a 404 would contradict their GET and hide nothing: they get 403
+    `permission_denied`, which tells them only what the order body already
+    does (who owns it). Raised before the request key is claimed, like the 404.
+    """
+    order = order_get_for_user(user=user, order_id=order_id)
+    if order.owner_id != user.pk:
+        raise ApplicationError(
+            "Only the order's shopper can confirm it.", status=403, code="permission_denied"
+        )
     return order
 
 

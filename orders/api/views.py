@@ -73,11 +73,19 @@ class OrderConfirmView(GenericAPIView):
 
     @extend_schema(
         request=None,
-        responses={200: OrderOut, 202: OrderOut, 402: PROBLEM, 404: PROBLEM, 409: PROBLEM},
+        responses={
+            200: OrderOut,
+            202: OrderOut,
+            402: PROBLEM,
+            403: PROBLEM,
+            404: PROBLEM,
+            409: PROBLEM,
+        },
     )
     @idempotent(operation=checkout.CONFIRM)
     def post(self, request, order_id: str, *, key: KeyRequest):
-        order = selectors.order_get_for_user(user=request.user, order_id=order_id)
+        # Confirming charges the shopper's payment method: their decision, not staff's.
+        order = selectors.order_get_for_owner_decision(user=request.user, order_id=order_id)
         checkout.order_confirm_keyed(run=key.claim(), order_id=order.id)
 
 

@@ -264,6 +264,31 @@ def test_others_cannot_confirm_or_cancel(client_for, make_user, asked):
     assert not IdempotencyKey.objects.filter(owner__username=stranger.user.username).exists()
 
 
+def test_staff_cannot_confirm_someone_elses_order(staff_client, shopper_api, asked, provider):
+    """Confirming charges the shopper: their decision alone. Staff are refused, nothing stored."""
+    url = f"/api/v1/orders/{asked['id']}/confirm/"
+    assert staff_client.get(f"/api/v1/orders/{asked['id']}/").status_code == 200
+    assert_problem(post(staff_client, url, key="staff-confirm"), 403, "permission_denied")
+    order = Order.objects.get()
+    assert order.status == "awaiting_decision" and order.payment_id is None
+    assert not Payment.objects.exists() and charges(provider, order) == []
+    assert counters("MUG") == (2, 2)
+    # Refused before the key is claimed: the same key is free for a later request.
+    assert not IdempotencyKey.objects.filter(owner_id=staff_client.user.pk).exists()
+
+    response = post(shopper_api, url, key="owner-confirm")
+    assert response.status_code == 200, response.content
+    assert response.json()["status"] == "partially_confirmed"
+    assert len(charges(provider, order)) == 1
+
+
+def test_staff_may_still_cancel_someone_elses_order(staff_client, asked):
+    response = post(staff_client, f"/api/v1/orders/{asked['id']}/cancel/", key="staff-cancel")
+    assert response.status_code == 200, response.content
+    assert response.json()["status"] == "cancelled"
+    assert counters("MUG") == (2, 0)
+
+
 # -- payment declined ---------------------------------------------------------------------------
 
 

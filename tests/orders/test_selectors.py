@@ -2,8 +2,8 @@ import uuid
 
 import pytest
 
-from idempotency.errors import NotFound
-from orders.selectors import order_get_for_user, order_list_for_user
+from idempotency.errors import ApplicationError, NotFound
+from orders.selectors import order_get_for_owner_decision, order_get_for_user, order_list_for_user
 
 pytestmark = pytest.mark.django_db
 
@@ -34,3 +34,14 @@ def test_staff_read_every_order(orders, make_user):
 def test_unknown_or_malformed_id_is_not_found(orders, order_id):
     with pytest.raises(NotFound):
         order_get_for_user(user=orders[0], order_id=order_id)
+
+
+def test_only_the_shopper_decides(orders, make_user):
+    """Confirm is the shopper's: a stranger gets 404 (as for a read), staff 403."""
+    alice, bob, alices, _ = orders
+    assert order_get_for_owner_decision(user=alice, order_id=alices.id) == alices
+    with pytest.raises(NotFound):
+        order_get_for_owner_decision(user=bob, order_id=alices.id)
+    with pytest.raises(ApplicationError) as refused:
+        order_get_for_owner_decision(user=make_user(staff=True), order_id=alices.id)
+    assert (refused.value.status, refused.value.code) == (403, "permission_denied")
