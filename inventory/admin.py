@@ -1,6 +1,16 @@
+"""Staff views of the catalog, its stock counters and the reservation flags holding them.
+
+Stock counters and flags change only by conditional UPDATEs in
+`inventory.services` (a counter and its flags in one transaction, see
+docs/checkout.md): their admins are read-only. Stock is adjusted through
+the keyed stock endpoint.
+"""
+
 from django.contrib import admin
 
-from .models import Product, StockItem
+from idempotency.admin import ReadOnlyAdmin
+
+from .models import Product, Reservation, StockItem
 
 
 class StockInline(admin.StackedInline):
@@ -14,3 +24,66 @@ class ProductAdmin(admin.ModelAdmin):
     list_display = ("sku", "name", "price", "currency")
     search_fields = ("sku", "name")
     inlines = [StockInline]
+
+
+@admin.register(StockItem)
+class StockItemAdmin(ReadOnlyAdmin):
+    list_display = ("sku", "name", "on_hand", "reserved", "available", "updated_at")
+    search_fields = ("product__sku", "product__name")
+    list_select_related = ("product",)
+    ordering = ("product__sku",)
+
+    @admin.display(description="sku", ordering="product__sku")
+    def sku(self, stock):
+        return stock.product.sku
+
+    @admin.display(description="name", ordering="product__name")
+    def name(self, stock):
+        return stock.product.name
+
+    @admin.display(description="available")
+    def available(self, stock):
+        return stock.available
+
+
+@admin.register(Reservation)
+class ReservationAdmin(ReadOnlyAdmin):
+    list_display = (
+        "id",
+        "sku",
+        "order_number",
+        "quantity",
+        "state",
+        "expires_at",
+        "created_at",
+        "settled_at",
+    )
+    fields = (
+        "id",
+        "sku",
+        "order_number",
+        "stock",
+        "quantity",
+        "state",
+        "expires_at",
+        "created_at",
+        "settled_at",
+    )
+    readonly_fields = ("id", "sku", "order_number")
+    list_filter = ("state", "created_at")
+    # `=`: exact sku and order number, the way staff quote them.
+    search_fields = ("=stock__product__sku", "=order_line__order__number")
+    search_help_text = "Sku or order number (exact)."
+    # The flag's line is a reverse one-to-one: joined, not one query per row.
+    list_select_related = ("stock__product", "order_line__order")
+    ordering = ("-created_at",)
+    show_full_result_count = False
+
+    @admin.display(description="sku", ordering="stock__product__sku")
+    def sku(self, reservation):
+        return reservation.stock.product.sku
+
+    @admin.display(description="order", ordering="order_line__order__number")
+    def order_number(self, reservation):
+        line = getattr(reservation, "order_line", None)
+        return line.order.number if line else "-"
