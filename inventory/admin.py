@@ -7,6 +7,8 @@ the keyed stock endpoint.
 """
 
 from django.contrib import admin
+from django.urls import reverse
+from django.utils.html import format_html
 
 from idempotency.admin import ReadOnlyAdmin
 
@@ -61,7 +63,7 @@ class ReservationAdmin(ReadOnlyAdmin):
     fields = (
         "id",
         "sku",
-        "order_number",
+        "order_link",
         "stock",
         "quantity",
         "state",
@@ -69,7 +71,7 @@ class ReservationAdmin(ReadOnlyAdmin):
         "created_at",
         "settled_at",
     )
-    readonly_fields = ("id", "sku", "order_number")
+    readonly_fields = ("id", "sku", "order_link")
     list_filter = ("state", "created_at")
     # `=`: exact sku and order number, the way staff quote them.
     search_fields = ("=stock__product__sku", "=order_line__order__number")
@@ -87,3 +89,11 @@ class ReservationAdmin(ReadOnlyAdmin):
     def order_number(self, reservation):
         line = getattr(reservation, "order_line", None)
         return line.order.number if line else "-"
+
+    @admin.display(description="order")
+    def order_link(self, reservation):
+        line = getattr(reservation, "order_line", None)
+        if line is None:
+            return "-"
+        url = reverse("admin:orders_order_change", args=[line.order_id])
+        return format_html('<a href="{}">{}</a>', url, line.order.number)
