@@ -12,10 +12,14 @@ from idempotency.money import format_money
 
 from .base import Outcome, PaymentGateway, ProviderResult, ProviderUnreachable
 
-# 4xx answers that do not prove the provider did nothing under this key:
-# 408 timeout, 409 the same key is in progress, 422 the key was used with other
-# parameters (an earlier call may have moved money), 429 throttled.
-UNCERTAIN_4XX = frozenset({408, 409, 422, 429})
+# Only the provider's own explicit answers are final. Anything else between
+# the shop and the provider (a proxy, a firewall, a rotated API key, a
+# misrouted path) can answer 4xx without the provider ever seeing the call,
+# and says nothing about a charge that may already stand under the key.
+OPERATION_STATUS = {"succeeded": Outcome.SUCCESS, "declined": Outcome.DECLINED}
+CALL_ANSWERS = frozenset({200, 201, 402})  # replayed, new, declined
+LOOKUP_ANSWERS = frozenset({200})
+NOT_FOUND_CODE = "not_found"  # the provider's look-up answer for a key it never stored
 
 
 class SimulatorGateway(PaymentGateway):
@@ -83,9 +87,16 @@ class SimulatorGateway(PaymentGateway):
             )
         except requests.RequestException as exc:
             return ProviderResult(Outcome.UNKNOWN, key, code=type(exc).__name__, detail=str(exc))
-        if response.status_code == 404:
-            return ProviderResult(Outcome.NOT_FOUND, key, http_status=404)
-        return self._classify(key, response)
+        payload = _payload(response)
+        if response.status_code == 404 and payload.get("code") == NOT_FOUND_CODE:
+            return ProviderResult(
+                Outcome.NOT_FOUND,
+                key,
+                http_status=404,
+                code=NOT_FOUND_CODE,
+                detail=str(payload.get("detail", "")),
+            )
+        return self._classify(key, response, payload, answers=LOOKUP_ANSWERS)
 
     def operations(self, *, key_prefix: str) -> Iterator[dict]:
         after = 0
@@ -118,26 +129,36 @@ class SimulatorGateway(PaymentGateway):
         except requests.RequestException as exc:
             # Timeout, refused, reset, answer cut off: the call may have happened.
             return ProviderResult(Outcome.UNKNOWN, key, code=type(exc).__name__, detail=str(exc))
-        return self._classify(key, response)
+        return self._classify(key, response, _payload(response), answers=CALL_ANSWERS)
 
-    def _classify(self, key: str, response: requests.Response) -> ProviderResult:
+    def _classify(
+        self, key: str, response: requests.Response, payload: dict, *, answers: frozenset[int]
+    ) -> ProviderResult:
+        """Return a final outcome only for the provider's record of this very operation.
+
+        That is an answer with a status in `answers` whose body is the
+        operation stored under `key` with its status (a decline also carries
+        the provider's decline code). Every other answer, any 4xx included,
+        is UNKNOWN: it does not prove that nothing moved under the key.
+        """
         status = response.status_code
-        try:
-            payload = response.json()
-        except ValueError:
-            payload = {}
-        if not isinstance(payload, dict):
-            payload = {}
-        code = str(payload.get("code", ""))
+        code = str(payload.get("code") or payload.get("decline_code") or "")
         detail = str(payload.get("detail", ""))
-        if status in (200, 201, 402) and "status" in payload:
-            outcome = {"succeeded": Outcome.SUCCESS, "declined": Outcome.DECLINED}.get(
-                payload["status"], Outcome.UNKNOWN
-            )
+        op_status = payload.get("status")
+        outcome = None
+        if payload.get("key") == key and isinstance(op_status, str):
+            outcome = OPERATION_STATUS.get(op_status)
+        if outcome == Outcome.DECLINED and not payload.get("decline_code"):
+            outcome = None
+        if status in answers and outcome is not None:
             return ProviderResult(outcome, key, operation=payload, http_status=status, code=code)
-        if 400 <= status < 500 and status not in UNCERTAIN_4XX:
-            # The provider refused the request itself and stored nothing: final.
-            return ProviderResult(
-                Outcome.DECLINED, key, http_status=status, code=code, detail=detail
-            )
         return ProviderResult(Outcome.UNKNOWN, key, http_status=status, code=code, detail=detail)
+
+
+def _payload(response: requests.Response) -> dict:
+    """Return the answer's JSON object, or {} for anything else (a proxy's HTML, a bare 404)."""
+    try:
+        payload = response.json()
+    except ValueError:
+        return {}
+    return payload if isinstance(payload, dict) else {}

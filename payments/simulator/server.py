@@ -22,7 +22,9 @@ API port refuses connections):
 
     GET  /_control/state
     POST /_control/faults  {latency_ms, pause: "before_apply"|"after_apply"|null,
-                            refuse_connections: bool}     (any subset)
+                            refuse_connections: bool,
+                            reject_lookups: 400|401|403|404|null,
+                            reject_calls: 400|401|403|404|null}     (any subset)
     POST /_control/release  wake every paused request and clear `pause`
     POST /_control/reset    clear faults and counters (never the ledger)
 """
@@ -50,6 +52,16 @@ logger = logging.getLogger("payments.simulator")
 METHODS = ("pm_card_ok", "pm_card_declined", "pm_card_timeout", "pm_card_unavailable")
 UNAVAILABLE_ATTEMPTS = 2
 PAUSE_POINTS = ("before_apply", "after_apply")
+# What stands between the shop and the provider can answer for it: a rotated
+# API key (401), a firewall (403), a proxy refusing the request (400), a
+# misrouted path (404 with no provider body). None of these come from the
+# ledger, so none of them says anything about the operation under the key.
+REJECTIONS = {
+    400: {"code": "invalid_request", "detail": "rejected before reaching the provider"},
+    401: {"code": "unauthorized", "detail": "invalid API key"},
+    403: {"code": "forbidden", "detail": "this client may not call the provider"},
+    404: None,  # bare: a plain-text body, no provider code
+}
 ROUTES = {
     "/v1/authorizations": "authorize",
     "/v1/captures": "capture",
@@ -66,11 +78,22 @@ PARENT_FIELD = {
 class Reply:
     """An HTTP answer, or none at all (`lost=True`: the connection is dropped)."""
 
-    def __init__(self, status: int = 200, body: dict | None = None, headers=None, lost=False):
+    def __init__(
+        self, status: int = 200, body: dict | None = None, headers=None, lost=False, raw=None
+    ):
         self.status = status
         self.body = body or {}
         self.headers = headers or {}
         self.lost = lost
+        self.raw = raw  # bytes sent as text/plain instead of the JSON body
+
+
+def rejection(status: int) -> Reply:
+    """Answer as something in front of the provider would (see REJECTIONS)."""
+    body = REJECTIONS[status]
+    if body is None:
+        return Reply(status, raw=b"404 page not found\n")
+    return Reply(status, dict(body))
 
 
 def error(status: int, code: str, detail: str, **headers) -> Reply:
@@ -124,6 +147,8 @@ class Simulator:
         self._release = threading.Event()
         self.latency_ms = 0
         self.pause: str | None = None
+        self.reject_lookups: int | None = None
+        self.reject_calls: int | None = None
         self.paused = 0
         self.delayed = 0  # calls sleeping in injected latency right now
         self.stats: Counter[str] = Counter()
@@ -184,6 +209,14 @@ class Simulator:
                 raise RequestError(400, "invalid_request", f"pause must be one of {PAUSE_POINTS}")
             with self._lock:
                 self.pause = body["pause"]
+        for fault in ("reject_lookups", "reject_calls"):
+            if fault in body:
+                if body[fault] is not None and body[fault] not in REJECTIONS:
+                    raise RequestError(
+                        400, "invalid_request", f"{fault} must be one of {sorted(REJECTIONS)}"
+                    )
+                with self._lock:
+                    setattr(self, fault, body[fault])
         if "refuse_connections" in body:
             if body["refuse_connections"]:
                 self.stop_api()
@@ -202,6 +235,8 @@ class Simulator:
         self.latency_ms = 0
         self.start_api()
         with self._lock:
+            self.reject_lookups = None
+            self.reject_calls = None
             self.stats.clear()
         return self.state()
 
@@ -214,6 +249,8 @@ class Simulator:
                 "control_port": self.control_port,
                 "latency_ms": self.latency_ms,
                 "pause": self.pause,
+                "reject_lookups": self.reject_lookups,
+                "reject_calls": self.reject_calls,
                 "paused": self.paused,
                 "delayed": self.delayed,
                 "refusing": self.api_server is None,
@@ -363,6 +400,15 @@ class Simulator:
         parent = self.ledger.get(parent_key)
         return parent["payment_method"] if parent else None
 
+    def rejected(self, fault: str) -> Reply | None:
+        """Return the injected rejection for this kind of call, if one is set (counted)."""
+        with self._lock:
+            status = getattr(self, fault)
+            if status is None:
+                return None
+            self.stats[f"{fault}.{status}"] += 1
+        return rejection(status)
+
     def lookup(self, key: str) -> Reply:
         with self._lock:
             self.stats["lookups"] += 1
@@ -395,9 +441,12 @@ class Handler(BaseHTTPRequestHandler):
         if reply.lost:
             self.close_connection = True
             return
-        payload = json.dumps(reply.body).encode()
+        if reply.raw is not None:
+            payload, content_type = reply.raw, "text/plain"
+        else:
+            payload, content_type = json.dumps(reply.body).encode(), "application/json"
         self.send_response(reply.status)
-        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(payload)))
         for name, value in reply.headers.items():
             self.send_header(name, value)
@@ -431,6 +480,8 @@ class Handler(BaseHTTPRequestHandler):
         if path == "/healthz":
             return Reply(200, {"status": "ok"})
         if path == "/v1/operations":
+            if (rejected := self.sim.rejected("reject_lookups")) is not None:
+                return rejected
             key = query.get("key")
             if not key:
                 raise RequestError(400, "invalid_request", "key is required")
@@ -462,6 +513,9 @@ class Handler(BaseHTTPRequestHandler):
             kind = ROUTES.get(path)
             if kind is None:
                 raise RequestError(404, "not_found", f"no route {path}")
+            if (rejected := self.sim.rejected("reject_calls")) is not None:
+                self._send(rejected)  # turned away in front of the provider: nothing applied
+                return
             key = self.headers.get("Idempotency-Key")
             if not key or len(key) > 255:
                 raise RequestError(

@@ -67,12 +67,78 @@ def test_key_reused_with_other_parameters_is_unknown(gateway):
     assert result.http_status == 422
 
 
-def test_request_refused_as_invalid_is_final(gateway):
+def test_request_refused_as_invalid_is_unknown_not_declined(gateway):
+    """A 400 is not the provider's decline: only a stored `declined` operation is final."""
     result = gateway.refund(
         key="r1", capture_key="missing", amount=Decimal("1.00"), currency="EUR", reference="ret-1"
     )
-    assert result.outcome == Outcome.DECLINED
-    assert result.code == "invalid_parent"
+    assert result.outcome == Outcome.UNKNOWN
+    assert (result.http_status, result.code) == (400, "invalid_parent")
+
+
+def test_decline_carries_the_providers_decline_code(gateway):
+    result = capture(gateway, "k1", "pm_card_declined")
+    assert (result.outcome, result.http_status, result.code) == (
+        Outcome.DECLINED,
+        402,
+        "card_declined",
+    )
+    assert result.operation["status"] == "declined"
+
+
+# -- a 4xx from in front of the provider is never final (issue 9) -----------------------------
+
+
+@pytest.mark.parametrize("status", [400, 401, 403, 404])
+def test_lookup_answered_4xx_is_unknown(gateway, provider, status):
+    """A rotated key, a firewall, a proxy or a misroute says nothing about the charge."""
+    result = capture(gateway, "k1", "pm_card_timeout")  # charged; the answer is lost
+    assert result.outcome == Outcome.UNKNOWN
+    provider.faults(reject_lookups=status)
+    result = gateway.lookup(key="k1")
+    assert result.outcome == Outcome.UNKNOWN
+    assert result.http_status == status
+    assert provider.state()["stats"][f"reject_lookups.{status}"] == 1
+    assert len(provider.charges("k1")) == 1  # the charge stands
+
+
+@pytest.mark.parametrize("status", [400, 401, 403, 404])
+def test_lookup_answered_4xx_for_a_key_never_sent_is_unknown_not_not_found(
+    gateway, provider, status
+):
+    """Only the provider's own `not_found` licenses a re-send; a bare 404 does not."""
+    provider.faults(reject_lookups=status)
+    assert gateway.lookup(key="never-sent").outcome == Outcome.UNKNOWN
+
+
+def test_lookup_not_found_needs_the_providers_code(gateway, provider):
+    result = gateway.lookup(key="never-sent")
+    assert (result.outcome, result.http_status, result.code) == (
+        Outcome.NOT_FOUND,
+        404,
+        "not_found",
+    )
+
+
+@pytest.mark.parametrize(
+    ("method", "outcome"), [("pm_card_ok", Outcome.SUCCESS), ("pm_card_declined", Outcome.DECLINED)]
+)
+def test_lookup_200_with_the_operations_status_is_that_status(gateway, provider, method, outcome):
+    capture(gateway, "k1", method)
+    provider.faults(reject_lookups=401)
+    assert gateway.lookup(key="k1").outcome == Outcome.UNKNOWN
+    provider.faults(reject_lookups=None)  # the fault cleared: the provider answers itself
+    result = gateway.lookup(key="k1")
+    assert (result.outcome, result.http_status) == (outcome, 200)
+    assert result.operation["key"] == "k1"
+
+
+@pytest.mark.parametrize("status", [400, 401, 403, 404])
+def test_charge_answered_4xx_is_unknown_not_declined(gateway, provider, status):
+    provider.faults(reject_calls=status)
+    result = capture(gateway, "k1", "pm_card_declined")
+    assert result.outcome == Outcome.UNKNOWN
+    assert result.http_status == status
 
 
 def test_authorize_capture_void_refund(gateway):

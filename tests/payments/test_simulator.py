@@ -110,6 +110,42 @@ def test_lookup_of_unknown_key_is_404(simulator):
     assert response.json()["code"] == "not_found"
 
 
+@pytest.mark.parametrize("status", [400, 401, 403, 404])
+def test_rejected_lookups_and_calls_come_from_in_front_of_the_provider(simulator, status):
+    """Injected rejections answer without touching the ledger; clearing them restores it."""
+    assert charge(simulator, "k1").status_code == 201
+    simulator.faults(reject_lookups=status, reject_calls=status)
+    lookup = requests.get(f"{simulator.url}/v1/operations", params={"key": "k1"}, timeout=5)
+    assert lookup.status_code == status
+    if status == 404:
+        assert lookup.headers["Content-Type"] == "text/plain"  # bare: no provider code
+    else:
+        assert "status" not in lookup.json()
+    assert charge(simulator, "k2").status_code == status
+    assert simulator.charges("k2") == []
+    state = simulator.state()
+    assert (state["reject_lookups"], state["reject_calls"]) == (status, status)
+    assert state["stats"][f"reject_lookups.{status}"] == 1
+    assert state["stats"][f"reject_calls.{status}"] == 1
+
+    simulator.faults(reject_lookups=None, reject_calls=None)
+    lookup = requests.get(f"{simulator.url}/v1/operations", params={"key": "k1"}, timeout=5)
+    assert lookup.status_code == 200 and lookup.json()["status"] == "succeeded"
+    assert charge(simulator, "k2").status_code == 201
+
+
+def test_rejection_faults_accept_only_known_statuses(simulator):
+    response = requests.post(
+        f"{simulator.control_url}/faults", json={"reject_lookups": 500}, timeout=5
+    )
+    assert response.status_code == 400
+    simulator.faults(reject_lookups=401)
+    assert (
+        requests.post(f"{simulator.control_url}/reset", json={}, timeout=5).json()["reject_lookups"]
+        is None
+    )
+
+
 def test_ledger_survives_a_kill_and_restart(simulator):
     assert charge(simulator, "k1").status_code == 201
     assert charge(simulator, "k2", method="pm_card_unavailable").status_code == 503
