@@ -35,7 +35,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import DatabaseError, connection, transaction
+from django.db import DatabaseError, OperationalError, connection, transaction
 from django.db.models import DateTimeField, ExpressionWrapper, F, Q, Value
 from django.db.models.functions import Now
 from rest_framework.utils.encoders import JSONEncoder
@@ -51,6 +51,7 @@ logger = logging.getLogger(__name__)
 OWNER_KEY_CONSTRAINT = "idempotency_idempotencykey_owner_key_uniq"
 MAX_KEY_LENGTH = 255
 JSON_CONTENT_TYPE = "application/json"
+LOCK_NOT_AVAILABLE = "55P03"  # PostgreSQL's lock_not_available (lock_timeout expired)
 
 # Refusals raised before the first committed phase that are NOT the domain's
 # decision about this request: nothing is kept (a fresh key was never
@@ -204,6 +205,11 @@ def _db_ago(seconds: float) -> ExpressionWrapper:
 
 def _lock_ttl() -> float:
     return float(settings.IDEMPOTENCY_LOCK_TTL)
+
+
+def _claim_lock_timeout() -> str:
+    """The claim's `lock_timeout` (IDEMPOTENCY_CLAIM_WAIT); at least 1 ms (0 would mean none)."""
+    return f"{max(1, round(float(settings.IDEMPOTENCY_CLAIM_WAIT) * 1000))}ms"
 
 
 def _unlocked_or_expired() -> Q:
@@ -427,8 +433,24 @@ class KeyRun:
             finished,
         ]
         with connection.cursor() as cursor:
-            cursor.execute(sql, params)
-            row = cursor.fetchone()
+            # Bound the wait on a concurrent identical request's uncommitted
+            # insert (its phase may be queued behind a busy row): past the
+            # claim wait it is "in use" (409), not a sync worker held. The
+            # timeout covers this statement alone; the previous value is put
+            # back before the phase's own statements.
+            cursor.execute(
+                "SELECT current_setting('lock_timeout'), set_config('lock_timeout', %s, true)",
+                [_claim_lock_timeout()],
+            )
+            previous = cursor.fetchone()[0]
+            try:
+                cursor.execute(sql, params)
+                row = cursor.fetchone()
+            except OperationalError as exc:
+                if getattr(exc.__cause__, "sqlstate", None) != LOCK_NOT_AVAILABLE:
+                    raise
+                raise KeyClaimLost(f"{self!r}: another request is claiming this key") from exc
+            cursor.execute("SELECT set_config('lock_timeout', %s, true)", [previous])
         if row is None:
             raise KeyClaimLost(f"{self!r}: another request holds this key")
         self.key_id = row[0]

@@ -175,6 +175,9 @@ PROBLEM_TYPE_BASE = env.str("PROBLEM_TYPE_BASE", default="https://shop.example/p
 # phase plus one outside call (provider timeout x in-request attempts + margin).
 IDEMPOTENCY_LOCK_TTL = env.float("IDEMPOTENCY_LOCK_TTL", default=60.0)
 IDEMPOTENCY_LOCK_MARGIN = env.float("IDEMPOTENCY_LOCK_MARGIN", default=10.0)
+# Longest wait (seconds) of a fresh key's INSERT on a concurrent identical request's
+# uncommitted row (its phase 1 may queue behind a busy stock row); then 409 in use.
+IDEMPOTENCY_CLAIM_WAIT = env.float("IDEMPOTENCY_CLAIM_WAIT", default=0.5)
 # Retry-After of a 409 idempotency_key_in_use (capped by the lock's remaining life).
 IDEMPOTENCY_RETRY_AFTER = env.int("IDEMPOTENCY_RETRY_AFTER", default=1)
 # An open key not retried for this long (and not locked) is settled by the completer.
