@@ -28,6 +28,7 @@ import hashlib
 import json
 import logging
 import math
+import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -793,16 +794,23 @@ def registered_operations() -> dict[str, Callable[[KeyRun], None]]:
     return dict(_registry)
 
 
-def keys_complete_abandoned(*, limit: int | None = None) -> int:
+def keys_complete_abandoned(*, limit: int | None = None, budget: float | None = None) -> int:
     """Finish, roll back or re-open keys abandoned mid-way; return how many were settled.
 
     Abandoned = not finished, lock free or expired, and `last_run_at` older than
     IDEMPOTENCY_ABANDON_AFTER (database clock). Each is taken over with a fresh
     fencing token, so a client retry and the completer never both run it.
+
+    No key is started once `budget` seconds (IDEMPOTENCY_COMPLETER_BUDGET) have
+    passed since the run began: each key may make a provider call, and a run
+    must end well inside the broker's visibility timeout (docs/celery.md).
+    The keys left over are the next run's.
     """
     if not _registry:
         return 0
     limit = limit or int(settings.IDEMPOTENCY_COMPLETER_BATCH)
+    budget = float(settings.IDEMPOTENCY_COMPLETER_BUDGET if budget is None else budget)
+    deadline = time.monotonic() + budget
     key_ids = list(
         IdempotencyKey.objects.exclude(recovery_point=FINISHED)
         .filter(operation__in=list(_registry))
@@ -812,7 +820,12 @@ def keys_complete_abandoned(*, limit: int | None = None) -> int:
         .values_list("pk", flat=True)[:limit]
     )
     settled = 0
-    for key_id in key_ids:
+    for index, key_id in enumerate(key_ids):
+        if time.monotonic() >= deadline:
+            logger.info(
+                "completer budget spent; %d keys left to the next run", len(key_ids) - index
+            )
+            break
         run = _key_take_over(key_id=key_id, abandoned=True)
         if run is None:
             continue
