@@ -28,6 +28,7 @@ import hashlib
 import json
 import logging
 import math
+import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -35,7 +36,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import DatabaseError, connection, transaction
+from django.db import DatabaseError, OperationalError, connection, transaction
 from django.db.models import DateTimeField, ExpressionWrapper, F, Q, Value
 from django.db.models.functions import Now
 from rest_framework.utils.encoders import JSONEncoder
@@ -51,6 +52,7 @@ logger = logging.getLogger(__name__)
 OWNER_KEY_CONSTRAINT = "idempotency_idempotencykey_owner_key_uniq"
 MAX_KEY_LENGTH = 255
 JSON_CONTENT_TYPE = "application/json"
+LOCK_NOT_AVAILABLE = "55P03"  # PostgreSQL's lock_not_available (lock_timeout expired)
 
 # Refusals raised before the first committed phase that are NOT the domain's
 # decision about this request: nothing is kept (a fresh key was never
@@ -204,6 +206,11 @@ def _db_ago(seconds: float) -> ExpressionWrapper:
 
 def _lock_ttl() -> float:
     return float(settings.IDEMPOTENCY_LOCK_TTL)
+
+
+def _claim_lock_timeout() -> str:
+    """The claim's `lock_timeout` (IDEMPOTENCY_CLAIM_WAIT); at least 1 ms (0 would mean none)."""
+    return f"{max(1, round(float(settings.IDEMPOTENCY_CLAIM_WAIT) * 1000))}ms"
 
 
 def _unlocked_or_expired() -> Q:
@@ -427,8 +434,24 @@ class KeyRun:
             finished,
         ]
         with connection.cursor() as cursor:
-            cursor.execute(sql, params)
-            row = cursor.fetchone()
+            # Bound the wait on a concurrent identical request's uncommitted
+            # insert (its phase may be queued behind a busy row): past the
+            # claim wait it is "in use" (409), not a sync worker held. The
+            # timeout covers this statement alone; the previous value is put
+            # back before the phase's own statements.
+            cursor.execute(
+                "SELECT current_setting('lock_timeout'), set_config('lock_timeout', %s, true)",
+                [_claim_lock_timeout()],
+            )
+            previous = cursor.fetchone()[0]
+            try:
+                cursor.execute(sql, params)
+                row = cursor.fetchone()
+            except OperationalError as exc:
+                if getattr(exc.__cause__, "sqlstate", None) != LOCK_NOT_AVAILABLE:
+                    raise
+                raise KeyClaimLost(f"{self!r}: another request is claiming this key") from exc
+            cursor.execute("SELECT set_config('lock_timeout', %s, true)", [previous])
         if row is None:
             raise KeyClaimLost(f"{self!r}: another request holds this key")
         self.key_id = row[0]
@@ -771,16 +794,23 @@ def registered_operations() -> dict[str, Callable[[KeyRun], None]]:
     return dict(_registry)
 
 
-def keys_complete_abandoned(*, limit: int | None = None) -> int:
+def keys_complete_abandoned(*, limit: int | None = None, budget: float | None = None) -> int:
     """Finish, roll back or re-open keys abandoned mid-way; return how many were settled.
 
     Abandoned = not finished, lock free or expired, and `last_run_at` older than
     IDEMPOTENCY_ABANDON_AFTER (database clock). Each is taken over with a fresh
     fencing token, so a client retry and the completer never both run it.
+
+    No key is started once `budget` seconds (IDEMPOTENCY_COMPLETER_BUDGET) have
+    passed since the run began: each key may make a provider call, and a run
+    must end well inside the broker's visibility timeout (docs/celery.md).
+    The keys left over are the next run's.
     """
     if not _registry:
         return 0
     limit = limit or int(settings.IDEMPOTENCY_COMPLETER_BATCH)
+    budget = float(settings.IDEMPOTENCY_COMPLETER_BUDGET if budget is None else budget)
+    deadline = time.monotonic() + budget
     key_ids = list(
         IdempotencyKey.objects.exclude(recovery_point=FINISHED)
         .filter(operation__in=list(_registry))
@@ -790,7 +820,12 @@ def keys_complete_abandoned(*, limit: int | None = None) -> int:
         .values_list("pk", flat=True)[:limit]
     )
     settled = 0
-    for key_id in key_ids:
+    for index, key_id in enumerate(key_ids):
+        if time.monotonic() >= deadline:
+            logger.info(
+                "completer budget spent; %d keys left to the next run", len(key_ids) - index
+            )
+            break
         run = _key_take_over(key_id=key_id, abandoned=True)
         if run is None:
             continue

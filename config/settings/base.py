@@ -116,6 +116,13 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
 # No Celery countdown, ETA or retry delay may reach the visibility timeout;
 # longer waits are rows with next_attempt_at swept by beat.
 CELERY_MAX_COUNTDOWN = CELERY_VISIBILITY_TIMEOUT // 3
+# Nor may a task run into the visibility timeout (Redis would hand its message
+# to a second worker), even after the longest countdown: a message is unacked
+# from delivery (its countdown included) until the task ends. The soft limit
+# raises inside the task, the hard one kills its process; long work is batched
+# with a time budget below them (IDEMPOTENCY_COMPLETER_BUDGET).
+CELERY_TASK_TIME_LIMIT = CELERY_VISIBILITY_TIMEOUT - CELERY_MAX_COUNTDOWN - 5
+CELERY_TASK_SOFT_TIME_LIMIT = CELERY_TASK_TIME_LIMIT - 5
 CELERY_BEAT_SCHEDULE: dict = {}
 CELERY_TIMEZONE = "UTC"
 
@@ -175,11 +182,21 @@ PROBLEM_TYPE_BASE = env.str("PROBLEM_TYPE_BASE", default="https://shop.example/p
 # phase plus one outside call (provider timeout x in-request attempts + margin).
 IDEMPOTENCY_LOCK_TTL = env.float("IDEMPOTENCY_LOCK_TTL", default=60.0)
 IDEMPOTENCY_LOCK_MARGIN = env.float("IDEMPOTENCY_LOCK_MARGIN", default=10.0)
+# Longest wait (seconds) of a fresh key's INSERT on a concurrent identical request's
+# uncommitted row (its phase 1 may queue behind a busy stock row); then 409 in use.
+IDEMPOTENCY_CLAIM_WAIT = env.float("IDEMPOTENCY_CLAIM_WAIT", default=0.5)
 # Retry-After of a 409 idempotency_key_in_use (capped by the lock's remaining life).
 IDEMPOTENCY_RETRY_AFTER = env.int("IDEMPOTENCY_RETRY_AFTER", default=1)
 # An open key not retried for this long (and not locked) is settled by the completer.
 IDEMPOTENCY_ABANDON_AFTER = env.float("IDEMPOTENCY_ABANDON_AFTER", default=300.0)
 IDEMPOTENCY_COMPLETER_BATCH = env.int("IDEMPOTENCY_COMPLETER_BATCH", default=50)
+# Seconds after which a completer run starts no further key (each may call the
+# provider): with one key's calls on top it stays under the task's soft limit.
+IDEMPOTENCY_COMPLETER_BUDGET = env.float(
+    "IDEMPOTENCY_COMPLETER_BUDGET", default=CELERY_VISIBILITY_TIMEOUT / 4
+)
+IDEMPOTENCY_COMPLETER_EVERY = env.float("IDEMPOTENCY_COMPLETER_EVERY", default=60.0)
+IDEMPOTENCY_PURGE_EVERY = env.float("IDEMPOTENCY_PURGE_EVERY", default=900.0)
 # Finished keys are kept at least this long (published retention: 24 h), then purged.
 IDEMPOTENCY_KEY_RETENTION = env.float("IDEMPOTENCY_KEY_RETENTION", default=24 * 3600.0)
 IDEMPOTENCY_PURGE_BATCH = env.int("IDEMPOTENCY_PURGE_BATCH", default=1000)
@@ -190,13 +207,15 @@ SHOP_PROBE_STUB_URL = env.str("SHOP_PROBE_STUB_URL", default="")
 SHOP_PROBE_STUB_TIMEOUT = env.float("SHOP_PROBE_STUB_TIMEOUT", default=5.0)
 CELERY_BEAT_SCHEDULE["idempotency-complete-abandoned-keys"] = {
     "task": "idempotency.complete_abandoned_keys",
-    "schedule": env.float("IDEMPOTENCY_COMPLETER_EVERY", default=60.0),
-    "options": {"expires": 60},
+    "schedule": IDEMPOTENCY_COMPLETER_EVERY,
+    # Every periodic task expires after about one interval: after a worker
+    # outage the queued ticks are dropped, not run back to back.
+    "options": {"expires": IDEMPOTENCY_COMPLETER_EVERY},
 }
 CELERY_BEAT_SCHEDULE["idempotency-purge-finished-keys"] = {
     "task": "idempotency.purge_finished_keys",
-    "schedule": env.float("IDEMPOTENCY_PURGE_EVERY", default=900.0),
-    "options": {"expires": 600},
+    "schedule": IDEMPOTENCY_PURGE_EVERY,
+    "options": {"expires": IDEMPOTENCY_PURGE_EVERY},
 }
 
 # --- i18n, static ------------------------------------------------------------
@@ -245,6 +264,7 @@ PAYMENTS_SWEEP_BATCH = env.int("PAYMENTS_SWEEP_BATCH", default=100)
 CELERY_BEAT_SCHEDULE["payments.sweep_settlements"] = {
     "task": "payments.sweep_settlements",
     "schedule": PAYMENTS_SWEEP_INTERVAL,
+    "options": {"expires": PAYMENTS_SWEEP_INTERVAL},
 }
 
 # --- Checkout: orders and reservation flags (issue 6) --------------------------
@@ -257,6 +277,7 @@ ORDER_EXPIRY_BATCH = env.int("ORDER_EXPIRY_BATCH", default=500)
 CELERY_BEAT_SCHEDULE["orders.expire_reservations"] = {
     "task": "orders.expire_reservations",
     "schedule": ORDER_EXPIRY_SWEEP_SECONDS,
+    "options": {"expires": ORDER_EXPIRY_SWEEP_SECONDS},
 }
 # Settlement's outcome confirms or fails the order, in the transaction that records it.
 PAYMENTS_SETTLED_HANDLER = "orders.services.order_payment_settled"

@@ -3,12 +3,12 @@
 from datetime import timedelta
 
 import pytest
-from django.db import IntegrityError
+from django.db import IntegrityError, connection
 from django.db.models.functions import Now
 from django.http import QueryDict
 from django.test import override_settings
 
-from idempotency import keys
+from idempotency import failpoints, keys
 from idempotency.db import violated_constraint
 from idempotency.errors import ApplicationError, Conflict
 from idempotency.keys import (
@@ -526,3 +526,66 @@ def test_purge_works_in_bounded_batches(shopper):
 def test_purge_retention_is_a_setting(shopper):
     _finished(shopper, "two-hours", age_hours=2)
     assert keys_purge() == 1
+
+
+class _FakeClock:
+    """A monotonic clock the completer reads; each settled key advances it."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+@override_settings(IDEMPOTENCY_ABANDON_AFTER=60, IDEMPOTENCY_COMPLETER_BUDGET=25)
+def test_completer_starts_no_key_once_its_time_budget_is_spent(shopper, registered, monkeypatch):
+    """Ten abandoned keys, each taking 10 s (a provider call): a run with a 25 s budget
+    starts three (at 0, 10 and 20 s) and leaves the rest to the next run, so it cannot
+    outlast the broker's visibility timeout however many keys are due."""
+    clock = _FakeClock()
+    monkeypatch.setattr(keys, "time", clock)
+
+    def resume(run: KeyRun) -> None:
+        clock.now += 10
+        with run.phase(next_point="done"):
+            run.finish(status=201, body={})
+
+    keys.register_operation("test.op", resume=resume)
+    for i in range(10):
+        age_lock(held(shopper, f"slow-{i}").key_id, 120)
+    assert keys_complete_abandoned() == 3
+    assert IdempotencyKey.objects.filter(recovery_point=FINISHED).count() == 3
+    assert (
+        IdempotencyKey.objects.exclude(recovery_point=FINISHED).filter(locked_by=None).count() == 0
+    )
+    assert keys_complete_abandoned() == 3  # the next run goes on with the rest
+    assert IdempotencyKey.objects.filter(recovery_point=FINISHED).count() == 6
+
+
+def test_completer_budget_is_well_under_the_visibility_timeout(settings):
+    # One more key's provider calls (connect + read timeout) on top of the budget
+    # still ends before the task's soft time limit.
+    worst = settings.IDEMPOTENCY_COMPLETER_BUDGET + 2 * settings.PAYMENTS_PROVIDER_TIMEOUT
+    assert worst < settings.CELERY_TASK_SOFT_TIME_LIMIT < settings.CELERY_VISIBILITY_TIMEOUT
+
+
+def _lock_timeout() -> str:
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW lock_timeout")
+        return cursor.fetchone()[0]
+
+
+@pytest.mark.django_db(transaction=True)
+@override_settings(IDEMPOTENCY_CLAIM_WAIT=0.25)
+def test_claim_wait_covers_the_insert_alone(shopper):
+    """The claim's lock_timeout is back to the session's value for the phase's own work."""
+    before = _lock_timeout()
+    seen = []
+    with failpoints.hook("idempotency.claim.before_insert", lambda name: seen.append(name)):
+        run = claim(shopper, "bounded")
+        with run.phase(next_point="held"):
+            inside = _lock_timeout()
+    assert seen and run.claimed
+    assert inside == before
+    assert _lock_timeout() == before

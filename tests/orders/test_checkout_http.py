@@ -186,9 +186,12 @@ def test_multi_line_orders_in_random_line_order_never_deadlock(shop, make_produc
 
 # -- crashes at each phase boundary ---------------------------------------------------------------
 
+# A crash before phase 1 commits leaves nothing (no key row, no order); from every
+# later point the key exists and the run ends finished, confirmed, one charge.
+BEFORE_PHASE_1_COMMITS = "checkout.reserve.after_hold"
 CRASH_POINTS = [
     # inside phase 1: flags held, order not committed -> rolled back by PostgreSQL
-    "checkout.reserve.after_hold",
+    BEFORE_PHASE_1_COMMITS,
     # phase 1 committed (order, flags, payment row); the provider not called
     "order.create.reserved.after_commit",
     # the same state, reached from the other side of the commit
@@ -212,6 +215,15 @@ def crash_once(shop, make_product, make_user, point: str):
     body = order_body({"TEE-M": 2})
     with pytest.raises(requests.ConnectionError):
         post_order(server.url, token, body, "crash-key")
+    assert f"failpoint {point}" in server.log()
+    if point == BEFORE_PHASE_1_COMMITS:
+        assert not IdempotencyKey.objects.exists() and not Order.objects.exists()
+    else:
+        # Phase 1 committed; only the last point's phase 3 committed too.
+        last = point == "order.create.finished.after_commit"
+        row = IdempotencyKey.objects.get(key="crash-key")
+        assert row.recovery_point == ("finished" if last else "reserved"), row.recovery_point
+        assert Order.objects.count() == 1
     return server, token, body
 
 
@@ -228,9 +240,15 @@ def test_crash_then_retry_gives_one_order_and_at_most_one_charge(
     response = wait_until(retried, timeout=30, what="the key's lock to expire")
     assert response.status_code == 201, response.content
     assert response.json()["status"] == "confirmed"
+    if point == BEFORE_PHASE_1_COMMITS:
+        assert "Idempotent-Replayed" not in response.headers  # ran as a new request
+    if point == "order.create.finished.after_commit":
+        assert response.headers["Idempotent-Replayed"] == "true"  # stored before the crash
     replay = post_order(server.url, token, body, "crash-key")
     assert replay.content == response.content and replay.headers["Idempotent-Replayed"] == "true"
 
+    row = IdempotencyKey.objects.get(key="crash-key")
+    assert row.recovery_point == "finished" and row.response_status == 201
     assert Order.objects.count() == 1
     assert len(charges(provider)) == 1
     assert counters("TEE-M") == (3, 0)
@@ -253,16 +271,22 @@ def test_crash_without_retry_leaves_nothing_dangling(
 
     wait_until(settled, timeout=30, what="the completer to settle the key")
     row = IdempotencyKey.objects.filter(key="crash-key").first()
-    if row is None:
-        # Nothing had committed: the key is forgotten, as if the request never came.
+    if point == BEFORE_PHASE_1_COMMITS:
+        # Nothing had committed: no key row, as if the request never came.
+        assert row is None
         assert not Order.objects.exists() and not Payment.objects.exists()
         assert counters("TEE-M") == (5, 0)
+        assert charges(provider) == []
     else:
+        # Phase 1 committed: the completer (or, for the last point, the crashed run
+        # itself) drove it to the end: finished, confirmed, exactly one charge.
+        assert row is not None and row.recovery_point == "finished"
         assert row.response_status == 201
         order = Order.objects.get()
         assert order.status == "confirmed"
+        assert row.response_body and str(order.id) in row.response_body
         assert counters("TEE-M") == (3, 0)
-    assert len(charges(provider)) <= 1
+        assert len(charges(provider)) == 1
     nothing_dangling()
     assert_reconciled()
 
