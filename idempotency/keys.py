@@ -40,11 +40,12 @@ from django.db.models import DateTimeField, ExpressionWrapper, F, Q, Value
 from django.db.models.functions import Now
 from rest_framework.utils.encoders import JSONEncoder
 
+from core.errors import ApplicationError
+from core.problems import PROBLEM_CONTENT_TYPE, exception_to_problem
+
 from . import metrics
-from .errors import ApplicationError
 from .failpoints import failpoint
 from .models import FINISHED, STARTED, IdempotencyKey
-from .problems import PROBLEM_CONTENT_TYPE, exception_to_problem
 
 logger = logging.getLogger(__name__)
 

@@ -21,7 +21,8 @@ import requests
 from django.conf import settings
 from django.db import transaction
 
-from .errors import ApplicationError
+from core.errors import ApplicationError
+
 from .failpoints import failpoint
 from .keys import KeyRun
 from .models import STARTED, ProbeRecord

@@ -2,7 +2,7 @@
 
 from django.contrib import admin, messages
 
-from idempotency.admin import ReadOnlyAdmin
+from core.admin import ReadOnlyAdmin
 
 from . import services
 from .models import Payment, PaymentEvent, PaymentSettlement, PaymentTransaction

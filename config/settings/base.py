@@ -30,6 +30,7 @@ INSTALLED_APPS = [
     "rest_framework.authtoken",
     "drf_spectacular",
     "drf_spectacular_sidecar",
+    "core",
     "idempotency",
     "inventory",
     "payments",
@@ -40,7 +41,7 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
-    "idempotency.problems.ProblemMiddleware",
+    "core.problems.ProblemMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -139,9 +140,9 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
-    "DEFAULT_PAGINATION_CLASS": "idempotency.pagination.CursorPage",
+    "DEFAULT_PAGINATION_CLASS": "core.pagination.CursorPage",
     "PAGE_SIZE": 50,
-    "EXCEPTION_HANDLER": "idempotency.problems.drf_exception_handler",
+    "EXCEPTION_HANDLER": "core.problems.drf_exception_handler",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_THROTTLE_RATES": {
         "auth_token": env.str("SHOP_TOKEN_THROTTLE_RATE", default="10/min"),

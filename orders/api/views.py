@@ -7,8 +7,8 @@ from rest_framework.generics import GenericAPIView
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 
+from core.permissions import IsNotCourier
 from idempotency.keys import UnkeyedRun
-from idempotency.permissions import IsNotCourier
 from idempotency.views import KeyRequest, answer_response, idempotent
 
 from .. import checkout, selectors

@@ -8,9 +8,9 @@ from django.db.models.functions import Now
 from django.http import QueryDict
 from django.test import override_settings
 
+from core.db import violated_constraint
+from core.errors import ApplicationError, Conflict
 from idempotency import keys
-from idempotency.db import violated_constraint
-from idempotency.errors import ApplicationError, Conflict
 from idempotency.keys import (
     Answer,
     IdempotencyKeyInUse,
