@@ -185,10 +185,6 @@ IDEMPOTENCY_COMPLETER_BATCH = env.int("IDEMPOTENCY_COMPLETER_BATCH", default=50)
 IDEMPOTENCY_KEY_RETENTION = env.float("IDEMPOTENCY_KEY_RETENTION", default=24 * 3600.0)
 IDEMPOTENCY_PURGE_BATCH = env.int("IDEMPOTENCY_PURGE_BATCH", default=1000)
 IDEMPOTENCY_PURGE_MAX_BATCHES = env.int("IDEMPOTENCY_PURGE_MAX_BATCHES", default=50)
-# Test-only endpoints (the probe); never true in production.
-SHOP_TEST_ENDPOINTS = env.bool("SHOP_TEST_ENDPOINTS", default=False)
-SHOP_PROBE_STUB_URL = env.str("SHOP_PROBE_STUB_URL", default="")
-SHOP_PROBE_STUB_TIMEOUT = env.float("SHOP_PROBE_STUB_TIMEOUT", default=5.0)
 CELERY_BEAT_SCHEDULE["idempotency-complete-abandoned-keys"] = {
     "task": "idempotency.complete_abandoned_keys",
     "schedule": env.float("IDEMPOTENCY_COMPLETER_EVERY", default=60.0),

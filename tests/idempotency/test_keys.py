@@ -27,7 +27,8 @@ from idempotency.keys import (
     keys_complete_abandoned,
     keys_purge,
 )
-from idempotency.models import FINISHED, STARTED, IdempotencyKey, ProbeRecord
+from idempotency.models import FINISHED, STARTED, IdempotencyKey
+from tests.support.models import ProbeRecord
 
 pytestmark = pytest.mark.django_db
 
