@@ -1,13 +1,15 @@
 """Settings of the bench harness process itself (not of the gunicorn it loads).
 
 The harness migrates and seeds the bench database and mints bench users with
-the real services. Only one thing differs from `config.settings.base`: bench
+the real services. It installs what gunicorn installs
+(`tests.support.bench_settings`: the base settings plus the test-only probe
+and unkeyed twin); only one thing differs: bench
 users' passwords are hashed with a fast hasher, so minting dozens of them
 takes milliseconds, not PBKDF2's ~0.5 s each. Gunicorn runs the unchanged
 base settings, which do not accept that hasher: bench users authenticate with
 their tokens only.
 """
 
-from config.settings.base import *  # noqa: F401,F403
+from tests.support.bench_settings import *  # noqa: F401,F403
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

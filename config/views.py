@@ -5,7 +5,7 @@ from django.conf import settings
 from django.db import connection
 from django.http import JsonResponse
 
-from idempotency.problems import problem_response
+from core.problems import problem_response
 
 
 def _database_ok() -> tuple[bool, str]:

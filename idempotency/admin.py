@@ -2,20 +2,9 @@
 
 from django.contrib import admin
 
+from core.admin import ReadOnlyAdmin
+
 from .models import IdempotencyKey, InboxMessage, OutboxMessage
-
-
-class ReadOnlyAdmin(admin.ModelAdmin):
-    """Show rows without letting anyone edit the machinery's state by hand."""
-
-    def has_add_permission(self, request) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False
 
 
 @admin.register(IdempotencyKey)

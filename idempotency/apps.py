@@ -6,6 +6,4 @@ class IdempotencyConfig(AppConfig):
     verbose_name = "Idempotency (request keys, outbox, inbox)"
 
     def ready(self) -> None:
-        from . import checks, keys, probe  # noqa: F401 - checks register themselves
-
-        keys.register_operation(probe.OPERATION, resume=probe.probe_resume)
+        from . import checks  # noqa: F401 - checks register themselves

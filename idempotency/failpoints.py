@@ -15,7 +15,7 @@ every process sharing `SHOP_FAILPOINTS_DIR`. Each hit tries to create
 fires, so N hits fire in total whatever the number of processes, without a
 lock. Without `SHOP_FAILPOINTS_DIR` the count is per process.
 
-Example: `SHOP_FAILPOINTS="probe.run.recorded.after_commit=exit@1"`.
+Example: `SHOP_FAILPOINTS="checkout.capture.after=exit@1"`.
 
 Tests inside one process may also attach a callable to a name with `hook()`;
 it runs before the configured action (used to park threads on a barrier at

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from django.db import IntegrityError, connection, transaction
 
+from core.db import violated_constraint
+
 from . import metrics
-from .db import violated_constraint
 from .models import InboxMessage
 
 INBOX_CONSTRAINT = "idempotency_inboxmessage_consumer_message_uniq"

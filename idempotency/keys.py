@@ -41,11 +41,12 @@ from django.db.models import DateTimeField, ExpressionWrapper, F, Q, Value
 from django.db.models.functions import Now
 from rest_framework.utils.encoders import JSONEncoder
 
+from core.errors import ApplicationError
+from core.problems import PROBLEM_CONTENT_TYPE, exception_to_problem
+
 from . import metrics
-from .errors import ApplicationError
 from .failpoints import failpoint
 from .models import FINISHED, STARTED, IdempotencyKey
-from .problems import PROBLEM_CONTENT_TYPE, exception_to_problem
 
 logger = logging.getLogger(__name__)
 
@@ -519,53 +520,6 @@ class KeyRun:
             self.unlock()
         except DatabaseError:
             logger.warning("could not unlock %r; its lock will expire", self, exc_info=True)
-
-
-class UnkeyedRun:
-    """The run interface of KeyRun without a key: for measuring what the key machinery costs.
-
-    Phases are plain durable transactions; `finish()` / `leave_open()` only
-    keep the answer for the caller. Nothing is claimed, fenced, stored or
-    replayed, so a retry runs the operation again: never use it for a real
-    endpoint (the bench mounts one test-only variant with it).
-    """
-
-    def __init__(self, *, operation: str) -> None:
-        self.operation = operation
-        self.recovery_point = STARTED
-        self.resumed = False
-        self._data: dict[str, Any] = {}
-        self._answer: Answer | None = None
-
-    @property
-    def data(self) -> dict[str, Any]:
-        return copy.deepcopy(self._data)
-
-    @property
-    def answer(self) -> Answer | None:
-        return self._answer
-
-    @property
-    def closed(self) -> bool:
-        return self._answer is not None
-
-    @contextlib.contextmanager
-    def phase(self, *, next_point: str) -> Iterator[dict[str, Any]]:
-        """Run one phase as one transaction; move to `next_point` (or `finished`) on commit."""
-        data = copy.deepcopy(self._data)
-        with transaction.atomic(durable=True):
-            yield data
-        self._data = data
-        self.recovery_point = FINISHED if self.closed else next_point
-
-    def finish(self, *, status: int, body: Any = None, **options: Any) -> None:
-        self._answer = answer_new(status=status, body=body, **options)
-
-    def finish_problem(self, exc: ApplicationError) -> None:
-        self._answer = answer_for_problem(exc)
-
-    def leave_open(self, *, status: int, body: Any = None, **options: Any) -> None:
-        self._answer = answer_new(status=status, body=body, **options)
 
 
 # --- Claim ------------------------------------------------------------------

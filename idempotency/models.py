@@ -1,4 +1,4 @@
-"""Request keys, the outbox and the inbox (and the probe's rows for the test-only endpoint)."""
+"""Request keys, the outbox and the inbox."""
 
 import uuid
 
@@ -136,22 +136,3 @@ class InboxMessage(models.Model):
 
     def __str__(self) -> str:
         return f"{self.consumer}: {self.message_id}"
-
-
-class ProbeRecord(models.Model):
-    """A row written by the test-only probe operation (`idempotency.probe`); no business data.
-
-    Deliberately without a unique constraint per key: the fencing token alone
-    must keep a stalled request from committing a second record.
-    """
-
-    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
-    label = models.CharField(max_length=100)
-    amount = models.PositiveIntegerField()
-    status = models.CharField(max_length=20)
-    confirmation = models.CharField(max_length=100, blank=True, default="")
-    created_at = models.DateTimeField(db_default=Now())
-
-    def __str__(self) -> str:
-        return f"probe {self.label} ({self.status})"

@@ -31,7 +31,8 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework.exceptions import NotAuthenticated
 
-from .errors import ApplicationError
+from core.errors import ApplicationError
+
 from .keys import (
     Answer,
     KeyLockLost,

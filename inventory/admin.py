@@ -10,7 +10,7 @@ from django.contrib import admin
 from django.urls import reverse
 from django.utils.html import format_html
 
-from idempotency.admin import ReadOnlyAdmin
+from core.admin import ReadOnlyAdmin
 
 from .models import Product, Reservation, StockItem
 

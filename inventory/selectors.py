@@ -3,7 +3,7 @@
 from django.db.models import F, Q, QuerySet, Sum
 from django.db.models.functions import Coalesce
 
-from idempotency.errors import NotFound
+from core.errors import NotFound
 
 from .models import Product, Reservation, StockItem
 

@@ -17,8 +17,8 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import F
 from django.db.models.functions import Now
 
-from idempotency.errors import ApplicationError
-from idempotency.money import check_currency
+from core.errors import ApplicationError
+from core.money import check_currency
 
 from . import lock_objects, selectors
 from .models import Product, Reservation, StockItem

@@ -10,8 +10,7 @@ from django.contrib import admin
 from django.urls import reverse
 from django.utils.html import format_html
 
-from idempotency.admin import ReadOnlyAdmin
-from payments.admin import ReadOnlyInline
+from core.admin import ReadOnlyAdmin, ReadOnlyInline
 
 from .models import Order, OrderEvent, OrderLine
 

@@ -7,8 +7,8 @@ from decimal import Decimal
 
 from django.db.models import Prefetch, QuerySet
 
-from idempotency.errors import ApplicationError, NotFound
-from idempotency.money import format_money
+from core.errors import ApplicationError, NotFound
+from core.money import format_money
 
 from .models import Order, OrderLine
 

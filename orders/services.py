@@ -27,8 +27,8 @@ from django.db import connection, transaction
 from django.db.models import Q
 from django.db.models.functions import Now
 
-from idempotency.errors import ApplicationError
-from idempotency.money import format_money, minor_units
+from core.errors import ApplicationError
+from core.money import format_money, minor_units
 from idempotency.outbox import outbox_write
 from inventory import services as inventory_services
 from inventory.models import Product, Reservation

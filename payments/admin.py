@@ -2,21 +2,10 @@
 
 from django.contrib import admin, messages
 
-from idempotency.admin import ReadOnlyAdmin
+from core.admin import ReadOnlyAdmin, ReadOnlyInline
 
 from . import services
 from .models import Payment, PaymentEvent, PaymentSettlement, PaymentTransaction
-
-
-class ReadOnlyInline(admin.TabularInline):
-    extra = 0
-    can_delete = False
-
-    def has_add_permission(self, request, obj=None):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
 
 
 class TransactionInline(ReadOnlyInline):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.db.models import QuerySet
 
-from idempotency.errors import NotFound
+from core.errors import NotFound
 
 from .models import Payment, PaymentInstallation, PaymentSettlement, PaymentTransaction
 

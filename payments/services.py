@@ -30,9 +30,9 @@ from django.db.models import Q
 from django.db.models.functions import Now
 from django.utils.module_loading import import_string
 
-from idempotency.errors import ApplicationError, InvalidRequest
+from core.errors import ApplicationError, InvalidRequest
+from core.money import check_currency, minor_units
 from idempotency.failpoints import failpoint
-from idempotency.money import check_currency, minor_units
 
 from .gateway import Outcome, ProviderResult, get_gateway
 from .keys import install_id, install_id_subquery, provider_key

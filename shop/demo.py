@@ -15,8 +15,8 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.db import IntegrityError, transaction
 
-from idempotency.money import minor_units, shop_currency
-from idempotency.permissions import COURIERS_GROUP
+from core.money import minor_units, shop_currency
+from core.permissions import COURIERS_GROUP
 from inventory.services import SkuExists, product_create
 
 User = get_user_model()

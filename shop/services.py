@@ -10,7 +10,7 @@ from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import IntegrityError, transaction
 from rest_framework.authtoken.models import Token
 
-from idempotency.errors import ApplicationError, InvalidRequest
+from core.errors import ApplicationError, InvalidRequest
 
 User = get_user_model()
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from django.db import connection, connections
 
-from idempotency import testing
+from tests.support import servers as testing
 
 
 def lock_waiters() -> int:

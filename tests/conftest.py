@@ -102,8 +102,8 @@ def assert_problem(response, status: int, code: str) -> dict:
 
 @pytest.fixture
 def stub_service():
-    """A loopback stub HTTP service (idempotency.testing.StubService), stopped afterwards."""
-    from idempotency.testing import StubService
+    """A loopback stub HTTP service (tests.support.servers.StubService), stopped afterwards."""
+    from tests.support.servers import StubService
 
     with StubService() as stub:
         yield stub
@@ -113,12 +113,12 @@ def stub_service():
 def gunicorn(transactional_db, tmp_path):
     """Start real gunicorn servers: `gunicorn(workers=2, failpoints="x=exit@1", **env)`.
 
-    Returns an `idempotency.testing.Server` (`.url`, `.log()`); every server is
+    Returns an `tests.support.servers.Server` (`.url`, `.log()`); every server is
     stopped at the end of the test. SHOP_FAILPOINTS_DIR is a fresh directory.
     """
     import contextlib as _contextlib
 
-    from idempotency.testing import gunicorn_server, server_env
+    from tests.support.servers import gunicorn_server, server_env
 
     with _contextlib.ExitStack() as stack:
 
@@ -138,7 +138,7 @@ def celery_worker_process(transactional_db, tmp_path):
     """Start real celery workers: `celery_worker_process(failpoints=..., **env)` -> Server."""
     import contextlib as _contextlib
 
-    from idempotency.testing import celery_worker, server_env
+    from tests.support.servers import celery_worker, server_env
 
     with _contextlib.ExitStack() as stack:
 

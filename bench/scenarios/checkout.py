@@ -14,7 +14,7 @@ the end whatever happens.
   indexed read, no write). Target: replay >= 3x first (`order`).
 - `unkeyed` at the same levels: the same checkout without its request key
   (`POST /api/v1/_test/orders-unkeyed/`, mounted because this scenario's
-  gunicorn runs with SHOP_TEST_ENDPOINTS=true; `idempotency.keys.UnkeyedRun`
+  gunicorn runs `tests.support.bench_settings`; `tests.support.unkeyed.UnkeyedRun`
   runs the same phases as plain transactions). Target: keyed >= 0.9x unkeyed.
 - `hot`: 500 attempts for one sku with 100 units at 16 in flight: exactly
   100 answers 201 (the rest 409 insufficient_stock), on_hand and reserved
@@ -219,12 +219,8 @@ def run(ctx) -> dict:
         provider_url = stack.enter_context(_simulator(workdir))
         server = Gunicorn(
             workers=ctx.workers,
-            # The test endpoints give the unkeyed baseline (the same checkout, no key).
-            env={
-                **ctx.server.env,
-                "PAYMENTS_PROVIDER_URL": provider_url,
-                "SHOP_TEST_ENDPOINTS": "true",
-            },
+            # The bench's settings mount the unkeyed baseline (the same checkout, no key).
+            env={**ctx.server.env, "PAYMENTS_PROVIDER_URL": provider_url},
             log_path=workdir / "gunicorn.log",
         )
         stack.callback(server.stop)

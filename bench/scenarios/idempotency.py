@@ -2,12 +2,9 @@
 
 The probe (`POST /api/v1/_test/probe/`, docs/idempotency.md) runs two phases
 around an outside call; with `SHOP_PROBE_STUB_URL` unset it calls nothing, so
-the figures isolate the key machinery. It is mounted only when gunicorn runs
-with `SHOP_TEST_ENDPOINTS=true`:
-
-    SHOP_TEST_ENDPOINTS=true make bench BENCH_ARGS="--scenario idempotency"
-
-Without it the scenario records `skipped` and no runs.
+the figures isolate the key machinery. It is mounted by the bench's gunicorn
+settings (`tests.support.bench_settings`, the base settings plus the
+test-only app); where it is not mounted the scenario records `skipped`.
 
 Three loads per concurrency level:
 
@@ -62,8 +59,8 @@ def run(ctx) -> dict:
     """Load first requests, replays and unkeyed requests at each concurrency level."""
     tokens = ctx.tokens(16)
     if not _probe_mounted(ctx, tokens[0]):
-        ctx.log("  probe not mounted: run gunicorn with SHOP_TEST_ENDPOINTS=true")
-        return {"skipped": "the probe needs SHOP_TEST_ENDPOINTS=true", "runs": []}
+        ctx.log("  probe not mounted: run gunicorn with tests.support.bench_settings")
+        return {"skipped": "the probe needs tests.support.bench_settings", "runs": []}
     run_id = uuid.uuid4().hex[:8]
     json_headers = {"Content-Type": "application/json"}
 

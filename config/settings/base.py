@@ -30,6 +30,7 @@ INSTALLED_APPS = [
     "rest_framework.authtoken",
     "drf_spectacular",
     "drf_spectacular_sidecar",
+    "core",
     "idempotency",
     "inventory",
     "payments",
@@ -40,7 +41,7 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
-    "idempotency.problems.ProblemMiddleware",
+    "core.problems.ProblemMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -146,9 +147,9 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
-    "DEFAULT_PAGINATION_CLASS": "idempotency.pagination.CursorPage",
+    "DEFAULT_PAGINATION_CLASS": "core.pagination.CursorPage",
     "PAGE_SIZE": 50,
-    "EXCEPTION_HANDLER": "idempotency.problems.drf_exception_handler",
+    "EXCEPTION_HANDLER": "core.problems.drf_exception_handler",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_THROTTLE_RATES": {
         "auth_token": env.str("SHOP_TOKEN_THROTTLE_RATE", default="10/min"),
@@ -201,10 +202,6 @@ IDEMPOTENCY_PURGE_EVERY = env.float("IDEMPOTENCY_PURGE_EVERY", default=900.0)
 IDEMPOTENCY_KEY_RETENTION = env.float("IDEMPOTENCY_KEY_RETENTION", default=24 * 3600.0)
 IDEMPOTENCY_PURGE_BATCH = env.int("IDEMPOTENCY_PURGE_BATCH", default=1000)
 IDEMPOTENCY_PURGE_MAX_BATCHES = env.int("IDEMPOTENCY_PURGE_MAX_BATCHES", default=50)
-# Test-only endpoints (the probe); never true in production.
-SHOP_TEST_ENDPOINTS = env.bool("SHOP_TEST_ENDPOINTS", default=False)
-SHOP_PROBE_STUB_URL = env.str("SHOP_PROBE_STUB_URL", default="")
-SHOP_PROBE_STUB_TIMEOUT = env.float("SHOP_PROBE_STUB_TIMEOUT", default=5.0)
 CELERY_BEAT_SCHEDULE["idempotency-complete-abandoned-keys"] = {
     "task": "idempotency.complete_abandoned_keys",
     "schedule": IDEMPOTENCY_COMPLETER_EVERY,

@@ -3,7 +3,7 @@
 import os
 
 from .base import *  # noqa: F401,F403
-from .base import CACHES, REST_FRAMEWORK
+from .base import CACHES, INSTALLED_APPS, REST_FRAMEWORK
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 # Each test run gets its own cache namespace so parallel runs on one Redis do
@@ -21,5 +21,8 @@ STORAGES = {
 WHITENOISE_AUTOREFRESH = True
 WHITENOISE_USE_FINDERS = True
 
-# --- Idempotency (issue 4): the probe endpoints the tests drive ----------------
-SHOP_TEST_ENDPOINTS = True
+# --- Test support: the probe, the unkeyed twin (never installed in production) ---
+from tests.support.settings import *  # noqa: E402,F401,F403
+from tests.support.settings import TEST_SUPPORT_APPS  # noqa: E402
+
+INSTALLED_APPS = [*INSTALLED_APPS, *TEST_SUPPORT_APPS]

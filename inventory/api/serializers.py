@@ -1,8 +1,8 @@
 from django.core.validators import RegexValidator
 from rest_framework import serializers
 
-from idempotency.fields import ClosedSerializer, StrictCharField, StrictIntegerField
-from idempotency.money import MoneyField
+from core.fields import ClosedSerializer, StrictCharField, StrictIntegerField
+from core.money import MoneyField
 
 SKU_REGEX = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 

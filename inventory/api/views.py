@@ -4,7 +4,7 @@ from rest_framework.generics import GenericAPIView
 from rest_framework.permissions import AllowAny, IsAuthenticated
 from rest_framework.response import Response
 
-from idempotency.permissions import IsStaff
+from core.permissions import IsStaff
 from idempotency.views import KeyRequest, idempotent
 
 from .. import selectors, services

@@ -5,8 +5,8 @@ from __future__ import annotations
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from idempotency.fields import ClosedSerializer, StrictCharField, StrictIntegerField
-from idempotency.money import MoneyField, check_currency
+from core.fields import ClosedSerializer, StrictCharField, StrictIntegerField
+from core.money import MoneyField, check_currency
 from inventory.models import Product
 from payments.services import SUPPORTED_METHODS
 

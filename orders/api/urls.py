@@ -1,4 +1,3 @@
-from django.conf import settings
 from django.urls import path
 
 from . import views
@@ -9,13 +8,3 @@ urlpatterns = [
     path("orders/<str:order_id>/confirm/", views.OrderConfirmView.as_view(), name="order-confirm"),
     path("orders/<str:order_id>/cancel/", views.OrderCancelView.as_view(), name="order-cancel"),
 ]
-
-# Test-only (bench baseline: the same checkout without its request key).
-if settings.SHOP_TEST_ENDPOINTS:
-    urlpatterns.append(
-        path(
-            "_test/orders-unkeyed/",
-            views.OrderPlaceUnkeyedView.as_view(),
-            name="test-orders-unkeyed",
-        )
-    )

@@ -7,9 +7,8 @@ from rest_framework.generics import GenericAPIView
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 
-from idempotency.keys import UnkeyedRun
-from idempotency.permissions import IsNotCourier
-from idempotency.views import KeyRequest, answer_response, idempotent
+from core.permissions import IsNotCourier
+from idempotency.views import KeyRequest, idempotent
 
 from .. import checkout, selectors
 from .serializers import OrderIn, OrderOut, order_body
@@ -100,21 +99,3 @@ class OrderCancelView(GenericAPIView):
     def post(self, request, order_id: str, *, key: KeyRequest):
         order = selectors.order_get_for_user(user=request.user, order_id=order_id)
         checkout.order_cancel_keyed(run=key.claim(), order_id=order.id)
-
-
-class OrderPlaceUnkeyedView(GenericAPIView):
-    """Test-only: place an order exactly as POST /orders/ does, without the request key.
-
-    Mounted only with SHOP_TEST_ENDPOINTS (the bench's baseline for "keyed
-    vs unkeyed"); a retry places a second order.
-    """
-
-    permission_classes = ORDER_PERMISSIONS
-
-    @extend_schema(exclude=True)
-    def post(self, request):
-        data = OrderIn(data=request.data)
-        data.is_valid(raise_exception=True)
-        run = UnkeyedRun(operation=checkout.CREATE)
-        checkout.order_place_keyed(run=run, user=request.user, **data.validated_data)
-        return answer_response(run.answer, replayed=False)

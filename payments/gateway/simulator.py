@@ -8,7 +8,7 @@ from decimal import Decimal
 import requests
 from django.conf import settings
 
-from idempotency.money import format_money
+from core.money import format_money
 
 from .base import Outcome, PaymentGateway, ProviderResult, ProviderUnreachable
 

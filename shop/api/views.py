@@ -6,7 +6,7 @@ from rest_framework.permissions import AllowAny, IsAuthenticated
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from idempotency.fields import ClosedSerializer, StrictCharField
+from core.fields import ClosedSerializer, StrictCharField
 
 from .. import services
 from .throttles import RegisterThrottle, TokenAddressThrottle, TokenUsernameThrottle

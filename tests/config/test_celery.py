@@ -21,9 +21,9 @@ from rest_framework.authtoken.models import Token
 
 from config.celery import app
 from idempotency.models import FINISHED, IdempotencyKey, OutboxMessage, ProbeRecord
-from idempotency.testing import wait_until
 from orders import tasks as order_tasks
 from payments import tasks as payment_tasks
+from tests.support.servers import wait_until
 
 OUR_TASKS = (
     "idempotency.complete_abandoned_keys",

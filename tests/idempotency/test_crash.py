@@ -13,8 +13,9 @@ from django.test import override_settings
 from rest_framework.authtoken.models import Token
 
 from idempotency import keys
-from idempotency.models import FINISHED, IdempotencyKey, OutboxMessage, ProbeRecord
-from idempotency.testing import wait_until
+from idempotency.models import FINISHED, IdempotencyKey, OutboxMessage
+from tests.support.models import ProbeRecord
+from tests.support.servers import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

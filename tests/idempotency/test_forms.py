@@ -5,7 +5,8 @@ import re
 import pytest
 from django.template import Context, Template
 
-from idempotency.models import IdempotencyKey, ProbeRecord
+from idempotency.models import IdempotencyKey
+from tests.support.models import ProbeRecord
 
 pytestmark = pytest.mark.django_db
 
@@ -85,7 +86,7 @@ def test_anonymous_submission_goes_to_login(client):
 
 
 def test_submission_while_the_first_runs_gets_a_409_page(browser, shopper):
-    from idempotency.testing import key_hold
+    from tests.support.servers import key_hold
 
     key_hold(
         owner_id=shopper.pk,

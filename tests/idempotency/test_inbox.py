@@ -7,7 +7,7 @@ from django.db import connection, transaction
 
 from idempotency.inbox import inbox_claim
 from idempotency.models import InboxMessage
-from idempotency.testing import wait_until
+from tests.support.servers import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -8,9 +8,9 @@ from django.db.models.functions import Now
 from django.http import QueryDict
 from django.test import override_settings
 
+from core.db import violated_constraint
+from core.errors import ApplicationError, Conflict
 from idempotency import failpoints, keys
-from idempotency.db import violated_constraint
-from idempotency.errors import ApplicationError, Conflict
 from idempotency.keys import (
     Answer,
     IdempotencyKeyInUse,
@@ -27,7 +27,8 @@ from idempotency.keys import (
     keys_complete_abandoned,
     keys_purge,
 )
-from idempotency.models import FINISHED, STARTED, IdempotencyKey, ProbeRecord
+from idempotency.models import FINISHED, STARTED, IdempotencyKey
+from tests.support.models import ProbeRecord
 
 pytestmark = pytest.mark.django_db
 

@@ -13,10 +13,12 @@ from django.test import override_settings
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
-from idempotency import failpoints, probe
+from idempotency import failpoints
 from idempotency.keys import body_fingerprint
-from idempotency.models import FINISHED, IdempotencyKey, OutboxMessage, ProbeRecord
-from idempotency.testing import wait_until
+from idempotency.models import FINISHED, IdempotencyKey, OutboxMessage
+from tests.support import probe
+from tests.support.models import ProbeRecord
+from tests.support.servers import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -3,7 +3,7 @@
 import pytest
 from django.db import connection
 
-from idempotency.testing import database_url_for_current_connection
+from tests.support.servers import database_url_for_current_connection
 
 
 def test_url_names_a_socket_server_by_its_folder(monkeypatch):

@@ -4,9 +4,10 @@ import pytest
 from django.test import override_settings
 
 from idempotency import failpoints, metrics
-from idempotency.models import FINISHED, IdempotencyKey, OutboxMessage, ProbeRecord
-from idempotency.testing import key_hold
+from idempotency.models import FINISHED, IdempotencyKey, OutboxMessage
 from tests.conftest import assert_problem
+from tests.support.models import ProbeRecord
+from tests.support.servers import key_hold
 
 pytestmark = pytest.mark.django_db
 
@@ -233,8 +234,8 @@ def test_schema_declares_the_header_required(api_client):
     from drf_spectacular.utils import extend_schema
     from rest_framework.views import APIView
 
-    from idempotency.probe_views import ProbeIn
     from idempotency.views import idempotent
+    from tests.support.probe_views import ProbeIn
 
     class Keyed(APIView):
         @extend_schema(request=ProbeIn, responses={201: ProbeIn})

@@ -41,7 +41,7 @@ def reserve(shopper):
 @pytest.fixture
 def provider(tmp_path, settings):
     """A real payment simulator process; the shop (this process) points at it."""
-    from payments.testing import Simulator
+    from tests.support.simulator import Simulator
 
     simulator = Simulator(tmp_path).start()
     settings.PAYMENTS_PROVIDER_URL = simulator.url

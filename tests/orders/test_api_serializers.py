@@ -2,7 +2,7 @@ from decimal import Decimal
 
 import pytest
 
-from idempotency.money import CurrencyMismatch
+from core.money import CurrencyMismatch
 from orders.api.serializers import OrderIn, order_body
 from tests.orders.conftest import ADDRESS
 

@@ -21,10 +21,10 @@ from orders.models import Order
 from orders.services import order_expire
 from orders.tasks import expire_reservations
 from payments.models import Payment
-from payments.testing import assert_reconciled, settle_due
 from tests.concurrency import Workers, wait_for_lock_waiters, wait_until
 from tests.conftest import assert_problem
 from tests.orders.conftest import ADDRESS
+from tests.support.simulator import assert_reconciled, settle_due
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -26,9 +26,9 @@ from inventory import selectors as inventory_selectors
 from inventory.models import Reservation, StockItem
 from orders.models import Order
 from payments.models import Payment
-from payments.testing import assert_reconciled
 from tests.concurrency import wait_for_lock_waiters, wait_until
 from tests.orders.conftest import ADDRESS
+from tests.support.simulator import assert_reconciled
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

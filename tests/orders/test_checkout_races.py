@@ -27,9 +27,9 @@ from inventory.models import Reservation, StockItem
 from orders.models import Order
 from payments.models import PaymentSettlement
 from payments.services import payment_settle
-from payments.testing import assert_reconciled
 from tests.concurrency import Workers, lock_waiters, wait_until
 from tests.orders.conftest import ADDRESS
+from tests.support.simulator import assert_reconciled
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -2,7 +2,7 @@ import uuid
 
 import pytest
 
-from idempotency.errors import ApplicationError, NotFound
+from core.errors import ApplicationError, NotFound
 from orders.selectors import order_get_for_owner_decision, order_get_for_user, order_list_for_user
 
 pytestmark = pytest.mark.django_db

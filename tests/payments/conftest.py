@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from idempotency.testing import database_url_for_current_connection
-from payments.testing import Simulator, assert_reconciled, reconcile, settle_due  # noqa: F401
+from tests.support.servers import database_url_for_current_connection
+from tests.support.simulator import Simulator, assert_reconciled, reconcile, settle_due  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -12,11 +12,11 @@ import redis
 from django.conf import settings as django_settings
 from django.db.models.functions import Now
 
-from idempotency.testing import wait_until
 from payments.models import Payment, PaymentSettlement, PaymentStatus
 from payments.services import payment_capture, payment_create
 from payments.tasks import sweep_settlements
 from tests.payments.conftest import assert_reconciled
+from tests.support.servers import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

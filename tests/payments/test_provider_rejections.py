@@ -18,8 +18,8 @@ from inventory.models import Reservation, StockItem
 from orders.models import Order
 from payments.models import PaymentEvent, PaymentSettlement, PaymentStatus
 from payments.services import payment_settle, settlement_retry_now
-from payments.testing import assert_reconciled, reconcile, settle_due
 from tests.orders.conftest import ADDRESS
+from tests.support.simulator import assert_reconciled, reconcile, settle_due
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

@@ -7,7 +7,7 @@ import pytest
 from django.db import connection, transaction
 from django.db.models.functions import Now
 
-from idempotency.errors import ApplicationError
+from core.errors import ApplicationError
 from payments import services
 from payments.keys import install_id
 from payments.models import Payment, PaymentEvent, PaymentSettlement, PaymentStatus

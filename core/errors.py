@@ -1,7 +1,7 @@
 """The one exception root of the shop.
 
 Every domain refusal is an `ApplicationError` subclass (or instance) with a
-stable snake_case `code` that clients switch on; `idempotency.problems`
+stable snake_case `code` that clients switch on; `core.problems`
 renders it as an RFC 9457 problem response.
 """
 

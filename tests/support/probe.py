@@ -21,11 +21,13 @@ import requests
 from django.conf import settings
 from django.db import transaction
 
-from .errors import ApplicationError
-from .failpoints import failpoint
-from .keys import KeyRun
-from .models import STARTED, ProbeRecord
-from .outbox import outbox_write
+from core.errors import ApplicationError
+from idempotency.failpoints import failpoint
+from idempotency.keys import KeyRun
+from idempotency.models import STARTED
+from idempotency.outbox import outbox_write
+
+from .models import ProbeRecord
 
 OPERATION = "probe.run"
 RECORDED = "recorded"

@@ -5,7 +5,7 @@ tests/conftest.py wrap them). Everything binds to a port chosen at runtime.
 
 - `server_env(**extra)`: the environment for a child process that must use the
   TEST database pytest-django created (its name comes from the live
-  connection), the same Redis, test settings and the test endpoints.
+  connection), the same Redis, test settings (which install the test-only routes).
 - `gunicorn_server(env=..., workers=N)`: a real gunicorn on a free port
   (the listening socket is opened here and handed over as `fd://`, so no
   port race); waits for /healthz; stops the whole process group afterwards.
@@ -35,7 +35,7 @@ from urllib.parse import quote
 
 import requests
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def database_url_for_current_connection() -> str:
@@ -72,7 +72,6 @@ def server_env(**extra: str) -> dict[str, str]:
         DJANGO_SETTINGS_MODULE="config.settings.test",
         DATABASE_URL=database_url_for_current_connection(),
         REDIS_URL=settings.REDIS_URL,
-        SHOP_TEST_ENDPOINTS="true",
         DB_POOL_MAX=env.get("DB_POOL_MAX", "4"),
         PYTHONUNBUFFERED="1",
     )
@@ -330,7 +329,7 @@ def key_hold(
     *, owner_id: int, key: str, operation: str, path: str, body=None, method: str = "POST"
 ):
     """Claim `key` and commit a first phase ("held"), leaving it locked like a running request."""
-    from .keys import KeyRun, body_fingerprint, key_claim
+    from idempotency.keys import KeyRun, body_fingerprint, key_claim
 
     run = key_claim(
         owner_id=owner_id,

@@ -9,9 +9,10 @@ from rest_framework import serializers, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from idempotency.views import KeyRequest, form_key_field, idempotent, idempotent_form
+
 from . import probe
 from .models import ProbeRecord
-from .views import KeyRequest, form_key_field, idempotent, idempotent_form
 
 
 class ProbeIn(serializers.Serializer):

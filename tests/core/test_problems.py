@@ -109,7 +109,7 @@ def test_whole_body_errors_are_non_field_errors(staff_client, make_product, body
 def test_nested_member_errors_are_a_list_of_messages():
     from rest_framework.exceptions import ValidationError
 
-    from idempotency.problems import exception_to_problem
+    from core.problems import exception_to_problem
 
     detail = {
         "lines": {"non_field_errors": ["This list may not be empty."]},

@@ -1,7 +1,7 @@
 """Test support for payments: the simulator as a real process, settlement, reconciliation.
 
-Used by the payments and checkout tests; lives in the app (as
-`idempotency/testing.py` does) so no test package imports another's conftest.
+Used by the payments and checkout tests; lives in the test-support package so
+no test package imports another's conftest.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db.models.functions import Now
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class Simulator:

@@ -1,0 +1,93 @@
+"""Production installs no test-only code: no test app, no test route, no test table."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# What test-only code is called; none of it may appear in a production module.
+TEST_ONLY_WORDS = ("probe", "tests.support", "unkeyed", "SHOP_TEST_ENDPOINTS", "testsupport")
+
+_INSPECT = """
+import json, django
+django.setup()
+from django.apps import apps
+from django.db.migrations.loader import MigrationLoader
+from django.db import connection
+from django.urls import get_resolver
+
+def walk(patterns, prefix=""):
+    for p in patterns:
+        if hasattr(p, "url_patterns"):
+            yield from walk(p.url_patterns, prefix + str(p.pattern))
+        else:
+            yield prefix + str(p.pattern)
+
+state = MigrationLoader(None, ignore_no_migrations=True).project_state()
+print(json.dumps({
+    "apps": [a.name for a in apps.get_app_configs()],
+    "models": [m._meta.db_table for m in apps.get_models()],
+    "migrated_tables": sorted(m.options.get("db_table") or f"{app}_{name}"
+                              for (app, name), m in state.models.items()),
+    "urls": list(walk(get_resolver().url_patterns)),
+}))
+"""
+
+
+def _production_layout() -> dict:
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "PYTEST_"))},
+        "DJANGO_SETTINGS_MODULE": "config.settings.production",
+        "SECRET_KEY": "production-layout-test",
+        "PAYMENTS_WEBHOOK_SECRET": "production-layout-test",
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", _INSPECT], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_production_settings_install_no_test_app_route_or_table():
+    layout = _production_layout()
+    assert layout["urls"] and layout["models"] and layout["migrated_tables"]
+    found = [
+        item
+        for kind in ("apps", "models", "migrated_tables", "urls")
+        for item in layout[kind]
+        if any(word.lower() in item.lower() for word in ("probe", "_test", "testsupport"))
+    ]
+    assert found == []
+
+
+def test_the_test_settings_do_install_the_probe():
+    """The check above can see a test table and route: under the test settings it finds them."""
+    from django.apps import apps
+    from django.urls import get_resolver
+
+    assert "tests.support" in [a.name for a in apps.get_app_configs()]
+    assert any("_test/probe" in str(p.pattern) for p in get_resolver().url_patterns)
+
+
+def test_no_production_module_mentions_test_only_code():
+    tracked = subprocess.run(
+        ["git", "ls-files", "*.py"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
+    production = [
+        p
+        for p in tracked
+        if not p.startswith(("tests/", "bench/", "config/settings/test.py"))
+        and "/migrations/" not in p
+    ]
+    offenders = [
+        (path, word)
+        for path in production
+        for word in TEST_ONLY_WORDS
+        if word.lower() in (ROOT / path).read_text().lower()
+    ]
+    assert offenders == []

@@ -1,0 +1,26 @@
+"""The probe's table: rows written by the test-only probe operation."""
+
+import uuid
+
+from django.conf import settings
+from django.db import models
+from django.db.models.functions import Now
+
+
+class ProbeRecord(models.Model):
+    """A row written by the test-only probe operation (`tests.support.probe`); no business data.
+
+    Deliberately without a unique constraint per key: the fencing token alone
+    must keep a stalled request from committing a second record.
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    label = models.CharField(max_length=100)
+    amount = models.PositiveIntegerField()
+    status = models.CharField(max_length=20)
+    confirmation = models.CharField(max_length=100, blank=True, default="")
+    created_at = models.DateTimeField(db_default=Now())
+
+    def __str__(self) -> str:
+        return f"probe {self.label} ({self.status})"
