@@ -73,6 +73,11 @@ TEMPLATES = [
 DATABASE_URL = env.str("DATABASE_URL", default="postgres://postgres@127.0.0.1:5432/postgres")
 DATABASES = {"default": env.db_url_config(DATABASE_URL)}
 DATABASES["default"]["ENGINE"] = "django.db.backends.postgresql"
+# A Unix-socket URL (`?host=/folder`, the embedded server) leaves the folder in
+# OPTIONS, where `dbshell` does not look (psql gets HOST only): move it to HOST,
+# which psycopg takes as a socket folder as well.
+if not DATABASES["default"].get("HOST") and DATABASES["default"].get("OPTIONS", {}).get("host"):
+    DATABASES["default"]["HOST"] = DATABASES["default"]["OPTIONS"].pop("host")
 DB_POOL = env.bool("DB_POOL", default=True)
 if DB_POOL:
     DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
