@@ -25,7 +25,7 @@ from pathlib import Path
 
 import psutil
 
-from . import BASE_DIR, var_dir
+from . import BASE_DIR, load_env_file, var_dir
 from .embedded.services import EmbeddedServices
 from .processes import (
     die_with_parent,
@@ -301,6 +301,9 @@ def healthy(url: str) -> bool:
 
 
 def main() -> int:
+    # Before anything reads the environment: a DATABASE_URL in .env means no
+    # embedded PostgreSQL, a PORT there is the port to check.
+    load_env_file()
     ctx = context()
     var = var_dir()
     var.mkdir(parents=True, exist_ok=True)

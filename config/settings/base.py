@@ -1,8 +1,9 @@
 """Settings shared by every environment; values come from the environment.
 
-`DATABASE_URL` and `REDIS_URL` name the PostgreSQL and Redis servers. When they
-are not set the run command and the test suite start embedded servers and set
-them before Django loads (see docs/running.md); settings never start anything.
+`DATABASE_URL` and `REDIS_URL` name the PostgreSQL and Redis servers (from the
+environment or a `.env` file in the checkout). When they are not set the run
+command, `manage.py` and the test suite start embedded servers and set them
+before Django loads (see docs/running.md); settings never start anything.
 """
 
 from pathlib import Path
@@ -12,6 +13,11 @@ import environ
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 
 env = environ.Env()
+# A `.env` file in the checkout (or SHOP_ENV_FILE) fills in what the
+# environment does not set; `.env.example` lists the variables. The run
+# command, `manage.py` and the test plugin read the same file before they
+# decide which servers to embed (runner.load_env_file).
+environ.Env.read_env(env.str("SHOP_ENV_FILE", default="") or BASE_DIR / ".env")
 
 SECRET_KEY = env.str("SECRET_KEY", default="dev-insecure-change-me")
 DEBUG = env.bool("DEBUG", default=False)

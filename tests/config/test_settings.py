@@ -94,3 +94,16 @@ def test_a_socket_url_puts_the_folder_in_host_where_dbshell_passes_it_to_psql():
     args, _ = DatabaseClient.settings_to_cmd_args_env(settings_dict, [])
     assert args == ["psql", "-U", "postgres", "-h", "/tmp/shop-abc/pg", "shop"]
 
+
+def test_env_file_fills_in_what_the_environment_does_not_set(tmp_path):
+    env_file = tmp_path / "shop.env"
+    env_file.write_text(
+        "# a comment\n"
+        "DATABASE_URL=postgres://fromfile@dbfile:5433/filedb\n"
+        "export SHOP_CURRENCY='USD'\n"
+        'SECRET_KEY="from-file"\n'
+    )
+    s = _settings(SHOP_ENV_FILE=str(env_file), SECRET_KEY="from-environment")
+    assert s["db"][1:] == ["dbfile", 5433, "filedb", "fromfile"]
+    assert s["currency"] == "USD"
+    assert s["secret"] == "from-environment"  # the environment wins
