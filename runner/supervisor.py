@@ -27,7 +27,9 @@ import psutil
 
 from . import BASE_DIR, load_env_file, var_dir
 from .embedded.services import EmbeddedServices
+from .manage import PUBLISHED, publish
 from .processes import (
+    ServerBusy,
     die_with_parent,
     ensure_owned_dir,
     group_alive,
@@ -320,6 +322,8 @@ def main() -> int:
         signals.check()
         for name, url in urls.items():
             say(f"embedded {name}={url}")
+        # `manage.py` from the checkout finds them here (runner/manage.py).
+        publish(run_dir, urls)
         env = {**os.environ, **urls, "PYTHONUNBUFFERED": "1"}
         env.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.base")
         for name, value in ENV.items():
@@ -349,9 +353,13 @@ def main() -> int:
             time.sleep(0.2)
     except Stop as stop:
         say(f"{stop.args[0]}: stopping")
+    except ServerBusy as busy:
+        say(f"{busy}: a manage.py command may be using it; start again when it ends")
+        code = 1
     finally:
         if supervisor is not None:
             supervisor.stop_all()
+        (run_dir / PUBLISHED).unlink(missing_ok=True)
         services.stop()
         state_file.unlink(missing_ok=True)
         os.close(lock)
