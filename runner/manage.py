@@ -24,7 +24,6 @@ from .processes import ServerBusy, process_matches, run_dir_for
 
 NAMES = ("DATABASE_URL", "REDIS_URL")
 PUBLISHED = "services.json"  # in the runtime folder, written by the run command
-_NAMES = {"EmbeddedPostgres": "PostgreSQL", "EmbeddedRedis": "Redis"}
 
 
 def publish(run_dir: Path, urls: Mapping[str, str]) -> Path:
@@ -98,7 +97,7 @@ def servers_for_command() -> Iterator[None]:
             "stopping); try again when it ends"
         ) from None
     try:
-        names = " and ".join(_NAMES[type(server).__name__] for server in services.started)
+        names = " and ".join(server.name for server in services.started)
         _say(f"started the embedded {names} of {var} for this command; stopped when it ends")
         os.environ.update(urls)
         if "DATABASE_URL" in urls:

@@ -84,6 +84,10 @@ DATABASES["default"]["ENGINE"] = "django.db.backends.postgresql"
 # which psycopg takes as a socket folder as well.
 if not DATABASES["default"].get("HOST") and DATABASES["default"].get("OPTIONS", {}).get("host"):
     DATABASES["default"]["HOST"] = DATABASES["default"]["OPTIONS"].pop("host")
+# Check a pooled connection before handing it out: after the database restarts
+# (the run command restarts a dead embedded server) the pool would otherwise
+# give each request a dead connection once.
+DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 DB_POOL = env.bool("DB_POOL", default=True)
 if DB_POOL:
     DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
