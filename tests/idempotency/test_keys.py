@@ -406,7 +406,7 @@ def test_refusal_after_a_committed_phase_is_not_stored(shopper):
 @pytest.fixture
 def registered(monkeypatch):
     registry = {}
-    monkeypatch.setattr(keys, "_registry", registry)
+    monkeypatch.setattr(keys.registry, "_registry", registry)
     return registry
 
 
@@ -545,7 +545,7 @@ def test_completer_starts_no_key_once_its_time_budget_is_spent(shopper, register
     starts three (at 0, 10 and 20 s) and leaves the rest to the next run, so it cannot
     outlast the broker's visibility timeout however many keys are due."""
     clock = _FakeClock()
-    monkeypatch.setattr(keys, "time", clock)
+    monkeypatch.setattr(keys.completer, "time", clock)
 
     def resume(run: KeyRun) -> None:
         clock.now += 10

@@ -1,0 +1,87 @@
+"""Request keys: claim, match, atomic phases, finish, takeover, the completer and the purge.
+
+The design (docs/idempotency.md) in short:
+
+- A request first reads its (owner, key) row: a finished key is replayed
+  from that one indexed read. An existing row is matched: another request
+  (422), a stored answer (replay), a live lock (409), or an expired lock /
+  open key (taken over with a conditional UPDATE and a fresh fencing token).
+- A fresh key is claimed by INSERTing its row, with a fresh fencing token in
+  `locked_by`, as the first statement of the operation's first phase, under
+  `ON CONFLICT ON CONSTRAINT <the (owner, key) unique constraint> DO NOTHING`:
+  exactly that constraint decides who runs; the loser rolls back before any
+  effect and is answered from the winner's row (409 / replay / 422).
+- An operation runs in phases. Each phase is one transaction that commits the
+  phase's effects together with the key's next `recovery_point` and `data`,
+  through `UPDATE ... WHERE locked_by = <my token>`: a request whose lock was
+  taken over cannot commit anything.
+- The final answer is stored in the same transaction as the effect that
+  decided it (the last phase) and replayed byte for byte.
+- Lock ages are judged by the database clock (`now()`), never the process's.
+
+The package, one job a module (each imports only those above it):
+
+- `errors`: the key's refusals (400/409/422 problems), KeyLockLost, KeyClaimLost.
+- `fingerprint`: the key's header value and the body's fingerprint.
+- `answers`: answers as stored and replayed.
+- `clock`: lock ages by the database clock.
+- `run`: KeyRun, the fenced atomic phases.
+- `claim`: claim, match, takeover, and settling a failed run.
+- `registry`: how the completer resumes each operation.
+- `completer`: keys abandoned mid-way, driven to their end.
+- `purge`: finished keys past their retention, deleted.
+"""
+
+from .answers import JSON_CONTENT_TYPE, Answer, answer_for_problem, answer_new
+from .claim import (
+    RELEASE_STATUSES,
+    key_answer_existing,
+    key_claim,
+    key_lookup,
+    key_run_failed,
+    key_stored_answer,
+)
+from .completer import keys_complete_abandoned
+from .errors import (
+    IdempotencyKeyInUse,
+    IdempotencyKeyInvalid,
+    IdempotencyKeyMissing,
+    IdempotencyKeyReused,
+    KeyClaimLost,
+    KeyLockLost,
+)
+from .fingerprint import MAX_KEY_LENGTH, body_fingerprint, canonical_json, key_validate
+from .purge import keys_purge
+from .registry import register_operation, registered_operations
+from .run import LOCK_NOT_AVAILABLE, OWNER_KEY_CONSTRAINT, KeyIdentity, KeyRun
+
+__all__ = [
+    "JSON_CONTENT_TYPE",
+    "LOCK_NOT_AVAILABLE",
+    "MAX_KEY_LENGTH",
+    "OWNER_KEY_CONSTRAINT",
+    "RELEASE_STATUSES",
+    "Answer",
+    "IdempotencyKeyInUse",
+    "IdempotencyKeyInvalid",
+    "IdempotencyKeyMissing",
+    "IdempotencyKeyReused",
+    "KeyClaimLost",
+    "KeyIdentity",
+    "KeyLockLost",
+    "KeyRun",
+    "answer_for_problem",
+    "answer_new",
+    "body_fingerprint",
+    "canonical_json",
+    "key_answer_existing",
+    "key_claim",
+    "key_lookup",
+    "key_run_failed",
+    "key_stored_answer",
+    "key_validate",
+    "keys_complete_abandoned",
+    "keys_purge",
+    "register_operation",
+    "registered_operations",
+]

@@ -1,0 +1,232 @@
+"""Claim a key: read, match, take over; settle it when the operation fails."""
+
+from __future__ import annotations
+
+import math
+import uuid
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db.models import F
+from django.db.models.functions import Now
+
+from core.errors import ApplicationError
+
+from .. import metrics
+from ..failpoints import failpoint
+from ..models import FINISHED, STARTED, IdempotencyKey
+from .answers import Answer, _stored_answer
+from .clock import _db_ago, _lock_ttl, _unlocked_or_expired
+from .errors import IdempotencyKeyInUse, IdempotencyKeyReused
+from .run import KeyIdentity, KeyRun
+
+# Refusals raised before the first committed phase that are NOT the domain's
+# decision about this request: nothing is kept (a fresh key was never
+# inserted; a key taken over at "started" is deleted), so the same key can be
+# sent again, e.g. with a corrected body. Every other 4xx
+# ApplicationError raised before the first committed phase (402, 404, 409,
+# 410, 422, ...) is stored as the final answer and replayed; 5xx are not
+# stored (the key is unlocked and a retry runs again).
+RELEASE_STATUSES = frozenset({400, 401, 403, 405, 406, 413, 415, 429})
+
+
+def key_lookup(*, owner_id: int, key: str) -> IdempotencyKey | None:
+    """Read the key's row (one indexed read), annotated with the database's `now()`."""
+    rows = list(IdempotencyKey.objects.annotate(db_now=Now()).filter(owner_id=owner_id, key=key))
+    return rows[0] if rows else None
+
+
+_key_read = key_lookup
+_UNREAD: Any = object()
+
+
+def key_stored_answer(
+    *, row: IdempotencyKey, method: str, path: str, fingerprint: str
+) -> Answer | None:
+    """Return the stored answer if `row` is finished and was made by this same request."""
+    if row.recovery_point != FINISHED or (
+        row.request_method,
+        row.request_path,
+        row.request_fingerprint,
+    ) != (method, path, fingerprint):
+        return None
+    metrics.count("shop_duplicates_suppressed_total", mechanism="request_key")
+    return _stored_answer(row)
+
+
+def _key_take_over(*, key_id: int, abandoned: bool = False) -> KeyRun | None:
+    """Lock an open key whose lock is free or expired with a fresh token; None if another won."""
+    token = uuid.uuid4()
+    candidates = IdempotencyKey.objects.filter(pk=key_id).exclude(recovery_point=FINISHED)
+    candidates = candidates.filter(_unlocked_or_expired())
+    if abandoned:
+        candidates = candidates.filter(
+            last_run_at__lt=_db_ago(float(settings.IDEMPOTENCY_ABANDON_AFTER))
+        )
+    updated = candidates.update(
+        locked_by=token, locked_at=Now(), last_run_at=Now(), runs=F("runs") + 1
+    )
+    if updated != 1:
+        return None
+    row = IdempotencyKey.objects.filter(pk=key_id, locked_by=token).first()
+    if row is None:
+        return None
+    return KeyRun(
+        key_id=row.pk,
+        owner_id=row.owner_id,
+        key=row.key,
+        operation=row.operation,
+        token=token,
+        recovery_point=row.recovery_point,
+        data=row.data,
+        resumed=True,
+    )
+
+
+def _in_use(row: IdempotencyKey | None = None) -> IdempotencyKeyInUse:
+    remaining = _lock_ttl()
+    if row is not None and row.locked_at is not None:
+        remaining -= (row.db_now - row.locked_at).total_seconds()
+    retry_after = max(1, min(int(settings.IDEMPOTENCY_RETRY_AFTER), math.ceil(remaining)))
+    metrics.count("shop_idempotency_key_conflicts_total", code=IdempotencyKeyInUse.code)
+    return IdempotencyKeyInUse(
+        "A request with this idempotency key is still being processed; retry shortly.",
+        headers={"Retry-After": str(retry_after)},
+    )
+
+
+def _lock_live(row: IdempotencyKey) -> bool:
+    return (
+        row.locked_by is not None
+        and row.locked_at is not None
+        and row.locked_at > row.db_now - timedelta(seconds=_lock_ttl())
+    )
+
+
+def _match(row: IdempotencyKey, identity: KeyIdentity) -> Answer | None:
+    """Refuse another request under this key (422); return the stored answer if finished."""
+    if (row.request_method, row.request_path, row.request_fingerprint) != (
+        identity.method,
+        identity.path,
+        identity.fingerprint,
+    ):
+        metrics.count("shop_idempotency_key_conflicts_total", code=IdempotencyKeyReused.code)
+        raise IdempotencyKeyReused(
+            "This idempotency key was used for a different request "
+            "(method, path or body); use a new key for a new request."
+        )
+    if row.recovery_point == FINISHED:
+        metrics.count("shop_duplicates_suppressed_total", mechanism="request_key")
+        return _stored_answer(row)
+    return None
+
+
+def _after_takeover(run: KeyRun) -> None:
+    """Pass the failpoint after a takeover; a raise there must not leave the key locked."""
+    try:
+        failpoint("idempotency.claim.after_takeover")
+    except BaseException:
+        run.unlock_quietly()
+        raise
+
+
+def key_claim(
+    *,
+    owner_id: int,
+    key: str,
+    operation: str,
+    method: str,
+    path: str,
+    fingerprint: str,
+    row: IdempotencyKey | None = _UNREAD,
+) -> KeyRun | Answer:
+    """Match `key` to the request that holds it, or prepare this request's claim.
+
+    Return the stored Answer to replay; or a KeyRun to run: fresh (its first
+    phase inserts the key under the unique constraint), or resumed at its
+    recovery point after an expired lock or an open key. Raise
+    IdempotencyKeyReused (422) for another request under the same key and
+    IdempotencyKeyInUse (409, Retry-After) while another run holds it.
+
+    The read only spares a replay any write; the insert decides who runs.
+    `row` is the result of a `key_lookup` the caller just made (read once).
+    """
+    identity = KeyIdentity(
+        owner_id=owner_id,
+        key=key,
+        operation=operation,
+        method=method,
+        path=path,
+        fingerprint=fingerprint,
+    )
+    for _ in range(5):
+        if row is _UNREAD:
+            row = _key_read(owner_id=owner_id, key=key)
+        if row is None:
+            return KeyRun(
+                key_id=None,
+                owner_id=owner_id,
+                key=key,
+                operation=operation,
+                token=uuid.uuid4(),
+                recovery_point=STARTED,
+                data={},
+                resumed=False,
+                identity=identity,
+            )
+        answer = _match(row, identity)
+        if answer is not None:
+            return answer
+        if _lock_live(row):
+            raise _in_use(row)
+        run = _key_take_over(key_id=row.pk)
+        if run is not None:
+            _after_takeover(run)
+            return run
+        # Another request took it over between our read and update: look again.
+        row = _UNREAD
+    raise _in_use()
+
+
+def key_answer_existing(
+    *, owner_id: int, key: str, operation: str, method: str, path: str, fingerprint: str
+) -> Answer:
+    """Answer a request that lost its claim or lock: 422, the stored answer, or 409 in use."""
+    row = _key_read(owner_id=owner_id, key=key)
+    if row is None:
+        raise _in_use()
+    identity = KeyIdentity(
+        owner_id=owner_id,
+        key=key,
+        operation=operation,
+        method=method,
+        path=path,
+        fingerprint=fingerprint,
+    )
+    answer = _match(row, identity)
+    if answer is None:
+        raise _in_use(row)
+    return answer
+
+
+def key_run_failed(*, run: KeyRun, exc: BaseException) -> Answer | None:
+    """Settle the key after the operation raised `exc`; return the answer if it was stored.
+
+    Before the first committed phase an ApplicationError is the domain's
+    decision and is stored (402/404/409/422...), except input-like refusals
+    (RELEASE_STATUSES: nothing is kept, so a corrected retry may use the
+    key). Anything else unlocks the key at its recovery point: a retry
+    resumes there. KeyClaimLost propagates when another request stored first.
+    """
+    if run.closed:
+        return None
+    if isinstance(exc, ApplicationError) and run.recovery_point == STARTED and not run.in_phase:
+        if exc.status in RELEASE_STATUSES:
+            run.abandon()
+            return None
+        if exc.status < 500:
+            run.finish_problem(exc)
+            return run.answer
+    run.unlock_quietly()
+    return None

@@ -1,0 +1,36 @@
+"""Delete finished keys past their retention, in bounded batches."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import connection, transaction
+
+from ..models import FINISHED, IdempotencyKey
+
+
+def keys_purge(
+    *,
+    retention: float | None = None,
+    batch_size: int | None = None,
+    max_batches: int | None = None,
+) -> int:
+    """Delete finished keys older than the retention, in bounded batches; never an open key."""
+    retention = float(settings.IDEMPOTENCY_KEY_RETENTION if retention is None else retention)
+    batch_size = batch_size or int(settings.IDEMPOTENCY_PURGE_BATCH)
+    max_batches = max_batches or int(settings.IDEMPOTENCY_PURGE_MAX_BATCHES)
+    table = connection.ops.quote_name(IdempotencyKey._meta.db_table)
+    sql = (
+        f"DELETE FROM {table} WHERE id IN ("
+        f" SELECT id FROM {table}"
+        "  WHERE recovery_point = %s AND finished_at < now() - make_interval(secs => %s)"
+        "  ORDER BY finished_at LIMIT %s FOR UPDATE SKIP LOCKED)"
+    )
+    total = 0
+    for _ in range(max_batches):
+        with transaction.atomic(durable=True), connection.cursor() as cursor:
+            cursor.execute(sql, [FINISHED, retention, batch_size])
+            deleted = cursor.rowcount
+        total += deleted
+        if deleted < batch_size:
+            break
+    return total

@@ -1,0 +1,329 @@
+"""The run handle: a keyed operation's atomic phases, fenced by the key's lock token."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import logging
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import DatabaseError, OperationalError, connection, transaction
+from django.db.models.functions import Now
+
+from core.errors import ApplicationError
+
+from ..failpoints import failpoint
+from ..models import FINISHED, STARTED, IdempotencyKey
+from .answers import JSON_CONTENT_TYPE, Answer, answer_for_problem, answer_new
+from .clock import _claim_lock_timeout
+from .errors import KeyClaimLost, KeyLockLost
+
+logger = logging.getLogger(__name__)
+
+OWNER_KEY_CONSTRAINT = "idempotency_idempotencykey_owner_key_uniq"
+LOCK_NOT_AVAILABLE = "55P03"  # PostgreSQL's lock_not_available (lock_timeout expired)
+
+
+@dataclass(frozen=True)
+class KeyIdentity:
+    """What a fresh key's row records about the request that claims it."""
+
+    owner_id: int
+    key: str
+    operation: str
+    method: str
+    path: str
+    fingerprint: str
+
+
+class KeyRun:
+    """The handle a domain service gets to run one keyed operation in atomic phases.
+
+    `recovery_point` says where to resume ("started" for a fresh run), `data`
+    holds the operation's committed references. Declare each phase with
+    `with run.phase(next_point=...) as data:`; end with `finish()` (stored,
+    replayed forever) or `leave_open()` (answered now, key stays open).
+
+    A fresh run's key row does not exist yet: the first phase inserts it,
+    before its effects, in its own transaction (so the claim and the first
+    effects commit together, and a crash before that commit leaves nothing).
+    """
+
+    def __init__(
+        self,
+        *,
+        key_id: int | None,
+        owner_id: int,
+        key: str,
+        operation: str,
+        token: uuid.UUID,
+        recovery_point: str,
+        data: dict[str, Any],
+        resumed: bool,
+        identity: KeyIdentity | None = None,
+    ) -> None:
+        self.key_id = key_id
+        self.owner_id = owner_id
+        self.key = key
+        self.operation = operation
+        self.token = token
+        self.resumed = resumed
+        self._identity = identity
+        self._recovery_point = recovery_point
+        self._data = data
+        self._answer: Answer | None = None
+        self._pending: tuple[str, Answer] | None = None
+        self._in_phase = False
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"<KeyRun {self.operation} key={self.key!r} at {self._recovery_point}>"
+
+    @property
+    def recovery_point(self) -> str:
+        return self._recovery_point
+
+    @property
+    def data(self) -> dict[str, Any]:
+        return copy.deepcopy(self._data)
+
+    @property
+    def answer(self) -> Answer | None:
+        """The answer given by finish() or leave_open(), once committed."""
+        return self._answer
+
+    @property
+    def closed(self) -> bool:
+        """True once the run has finished, left the key open, released or unlocked it."""
+        return self._closed
+
+    @property
+    def in_phase(self) -> bool:
+        return self._in_phase
+
+    @property
+    def claimed(self) -> bool:
+        """True once the key's row exists (committed by a phase, or taken over)."""
+        return self.key_id is not None
+
+    def _require_open(self) -> None:
+        if self._closed:
+            raise RuntimeError(f"{self!r} is closed")
+
+    @contextlib.contextmanager
+    def phase(self, *, next_point: str) -> Iterator[dict[str, Any]]:
+        """Run one atomic phase: effects, `next_point` and `data` commit together or not at all.
+
+        Yields a copy of `data` to update. The phase commits only if this run's
+        fencing token still holds the key; otherwise it rolls back and raises
+        KeyLockLost. A fresh run's first phase first inserts the key (insert
+        first; KeyClaimLost if another request holds it). Calling finish() or
+        leave_open() inside the phase stores that answer in the same
+        transaction (finish() makes the point "finished"). Must be called with
+        no transaction open (the commit must be real).
+        """
+        self._require_open()
+        if self._in_phase:
+            raise RuntimeError("phases do not nest")
+        if not next_point or next_point == STARTED:
+            raise ValueError(f"a phase cannot move the key to {next_point!r}")
+        data = copy.deepcopy(self._data)
+        self._in_phase = True
+        self._pending = None
+        inserted_here = False
+        try:
+            with transaction.atomic(durable=True):
+                if self.key_id is None:
+                    self._insert(recovery_point=STARTED, locked=True)
+                    inserted_here = True
+                    failpoint("idempotency.claim.after_insert")
+                yield data
+                kind, answer = self._pending or (None, None)
+                point = FINISHED if kind == "finish" else next_point
+                if point == FINISHED and kind != "finish":
+                    raise RuntimeError("a phase to 'finished' must call run.finish()")
+                failpoint(f"{self.operation}.{point}.before_commit")
+                self._fenced_update(point=point, data=data, kind=kind, answer=answer)
+        except BaseException:
+            if inserted_here:
+                self.key_id = None  # the insert rolled back with the phase
+            raise
+        finally:
+            self._in_phase = False
+            self._pending = None
+        self._committed(point=point, data=data, kind=kind, answer=answer)
+
+    def finish(
+        self,
+        *,
+        status: int,
+        body: Any = None,
+        headers: Mapping[str, str] | None = None,
+        content_type: str = JSON_CONTENT_TYPE,
+    ) -> None:
+        """Store the final answer and unlock; inside a phase, in that phase's transaction."""
+        self._settle(
+            "finish",
+            answer_new(status=status, body=body, headers=headers, content_type=content_type),
+        )
+
+    def finish_problem(self, exc: ApplicationError) -> None:
+        """Store a domain refusal as the final answer (rendered as its problem response)."""
+        self._settle("finish", answer_for_problem(exc))
+
+    def leave_open(
+        self,
+        *,
+        status: int,
+        body: Any = None,
+        headers: Mapping[str, str] | None = None,
+        content_type: str = JSON_CONTENT_TYPE,
+    ) -> None:
+        """Answer now without storing the answer; unlock; a retry resumes at the recovery point."""
+        self._settle(
+            "open",
+            answer_new(status=status, body=body, headers=headers, content_type=content_type),
+        )
+
+    def _settle(self, kind: str, answer: Answer) -> None:
+        self._require_open()
+        if self._in_phase:
+            if self._pending is not None:
+                raise RuntimeError("the run already has an answer")
+            self._pending = (kind, answer)
+            return
+        point = FINISHED if kind == "finish" else self._recovery_point
+        with transaction.atomic(durable=True):
+            failpoint(f"{self.operation}.{point}.before_commit")
+            if self.key_id is None:
+                # Nothing ran yet: the key is inserted already settled.
+                self._insert(recovery_point=point, locked=False, answer=answer)
+            else:
+                self._fenced_update(point=point, data=self._data, kind=kind, answer=answer)
+        self._committed(point=point, data=self._data, kind=kind, answer=answer)
+
+    def _insert(self, *, recovery_point: str, locked: bool, answer: Answer | None = None) -> None:
+        """INSERT the key's row first; KeyClaimLost if the (owner, key) constraint says it exists.
+
+        `ON CONFLICT ON CONSTRAINT <name> DO NOTHING` lets exactly that
+        constraint decide; any other violation still raises.
+        """
+        identity = self._identity
+        assert identity is not None
+        failpoint("idempotency.claim.before_insert")
+        finished = recovery_point == FINISHED
+        assert answer is not None or not finished
+        table = connection.ops.quote_name(IdempotencyKey._meta.db_table)
+        sql = (
+            f"INSERT INTO {table} (owner_id, key, operation, request_method, request_path,"
+            " request_fingerprint, recovery_point, data, locked_by, locked_at, runs,"
+            " response_status, response_body, response_headers, finished_at)"
+            " VALUES (%s, %s, %s, %s, %s, %s, %s, '{}'::jsonb, %s,"
+            " CASE WHEN %s THEN now() END, 1, %s, %s, %s::jsonb, CASE WHEN %s THEN now() END)"
+            f" ON CONFLICT ON CONSTRAINT {OWNER_KEY_CONSTRAINT} DO NOTHING RETURNING id"
+        )
+        params = [
+            identity.owner_id,
+            identity.key,
+            identity.operation,
+            identity.method,
+            identity.path,
+            identity.fingerprint,
+            recovery_point,
+            self.token if locked else None,
+            locked,
+            answer.status if finished else None,
+            answer.body if finished else None,
+            json.dumps(answer.headers if finished else {}),
+            finished,
+        ]
+        with connection.cursor() as cursor:
+            # Bound the wait on a concurrent identical request's uncommitted
+            # insert (its phase may be queued behind a busy row): past the
+            # claim wait it is "in use" (409), not a sync worker held. The
+            # timeout covers this statement alone; the previous value is put
+            # back before the phase's own statements.
+            cursor.execute(
+                "SELECT current_setting('lock_timeout'), set_config('lock_timeout', %s, true)",
+                [_claim_lock_timeout()],
+            )
+            previous = cursor.fetchone()[0]
+            try:
+                cursor.execute(sql, params)
+                row = cursor.fetchone()
+            except OperationalError as exc:
+                if getattr(exc.__cause__, "sqlstate", None) != LOCK_NOT_AVAILABLE:
+                    raise
+                raise KeyClaimLost(f"{self!r}: another request is claiming this key") from exc
+            cursor.execute("SELECT set_config('lock_timeout', %s, true)", [previous])
+        if row is None:
+            raise KeyClaimLost(f"{self!r}: another request holds this key")
+        self.key_id = row[0]
+
+    def _fenced_update(
+        self, *, point: str, data: dict[str, Any], kind: str | None, answer: Answer | None
+    ) -> None:
+        fields: dict[str, Any] = {"recovery_point": point, "data": data}
+        if kind == "finish":
+            assert answer is not None
+            fields.update(
+                response_status=answer.status,
+                response_body=answer.body,
+                response_headers=answer.headers,
+                finished_at=Now(),
+                locked_by=None,
+                locked_at=None,
+            )
+        elif kind == "open":
+            fields.update(locked_by=None, locked_at=None)
+        else:
+            # Each committed phase renews the lock: the TTL bounds one phase
+            # plus one outside call, not the whole operation.
+            fields["locked_at"] = Now()
+        updated = IdempotencyKey.objects.filter(pk=self.key_id, locked_by=self.token).update(
+            **fields
+        )
+        if updated != 1:
+            raise KeyLockLost(f"{self!r} lost its lock; its phase is rolled back")
+
+    def _committed(
+        self, *, point: str, data: dict[str, Any], kind: str | None, answer: Answer | None
+    ) -> None:
+        self._recovery_point = point
+        self._data = data
+        if kind is not None:
+            self._answer = answer
+            self._closed = True
+        failpoint(f"{self.operation}.{point}.after_commit")
+
+    def abandon(self) -> None:
+        """Forget the key as if it never came: only allowed while no phase has committed."""
+        self._require_open()
+        if self._recovery_point != STARTED or self._in_phase:
+            raise RuntimeError("only a key with no committed phase can be abandoned")
+        if self.key_id is not None:
+            deleted, _ = IdempotencyKey.objects.filter(
+                pk=self.key_id, locked_by=self.token, recovery_point=STARTED
+            ).delete()
+            if deleted != 1:
+                raise KeyLockLost(f"{self!r} lost its lock")
+        self._closed = True
+
+    def unlock(self) -> None:
+        """Give the key up at its current recovery point, so a retry may resume at once."""
+        self._closed = True
+        if self.key_id is not None:
+            IdempotencyKey.objects.filter(pk=self.key_id, locked_by=self.token).update(
+                locked_by=None, locked_at=None
+            )
+
+    def unlock_quietly(self) -> None:
+        """Unlock, logging instead of raising (the lock's TTL covers a failure here)."""
+        try:
+            self.unlock()
+        except DatabaseError:
+            logger.warning("could not unlock %r; its lock will expire", self, exc_info=True)
