@@ -1,5 +1,7 @@
 """pytest plugin: embedded PostgreSQL and Redis for a session without DATABASE_URL / REDIS_URL.
 
+Those set in the environment or in the checkout's `.env` are used as they are.
+
 Loaded with `-p runner.pytest_plugin` (pyproject's addopts) so that
 its first hook runs before pytest-django reads the settings: it starts the
 missing servers once per session (data under `var/test`) and sets the URLs in
@@ -16,7 +18,7 @@ import tempfile
 
 import pytest
 
-from . import var_dir
+from . import load_env_file, var_dir
 from .embedded.services import EmbeddedServices
 from .processes import ServerBusy, run_dir_for
 
@@ -28,6 +30,8 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser, args) -> 
     options = early_config.known_args_namespace
     if options.help or options.version:
         return
+    # URLs in the checkout's .env count as set (the settings read it too).
+    load_env_file()
     if os.environ.get("DATABASE_URL") and os.environ.get("REDIS_URL"):
         return
     root = var_dir() / "test"

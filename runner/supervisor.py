@@ -3,10 +3,11 @@
 Starts the embedded PostgreSQL and Redis unless DATABASE_URL / REDIS_URL are
 set, runs the SETUP steps (migrate, collectstatic, seed_demo), then keeps
 every program of PROGRAMS running: a child that exits is restarted with
-backoff. Ctrl-C or SIGTERM stops every child (and its process group), then
-the embedded servers, and exits. A supervisor killed with SIGKILL takes its
-children with it (the kernel's parent-death signal), and the next start
-clears whatever is still left from the state file in the runtime folder.
+backoff, and so is an embedded server that dies. Ctrl-C or SIGTERM stops
+every child (and its process group), then the embedded servers, and exits.
+A supervisor killed with SIGKILL takes its children with it (the kernel's
+parent-death signal), and the next start clears whatever is still left from
+the state file in the runtime folder.
 """
 
 from __future__ import annotations
@@ -25,9 +26,11 @@ from pathlib import Path
 
 import psutil
 
-from . import BASE_DIR, var_dir
+from . import BASE_DIR, load_env_file, var_dir
 from .embedded.services import EmbeddedServices
+from .manage import PUBLISHED, publish
 from .processes import (
+    ServerBusy,
     die_with_parent,
     ensure_owned_dir,
     group_alive,
@@ -102,6 +105,9 @@ SETUP: list[Program] = [
 
 STOP_TIMEOUT = 15.0  # seconds a child gets to stop before SIGKILL (gunicorn: 10 s grace)
 MAX_BACKOFF = 30.0
+# Restarts of an embedded server in a row (each failed, or dead again within a
+# minute) before the run gives up: 1 + 2 + 4 + 8 + 16 s of backoff.
+SERVER_RESTARTS = 5
 
 
 def context() -> dict[str, str]:
@@ -240,6 +246,56 @@ class Supervisor:
         tmp.replace(self.state_file)
 
 
+class ServerRestarts:
+    """Restart the embedded servers that die, each after its own backoff.
+
+    The clients (web, worker, beat) keep their URLs, which a restart keeps
+    (same socket, same port), and reconnect by themselves; `/healthz`
+    answers 503 meanwhile. A server that keeps failing ends the run.
+    """
+
+    def __init__(self, services: EmbeddedServices) -> None:
+        self.services = services
+        self.restart_at: dict[str, float] = {}
+        self.backoff: dict[str, float] = {}
+        self.failures: dict[str, int] = {}
+        self.restarted_at: dict[str, float] = {}
+
+    def poll(self) -> bool:
+        """Restart what died once its backoff passed; return False when giving up."""
+        for server in self.services.started:
+            name, now = server.name, time.monotonic()
+            if server.running():
+                if name in self.restarted_at and now - self.restarted_at[name] > 60:
+                    # Up for a minute since its restart: a later death starts afresh.
+                    for record in (self.restarted_at, self.backoff, self.failures):
+                        record.pop(name, None)
+                continue
+            if name not in self.restart_at:
+                failures = self.failures.get(name, 0)
+                if failures >= SERVER_RESTARTS:
+                    say(f"embedded {name} keeps dying ({failures} restarts); giving up")
+                    return False
+                backoff = self.backoff.get(name, 1.0)
+                say(f"embedded {name} stopped unexpectedly; restarting in {backoff:.0f} s")
+                self.restart_at[name] = now + backoff
+                self.backoff[name] = min(backoff * 2, MAX_BACKOFF)
+                self.failures[name] = failures + 1
+                continue
+            if now < self.restart_at[name]:
+                continue
+            del self.restart_at[name]
+            try:
+                server.restart()
+            except (RuntimeError, OSError, ServerBusy) as exc:
+                # Still not running: the next poll schedules another try.
+                say(f"restarting embedded {name} failed: {exc}")
+                continue
+            self.restarted_at[name] = time.monotonic()
+            say(f"restarted embedded {name}")
+        return True
+
+
 def clear_leftovers(state_file: Path) -> None:
     """Stop the process groups a killed supervisor left (recorded in its state file)."""
     try:
@@ -301,6 +357,9 @@ def healthy(url: str) -> bool:
 
 
 def main() -> int:
+    # Before anything reads the environment: a DATABASE_URL in .env means no
+    # embedded PostgreSQL, a PORT there is the port to check.
+    load_env_file()
     ctx = context()
     var = var_dir()
     var.mkdir(parents=True, exist_ok=True)
@@ -317,6 +376,8 @@ def main() -> int:
         signals.check()
         for name, url in urls.items():
             say(f"embedded {name}={url}")
+        # `manage.py` from the checkout finds them here (runner/manage.py).
+        publish(run_dir, urls)
         env = {**os.environ, **urls, "PYTHONUNBUFFERED": "1"}
         env.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.base")
         for name, value in ENV.items():
@@ -330,13 +391,13 @@ def main() -> int:
             run_step(step, ctx, env, signals)
         supervisor = Supervisor(programs=PROGRAMS, ctx=ctx, env=env, state_file=state_file)
         supervisor.start_all()
+        restarts = ServerRestarts(services)
         base = f"http://{ctx['host']}:{ctx['port']}"
         announced = False
         while True:
             signals.check()
             supervisor.poll()
-            if services.dead():
-                say(f"embedded server stopped unexpectedly: {', '.join(services.dead())}")
+            if not restarts.poll():
                 code = 1
                 break
             if not announced and healthy(f"{base}/healthz"):
@@ -346,9 +407,13 @@ def main() -> int:
             time.sleep(0.2)
     except Stop as stop:
         say(f"{stop.args[0]}: stopping")
+    except ServerBusy as busy:
+        say(f"{busy}: a manage.py command may be using it; start again when it ends")
+        code = 1
     finally:
         if supervisor is not None:
             supervisor.stop_all()
+        (run_dir / PUBLISHED).unlink(missing_ok=True)
         services.stop()
         state_file.unlink(missing_ok=True)
         os.close(lock)

@@ -1,8 +1,9 @@
 """Settings shared by every environment; values come from the environment.
 
-`DATABASE_URL` and `REDIS_URL` name the PostgreSQL and Redis servers. When they
-are not set the run command and the test suite start embedded servers and set
-them before Django loads (see docs/running.md); settings never start anything.
+`DATABASE_URL` and `REDIS_URL` name the PostgreSQL and Redis servers (from the
+environment or a `.env` file in the checkout). When they are not set the run
+command, `manage.py` and the test suite start embedded servers and set them
+before Django loads (see docs/running.md); settings never start anything.
 """
 
 from pathlib import Path
@@ -12,6 +13,11 @@ import environ
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 
 env = environ.Env()
+# A `.env` file in the checkout (or SHOP_ENV_FILE) fills in what the
+# environment does not set; `.env.example` lists the variables. The run
+# command, `manage.py` and the test plugin read the same file before they
+# decide which servers to embed (runner.load_env_file).
+environ.Env.read_env(env.str("SHOP_ENV_FILE", default="") or BASE_DIR / ".env")
 
 SECRET_KEY = env.str("SECRET_KEY", default="dev-insecure-change-me")
 DEBUG = env.bool("DEBUG", default=False)
@@ -74,6 +80,15 @@ TEMPLATES = [
 DATABASE_URL = env.str("DATABASE_URL", default="postgres://postgres@127.0.0.1:5432/postgres")
 DATABASES = {"default": env.db_url_config(DATABASE_URL)}
 DATABASES["default"]["ENGINE"] = "django.db.backends.postgresql"
+# A Unix-socket URL (`?host=/folder`, the embedded server) leaves the folder in
+# OPTIONS, where `dbshell` does not look (psql gets HOST only): move it to HOST,
+# which psycopg takes as a socket folder as well.
+if not DATABASES["default"].get("HOST") and DATABASES["default"].get("OPTIONS", {}).get("host"):
+    DATABASES["default"]["HOST"] = DATABASES["default"]["OPTIONS"].pop("host")
+# Check a pooled connection before handing it out: after the database restarts
+# (the run command restarts a dead embedded server) the pool would otherwise
+# give each request a dead connection once.
+DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 DB_POOL = env.bool("DB_POOL", default=True)
 if DB_POOL:
     DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {

@@ -54,6 +54,7 @@ class EmbeddedPostgres:
     pid and socket files are removed first. A second start reuses the data.
     """
 
+    name = "PostgreSQL"
     port = 5432  # only names the socket file (.s.PGSQL.5432); nothing listens on TCP
 
     def __init__(
@@ -103,6 +104,20 @@ class EmbeddedPostgres:
             # backends, which must be gone too before we call it stopped.
             stop_child_group(proc, sig=signal.SIGINT, timeout=timeout)
         self._unlock()
+
+    def restart(self, *, timeout: float = 60.0) -> str:
+        """Start the server again after it died, on the same socket and data; return its URL.
+
+        The data folder's lock stays held throughout, so no other starter
+        can take the folder in between.
+        """
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            # Backends of a killed postmaster exit on their own soon; one still
+            # attached to the old shared memory would make the new one refuse
+            # to start, so end them now.
+            stop_child_group(proc, sig=signal.SIGTERM, timeout=10)
+        return self.start(timeout=timeout)
 
     @property
     def pid(self) -> int | None:

@@ -46,6 +46,8 @@ class EmbeddedRedis:
     otherwise write the same append-only file) and a stale pid file removed.
     """
 
+    name = "Redis"
+
     def __init__(
         self,
         *,
@@ -71,16 +73,18 @@ class EmbeddedRedis:
             raise RuntimeError("the embedded Redis is not started")
         return f"redis://127.0.0.1:{self.port}/{db}"
 
-    def start(self, *, timeout: float = 30.0) -> str:
-        """Start the server on a free loopback port (reusing the data); return its URL."""
+    def start(self, *, timeout: float = 30.0, port: int | None = None) -> str:
+        """Start the server (reusing the data) on `port` or a free one; return its URL."""
         if self._proc is not None and self._proc.poll() is None:
             return self.url()
         self._lock()
         try:
             self.data_dir.mkdir(parents=True, exist_ok=True)
             self._recover()
-            for _ in range(5):  # another process may take the free port before we bind it
-                self.port = free_port()
+            # Another process may take a free port before we bind it: try
+            # another; a given port is the one the clients know, so only that.
+            for _ in range(1 if port else 5):
+                self.port = port or free_port()
                 self._launch()
                 if self._wait_ready(timeout):
                     return self.url()
@@ -88,7 +92,18 @@ class EmbeddedRedis:
             self.stop()
             raise
         self.stop()
-        raise RuntimeError(f"redis could not bind a port:\n{tail(self.log_file)}")
+        raise RuntimeError(f"redis could not bind port {self.port}:\n{tail(self.log_file)}")
+
+    def restart(self, *, timeout: float = 30.0) -> str:
+        """Start the server again after it died, on the same port and data; return its URL.
+
+        The clients hold the URL, so the port must not change; the lock stays
+        held throughout.
+        """
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            stop_child_group(proc, sig=signal.SIGTERM, timeout=10)
+        return self.start(timeout=timeout, port=self.port)
 
     def stop(self, *, timeout: float = 30.0) -> None:
         """Stop the server; with append-only on, it flushes the file first."""

@@ -53,7 +53,3 @@ class EmbeddedServices:
         """Stop what `start` started, Redis first (the clients of both are gone by now)."""
         while self.started:
             self.started.pop().stop()
-
-    def dead(self) -> list[str]:
-        """Name the started servers that are no longer running."""
-        return [type(server).__name__ for server in self.started if not server.running()]

@@ -32,6 +32,8 @@ def _settings(**env) -> dict:
     full = {
         k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_", "REDIS_", "SHOP_"))
     }
+    # The checkout's .env (if any) must not leak into what is checked here.
+    full.update(SHOP_ENV_FILE=os.devnull)
     full.update(env, DJANGO_SETTINGS_MODULE="config.settings.base")
     out = subprocess.run(
         [sys.executable, "-c", PRINT_SETTINGS],
@@ -81,3 +83,27 @@ def test_sqlite_url_is_still_postgres_engine_refused():
     """The shop never runs on SQLite: the engine is forced to PostgreSQL."""
     s = _settings(DATABASE_URL="postgres://u@h/d")
     assert s["db"][0] == "django.db.backends.postgresql"
+
+
+def test_a_socket_url_puts_the_folder_in_host_where_dbshell_passes_it_to_psql():
+    s = _settings(DATABASE_URL="postgres://postgres@/shop?host=/tmp/shop-abc/pg")
+    assert s["db"][1:] == ["/tmp/shop-abc/pg", "", "shop", "postgres"]
+    from django.db.backends.postgresql.client import DatabaseClient
+
+    settings_dict = {"HOST": "/tmp/shop-abc/pg", "NAME": "shop", "USER": "postgres", "OPTIONS": {}}
+    args, _ = DatabaseClient.settings_to_cmd_args_env(settings_dict, [])
+    assert args == ["psql", "-U", "postgres", "-h", "/tmp/shop-abc/pg", "shop"]
+
+
+def test_env_file_fills_in_what_the_environment_does_not_set(tmp_path):
+    env_file = tmp_path / "shop.env"
+    env_file.write_text(
+        "# a comment\n"
+        "DATABASE_URL=postgres://fromfile@dbfile:5433/filedb\n"
+        "export SHOP_CURRENCY='USD'\n"
+        'SECRET_KEY="from-file"\n'
+    )
+    s = _settings(SHOP_ENV_FILE=str(env_file), SECRET_KEY="from-environment")
+    assert s["db"][1:] == ["dbfile", 5433, "filedb", "fromfile"]
+    assert s["currency"] == "USD"
+    assert s["secret"] == "from-environment"  # the environment wins

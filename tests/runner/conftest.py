@@ -13,6 +13,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+import requests
 
 from runner.processes import SHORT_TMP, free_port, run_dir_for
 
@@ -119,3 +120,38 @@ def start_and_lose(code: str) -> subprocess.Popen:
     line = proc.stdout.readline()
     assert line.strip() == b"ready", line
     return proc
+
+
+START_TIMEOUT = 240  # a first start migrates a fresh database on a busy machine
+
+
+def start_run(env: dict, log) -> subprocess.Popen:
+    """Start the run command (`python -m runner`, what `make run` calls) with output to `log`."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "runner"],
+        cwd=ROOT,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+
+
+def wait_up(base: str, proc: subprocess.Popen, log_path: Path) -> None:
+    """Wait until this run announced itself and serves /healthz and the demo catalog."""
+
+    def ready():
+        assert proc.poll() is None, log_path.read_text()[-3000:]
+        # This run's announcement, not an answer from a leftover of an earlier one.
+        if "run: the shop is running at" not in log_path.read_text():
+            return False
+        try:
+            health = requests.get(f"{base}/healthz", timeout=2)
+            catalog = requests.get(f"{base}/api/v1/products/", timeout=2)
+        except requests.RequestException:
+            return False
+        if health.status_code != 200 or catalog.status_code != 200:
+            return False
+        return "TEE-M" in {item["sku"] for item in catalog.json()["results"]}
+
+    wait_for(ready, timeout=START_TIMEOUT, message=f"the shop never came up at {base}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -24,6 +25,9 @@ import pytest
 import redis
 
 
+# Skipped before its database fixture runs: that session's database server
+# is the outer session's, whose test database must not be recreated.
+@pytest.mark.skipif(bool(os.environ.get("EXPECTED_DATABASE_URL")), reason="env file session")
 @pytest.mark.django_db
 def test_runs_on_the_embedded_servers():
     from django.conf import settings
@@ -34,6 +38,15 @@ def test_runs_on_the_embedded_servers():
     with connection.cursor() as cursor:
         cursor.execute("SELECT count(*) FROM inventory_product")
     assert redis.Redis.from_url(settings.CELERY_BROKER_URL).ping()
+
+
+def test_uses_the_env_file_urls():
+    if not os.environ.get("EXPECTED_DATABASE_URL"):
+        pytest.skip("only with an env file")
+    from django.conf import settings
+
+    assert os.environ["DATABASE_URL"] == os.environ["EXPECTED_DATABASE_URL"]
+    assert settings.CELERY_BROKER_URL == os.environ["EXPECTED_REDIS_URL"]
 
 
 def test_blocks_until_killed():
@@ -64,7 +77,7 @@ def test_session_starts_the_servers_once_and_stops_them(short_tmp, marker):
     )
     out, _ = session.communicate(timeout=240)
     assert session.returncode == 0, out
-    assert "1 passed, 1 skipped" in out
+    assert "1 passed, 2 skipped" in out
     assert "embedded services: EmbeddedPostgres, EmbeddedRedis" in out
     assert leftovers(marker=marker, under=var) == []
     assert sockets_under(run_dir_for(var / "test")) == []
@@ -129,3 +142,25 @@ def test_a_second_session_of_the_checkout_gets_servers_of_its_own(short_tmp, mar
         first.send_signal(signal.SIGINT)
         first.wait(timeout=60)
     assert leftovers(marker=marker, under=var) == []
+
+
+def test_urls_in_the_env_file_mean_nothing_is_embedded(short_tmp, marker):
+    """The session's own servers (the outer session's URLs), named only in an env file."""
+    var = short_tmp / "var"
+    env_file = short_tmp / "shop.env"
+    env_file.write_text(
+        f"DATABASE_URL={os.environ['DATABASE_URL']}\nREDIS_URL={os.environ['REDIS_URL']}\n"
+    )
+    env = embedded_env(
+        marker=marker,
+        var=var,
+        SHOP_ENV_FILE=str(env_file),
+        EXPECTED_DATABASE_URL=os.environ["DATABASE_URL"],
+        EXPECTED_REDIS_URL=os.environ["REDIS_URL"],
+    )
+    session = _session(short_tmp, env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out, _ = session.communicate(timeout=240)
+    assert session.returncode == 0, out
+    assert "1 passed, 2 skipped" in out
+    assert "embedded services" not in out
+    assert not (var / "test").exists()

@@ -14,40 +14,17 @@ import pytest
 import requests
 
 from runner.processes import free_port, port_is_free, run_dir_for
-from tests.runner.conftest import ROOT, embedded_env, leftovers, sockets_under, wait_for
+from tests.runner.conftest import (
+    ROOT,
+    embedded_env,
+    leftovers,
+    sockets_under,
+    start_run,
+    wait_for,
+    wait_up,
+)
 
 pytestmark = [pytest.mark.embedded, pytest.mark.slow]
-
-START_TIMEOUT = 240  # a first start migrates a fresh database on a busy machine
-
-
-def _start(env: dict, log) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "runner"],
-        cwd=ROOT,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-
-
-def _up(base: str, proc: subprocess.Popen, log_path) -> None:
-    def ready():
-        assert proc.poll() is None, log_path.read_text()[-3000:]
-        # This run's announcement, not an answer from a leftover of an earlier one.
-        if "run: the shop is running at" not in log_path.read_text():
-            return False
-        try:
-            health = requests.get(f"{base}/healthz", timeout=2)
-            catalog = requests.get(f"{base}/api/v1/products/", timeout=2)
-        except requests.RequestException:
-            return False
-        if health.status_code != 200 or catalog.status_code != 200:
-            return False
-        return "TEE-M" in {item["sku"] for item in catalog.json()["results"]}
-
-    wait_for(ready, timeout=START_TIMEOUT, message=f"the shop never came up at {base}")
 
 
 def _children(run_dir) -> dict[str, int]:
@@ -68,9 +45,9 @@ def test_run_restarts_children_recovers_from_sigkill_and_leaves_nothing(short_tm
     # 1. First start, as on a platform without the parent-death signal.
     first_log = short_tmp / "first.log"
     with open(first_log, "wb") as log:
-        first = _start({**env, "SHOP_NO_PDEATHSIG": "1"}, log)
+        first = start_run({**env, "SHOP_NO_PDEATHSIG": "1"}, log)
     try:
-        _up(base, first, first_log)
+        wait_up(base, first, first_log)
         assert "created 7 products and 3 users" in first_log.read_text()
 
         # A second run on the same data folder is refused; the first goes on.
@@ -106,9 +83,9 @@ def test_run_restarts_children_recovers_from_sigkill_and_leaves_nothing(short_tm
     # from their pid files) and reuses the data.
     second_log = short_tmp / "second.log"
     with open(second_log, "wb") as log:
-        second = _start(env, log)
+        second = start_run(env, log)
     try:
-        _up(base, second, second_log)
+        wait_up(base, second, second_log)
         output = second_log.read_text()
         assert "stopping web left by a killed run" in output
         assert "embedded postgres: stopping leftover server" in output
@@ -130,9 +107,9 @@ def test_run_restarts_children_recovers_from_sigkill_and_leaves_nothing(short_tm
     # 4. A last start and Ctrl-C: a clean stop, nothing left.
     third_log = short_tmp / "third.log"
     with open(third_log, "wb") as log:
-        third = _start(env, log)
+        third = start_run(env, log)
     try:
-        _up(base, third, third_log)
+        wait_up(base, third, third_log)
         third.send_signal(signal.SIGINT)
         assert third.wait(timeout=90) == 0, third_log.read_text()[-3000:]
     finally:

@@ -1,0 +1,65 @@
+"""gunicorn's settings for the shop; gunicorn reads `./gunicorn.conf.py` by itself.
+
+Every gunicorn started from the checkout (the run command's `web`, the
+tests' servers, a deployment run from here) loads this file, so command-line
+options keep their meaning and only what must hold everywhere lives here.
+
+The one thing here: gunicorn's own error answers are problem+json, like
+every other error of the shop (docs/errors.md). gunicorn refuses some
+requests before Django sees them (a request line longer than
+`limit_request_line`: 414; a header longer than `limit_request_field_size`
+or more than `limit_request_fields` headers: 431; a malformed request: 400)
+and writes an HTML page for them through `gunicorn.util.write_error`, which
+has no setting or hook; replacing that function is the only way to change
+the page. It is looked up at call time by every worker class.
+"""
+
+import json
+import os
+
+from gunicorn import util
+
+# gunicorn's defaults, stated because the limits are part of what clients see.
+limit_request_line = 4094
+limit_request_fields = 100
+limit_request_field_size = 8190
+
+# The problem `type` base; the same variable and default as the settings'
+# PROBLEM_TYPE_BASE (this file cannot import Django settings: it runs in
+# gunicorn's master before any application is loaded).
+_TYPE_BASE = os.environ.get("PROBLEM_TYPE_BASE", "https://shop.example/problems/")
+
+_CODES = {
+    400: "invalid_request",
+    403: "permission_denied",
+    414: "uri_too_long",
+    417: "expectation_failed",
+    431: "header_fields_too_large",
+    500: "internal_error",
+    501: "not_implemented",
+}
+
+
+def _write_problem(sock, status_int, reason, mesg):
+    """Answer gunicorn's own refusal of a request as application/problem+json."""
+    code = _CODES.get(status_int, "internal_error" if status_int >= 500 else "invalid_request")
+    body = json.dumps(
+        {
+            "type": _TYPE_BASE + code.replace("_", "-"),
+            "title": reason,
+            "status": status_int,
+            "code": code,
+            # gunicorn's message for a 500 is empty: the details are in its log.
+            "detail": mesg or f"{reason}.",
+        }
+    ).encode()
+    head = (
+        f"HTTP/1.1 {status_int} {reason}\r\n"
+        "Connection: close\r\n"
+        "Content-Type: application/problem+json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode("latin-1")
+    util.write_nonblock(sock, head + body)
+
+
+util.write_error = _write_problem
