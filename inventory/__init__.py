@@ -1,1 +1,1 @@
-"""Catalog and stock: products, stock items and (later) reservation flags."""
+"""Catalog and stock: products, stock items and reservation flags."""

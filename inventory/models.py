@@ -68,8 +68,8 @@ class Reservation(models.Model):
     While `held`, its `quantity` is counted in `StockItem.reserved`. It leaves
     `held` exactly once, by a conditional UPDATE on this row in the same
     transaction as the counter change: `committed` (the units left `on_hand`
-    and `reserved` together: sold), `released` (flag reset: declined,
-    cancelled, refused) or `expired` (the shopper did not decide in time).
+    and `reserved` together: sold), `released` (declined, cancelled,
+    refused) or `expired` (the shopper did not decide in time).
     `expires_at` is set only while an order awaits the shopper's decision;
     a flag whose payment outcome is unknown never expires.
     """

@@ -1,1 +1,1 @@
-"""Orders: lines, state machine, events (checkout arrives with its issue)."""
+"""Orders: lines, state machine, events and the keyed checkout."""

@@ -41,7 +41,7 @@ class Order(models.Model):
     payment_method = models.CharField(max_length=64)
     shipping_address = models.JSONField()
     currency = models.CharField(max_length=3)
-    # Σ unit_price × quantity_confirmed: what is (or would be) charged.
+    # Σ unit_price × quantity_confirmed: what is (or would be) captured.
     total = models.DecimalField(max_digits=14, decimal_places=2)
     reservation_expires_at = models.DateTimeField(null=True, blank=True)
     # Created when the order goes to payment (reference "order-<number>").

@@ -2,9 +2,9 @@
 
 A status changes only along these arrows (`None` is "not yet created"), by a
 conditional UPDATE that names the source status, and each change writes an
-`OrderEvent` in the same transaction. Statuses that later issues drive
-(cancelling, shipping) are listed here already so the whole machine is in
-one place.
+`OrderEvent` in the same transaction. Statuses no code drives yet
+(cancelling a confirmed order, shipping) are listed here already so the
+whole machine is in one place.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ ORDER_TRANSITIONS: dict[str | None, frozenset[str]] = {
     OrderStatus.PAYMENT_PENDING: frozenset(
         {OrderStatus.CONFIRMED, OrderStatus.PARTIALLY_CONFIRMED, OrderStatus.PAYMENT_FAILED}
     ),
-    # Compensation (refund, restock) of a confirmed order: a later issue.
+    # Compensation (refund, restock) of a confirmed order: not built yet.
     OrderStatus.CONFIRMED: frozenset({OrderStatus.CANCELLING}),
     OrderStatus.PARTIALLY_CONFIRMED: frozenset({OrderStatus.CANCELLING}),
     OrderStatus.CANCELLING: frozenset({OrderStatus.CANCELLED}),
@@ -64,7 +64,7 @@ ORDER_TRANSITIONS: dict[str | None, frozenset[str]] = {
 
 LINE_TRANSITIONS: dict[str | None, frozenset[str]] = {
     None: frozenset({LineStatus.RESERVED, LineStatus.UNAVAILABLE}),
-    # confirmed: paid and committed; released: flag reset because the payment
+    # confirmed: paid and committed; released: flag released because the payment
     # failed or the decision expired; cancelled: the shopper cancelled.
     LineStatus.RESERVED: frozenset(
         {LineStatus.CONFIRMED, LineStatus.RELEASED, LineStatus.CANCELLED}

@@ -1,1 +1,1 @@
-"""Payments: the gateway to the provider, captures, settlement (arrives with its issue)."""
+"""Payments: the gateway to the provider, captures, settlement of lost answers, reconciliation."""

@@ -65,7 +65,7 @@ class PaymentGateway(abc.ABC):
     def authorize(
         self, *, key: str, amount: Decimal, currency: str, payment_method: str, reference: str
     ) -> ProviderResult:
-        """Hold `amount` on the payment method."""
+        """Authorize `amount` on the payment method (nothing is captured yet)."""
 
     @abc.abstractmethod
     def capture(
@@ -82,7 +82,7 @@ class PaymentGateway(abc.ABC):
 
     @abc.abstractmethod
     def void(self, *, key: str, authorization_key: str, reference: str) -> ProviderResult:
-        """Release what an authorization still holds."""
+        """Void an authorization: the amount it has not captured goes back to the payment method."""
 
     @abc.abstractmethod
     def refund(
