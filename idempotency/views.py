@@ -7,12 +7,15 @@ DRF (the header `Idempotency-Key`):
         def post(self, request, *, key: KeyRequest):
             data = ThingIn(data=request.data)
             data.is_valid(raise_exception=True)          # 400 before the claim
-            things.services.thing_create_keyed(run=key.claim(), **data.validated_data)
+            things.operations.thing_create_keyed(
+                run=key.claim(), present=presenters.thing_created, **data.validated_data
+            )
 
 The order of checks is the contract's: DRF authenticates first (401), the
 decorator checks the header (400), the view validates the body (400, nothing
 claimed), `key.claim()` claims or matches the key (replay / 409 / 422), then
-the domain decides and `run.finish()` / `run.leave_open()` give the answer.
+the domain decides a result and the view's presenter makes it the answer
+(idempotency.operations: `run.finish()` / `run.leave_open()` underneath).
 The decorator answers from what the run stored, so the first answer and every
 replay are the same bytes; a replay carries `Idempotent-Replayed: true`.
 """
@@ -259,8 +262,10 @@ def idempotent_form(
     """Make a plain Django view's POST keyed by a hidden form field (see form_key_field).
 
     The view gets `key: KeyRequest` on POST (None otherwise), validates its
-    form (re-rendering it claims nothing), then calls `key.claim()` and ends
-    the operation with `run.finish(status=303, headers={"Location": url})`.
+    form (re-rendering it claims nothing), then calls `key.claim()` and runs
+    the keyed operation with a presenter answering
+    `Reply(status=303, headers={"Location": url})` (idempotency.operations),
+    under an operation name of its own so the completer redirects too.
     The fingerprint covers every posted field except the key and the CSRF token.
     """
 

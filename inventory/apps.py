@@ -6,8 +6,13 @@ class InventoryConfig(AppConfig):
     verbose_name = "Catalog and stock"
 
     def ready(self) -> None:
-        from idempotency.keys import register_operation
+        from idempotency.operations import register_operation, single_phase_resume
 
-        from . import services
+        from . import operations
+        from .api import presenters
 
-        register_operation(services.STOCK_ADJUST, resume=services.stock_adjust_resume)
+        # The completer stores what the API would have (its one phase never
+        # leaves a half-done key: an unfinished one is forgotten).
+        register_operation(
+            operations.STOCK_ADJUST, resume=single_phase_resume, present=presenters.stock_adjusted
+        )

@@ -240,33 +240,3 @@ def stock_adjust(*, sku: str, delta: int | None = None, set_to: int | None = Non
             extra={"on_hand": stock.on_hand, "reserved": stock.reserved, "requested": target},
         )
     return StockItem.objects.select_related("product").get(product_id=product.id)
-
-
-STOCK_ADJUST = "stock.adjust"
-
-
-def stock_body(stock: StockItem) -> dict:
-    """Render the stock endpoint's answer."""
-    return {
-        "sku": stock.product.sku,
-        "on_hand": stock.on_hand,
-        "reserved": stock.reserved,
-        "available": stock.on_hand - stock.reserved,
-    }
-
-
-def stock_adjust_keyed(*, run, sku: str, delta: int | None, set_to: int | None) -> None:
-    """Adjust stock under a request key: one phase storing the answer with the change.
-
-    A refusal (409 stock_below_reserved) is raised before anything commits
-    and stored as the key's answer by the request-key machinery.
-    """
-    with run.phase(next_point="adjusted"):
-        stock = stock_adjust(sku=sku, delta=delta, set_to=set_to)
-        run.finish(status=200, body=stock_body(stock))
-
-
-def stock_adjust_resume(run) -> None:
-    """An abandoned stock key committed nothing (its one phase stores the answer): forget it."""
-    if run.recovery_point == "started":
-        run.abandon()

@@ -5,11 +5,21 @@ class OrdersConfig(AppConfig):
     name = "orders"
 
     def ready(self) -> None:
-        from idempotency.keys import register_operation
+        from idempotency.operations import register_operation, single_phase_resume
 
-        from . import checkout
+        from . import operations
+        from .api import presenters
 
-        # The completer drives keys abandoned mid-way (see orders/checkout.py).
-        register_operation(checkout.CREATE, resume=checkout.order_resume)
-        register_operation(checkout.CONFIRM, resume=checkout.order_resume)
-        register_operation(checkout.CANCEL, resume=checkout.single_phase_resume)
+        # The completer drives keys abandoned mid-way (see orders/operations.py)
+        # and stores what the API would have: the API's presenters. A caller
+        # with other answers (a storefront form) registers its own operation
+        # names with its own presenter.
+        register_operation(
+            operations.CREATE, resume=operations.order_resume, present=presenters.order_created
+        )
+        register_operation(
+            operations.CONFIRM, resume=operations.order_resume, present=presenters.order_confirmed
+        )
+        register_operation(
+            operations.CANCEL, resume=single_phase_resume, present=presenters.order_cancelled
+        )

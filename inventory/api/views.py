@@ -7,7 +7,8 @@ from rest_framework.response import Response
 from core.permissions import IsStaff
 from idempotency.views import KeyRequest, idempotent
 
-from .. import selectors, services
+from .. import operations, selectors, services
+from . import presenters
 from .serializers import ProductIn, ProductOut, StockIn, StockOut
 
 
@@ -60,9 +61,14 @@ class StockView(GenericAPIView):
     permission_classes = [IsAuthenticated, IsStaff]
 
     @extend_schema(request=StockIn, responses={200: StockOut})
-    @idempotent(operation=services.STOCK_ADJUST)
+    @idempotent(operation=operations.STOCK_ADJUST)
     def post(self, request, sku: str, *, key: KeyRequest):
         data = StockIn(data=request.data)
         data.is_valid(raise_exception=True)
         product = selectors.product_get(sku=sku)
-        services.stock_adjust_keyed(run=key.claim(), sku=product.sku, **data.validated_data)
+        operations.stock_adjust_keyed(
+            run=key.claim(),
+            present=presenters.stock_adjusted,
+            sku=product.sku,
+            **data.validated_data,
+        )

@@ -10,7 +10,8 @@ from rest_framework.response import Response
 from core.permissions import IsNotCourier
 from idempotency.views import KeyRequest, idempotent
 
-from .. import checkout, selectors
+from .. import operations, selectors
+from . import presenters
 from .serializers import OrderIn, OrderOut, order_body
 
 PROBLEM = OpenApiResponse(description="application/problem+json")
@@ -45,11 +46,16 @@ class OrderListView(GenericAPIView):
             422: PROBLEM,
         },
     )
-    @idempotent(operation=checkout.CREATE)
+    @idempotent(operation=operations.CREATE)
     def post(self, request, *, key: KeyRequest):
         data = OrderIn(data=request.data)
         data.is_valid(raise_exception=True)
-        checkout.order_place_keyed(run=key.claim(), user=request.user, **data.validated_data)
+        operations.order_place_keyed(
+            run=key.claim(),
+            present=presenters.order_created,
+            user=request.user,
+            **data.validated_data,
+        )
 
 
 class OrderDetailView(GenericAPIView):
@@ -81,11 +87,13 @@ class OrderConfirmView(GenericAPIView):
             409: PROBLEM,
         },
     )
-    @idempotent(operation=checkout.CONFIRM)
+    @idempotent(operation=operations.CONFIRM)
     def post(self, request, order_id: str, *, key: KeyRequest):
         # Confirming charges the shopper's payment method: their decision, not staff's.
         order = selectors.order_get_for_owner_decision(user=request.user, order_id=order_id)
-        checkout.order_confirm_keyed(run=key.claim(), order_id=order.id)
+        operations.order_confirm_keyed(
+            run=key.claim(), present=presenters.order_confirmed, order_id=order.id
+        )
 
 
 class OrderCancelView(GenericAPIView):
@@ -95,7 +103,9 @@ class OrderCancelView(GenericAPIView):
     permission_classes = ORDER_PERMISSIONS
 
     @extend_schema(request=None, responses={200: OrderOut, 404: PROBLEM, 409: PROBLEM})
-    @idempotent(operation=checkout.CANCEL)
+    @idempotent(operation=operations.CANCEL)
     def post(self, request, order_id: str, *, key: KeyRequest):
         order = selectors.order_get_for_user(user=request.user, order_id=order_id)
-        checkout.order_cancel_keyed(run=key.claim(), order_id=order.id)
+        operations.order_cancel_keyed(
+            run=key.claim(), present=presenters.order_cancelled, order_id=order.id
+        )

@@ -21,7 +21,8 @@ from core.errors import ApplicationError
 from idempotency.keys import Answer, answer_for_problem, answer_new
 from idempotency.models import FINISHED, STARTED
 from idempotency.views import answer_response
-from orders import checkout
+from orders import operations
+from orders.api import presenters
 from orders.api.serializers import OrderIn
 from orders.api.views import ORDER_PERMISSIONS
 
@@ -41,6 +42,7 @@ class UnkeyedRun:
         self.resumed = False
         self._data: dict[str, Any] = {}
         self._answer: Answer | None = None
+        self.in_phase = False
 
     @property
     def data(self) -> dict[str, Any]:
@@ -58,8 +60,12 @@ class UnkeyedRun:
     def phase(self, *, next_point: str) -> Iterator[dict[str, Any]]:
         """Run one phase as one transaction; move to `next_point` (or `finished`) on commit."""
         data = copy.deepcopy(self._data)
-        with transaction.atomic(durable=True):
-            yield data
+        self.in_phase = True
+        try:
+            with transaction.atomic(durable=True):
+                yield data
+        finally:
+            self.in_phase = False
         self._data = data
         self.recovery_point = FINISHED if self.closed else next_point
 
@@ -86,6 +92,8 @@ class OrderPlaceUnkeyedView(GenericAPIView):
     def post(self, request):
         data = OrderIn(data=request.data)
         data.is_valid(raise_exception=True)
-        run = UnkeyedRun(operation=checkout.CREATE)
-        checkout.order_place_keyed(run=run, user=request.user, **data.validated_data)
+        run = UnkeyedRun(operation=operations.CREATE)
+        operations.order_place_keyed(
+            run=run, present=presenters.order_created, user=request.user, **data.validated_data
+        )
         return answer_response(run.answer, replayed=False)

@@ -1,17 +1,25 @@
 """The keyed checkout operations: atomic phases around one provider call.
 
+They decide domain results (idempotency.operations.Result: the order, a
+refusal; final or still open) and leave the answer to the caller's
+presenter: the API's (orders/api/presenters.py) renders the contract's
+JSON, a storefront form would redirect to the order page. The presenter
+runs inside the phase that decided, so the answer commits with the effect;
+the completer resumes with the presenter registered for the key's operation
+(orders/apps.py). Nothing here imports the API.
+
 `order.create` (POST /orders/) and `order.confirm` (POST /orders/{id}/confirm/):
 
     started ──phase 1, one transaction──▶ reserved
         create: hold the flags, create the order and its payment row
         confirm: awaiting_decision → payment_pending (races expiry), payment row
-        (answered in phase 1: an `awaiting_decision` order 201, an expired
-         one 409, a refusal raised before anything committed is stored)
+        (decided in phase 1: an `awaiting_decision` order, an expired one,
+         a refusal raised before anything committed: each stored)
     reserved ──payment_capture: no transaction, no row lock──▶
         ──phase 3: lock the payment, read what it became, apply it to the order──▶
             captured → confirmed / partially_confirmed, flags committed   (finished)
-            failed   → payment_failed, flags reset, 402                   (finished)
-            pending  → 202 payment_pending, key left open       (payment_unknown)
+            failed   → payment_failed, flags reset, refused (API: 402)    (finished)
+            pending  → payment_pending, key left open (API: 202)  (payment_unknown)
     payment_unknown ──a retry asks the provider once (look-up)──▶ phase 3 again
 
 The provider key is derived from the order number (payments.keys), so a
@@ -32,10 +40,10 @@ from decimal import Decimal
 from idempotency.failpoints import failpoint
 from idempotency.keys import KeyRun
 from idempotency.models import STARTED
+from idempotency.operations import Presenter, Result, refusals_presented, settle
 from payments.services import payment_capture, payment_lookup_once
 
 from . import selectors, services
-from .api.serializers import order_body
 from .models import Order
 from .services import LineRequest
 from .states import OrderStatus
@@ -48,48 +56,38 @@ RESERVED = "reserved"
 PAYMENT_UNKNOWN = "payment_unknown"
 CANCELLED = "cancelled"
 
-SUCCESS_STATUS = {CREATE: 201, CONFIRM: 200}
 
-
-def _answer(run: KeyRun, order: Order) -> None:
-    """Give the answer the order's current state calls for (inside the last phase).
+def order_result(order: Order) -> Result:
+    """Say what the order's current state means for the keyed request that moved it.
 
     An order the phase just moved carries its current lines and payment; any
     other is read again (another transaction may have moved it).
     """
     if not selectors.order_is_loaded(order):
         order = selectors.order_get(order_id=order.id)
+    extra = {"order_id": str(order.id)}
     if order.status in (
         OrderStatus.CONFIRMED,
         OrderStatus.PARTIALLY_CONFIRMED,
         OrderStatus.AWAITING_DECISION,
     ):
-        run.finish(status=SUCCESS_STATUS[run.operation], body=order_body(order))
-    elif order.status == OrderStatus.PAYMENT_PENDING:
-        run.leave_open(status=202, body=order_body(order))
-    elif order.status == OrderStatus.PAYMENT_FAILED:
-        run.finish_problem(
-            services.PaymentDeclined(
-                "The payment was declined; nothing was charged.",
-                extra={"order_id": str(order.id)},
-            )
+        return Result.done(order)
+    if order.status == OrderStatus.PAYMENT_PENDING:
+        return Result.pending(order)
+    if order.status == OrderStatus.PAYMENT_FAILED:
+        refusal = services.PaymentDeclined(
+            "The payment was declined; nothing was charged.", extra=extra
         )
     elif order.status == OrderStatus.EXPIRED:
-        run.finish_problem(
-            services.ReservationExpired(
-                "The reservation expired before the order was confirmed.",
-                extra={"order_id": str(order.id)},
-            )
+        refusal = services.ReservationExpired(
+            "The reservation expired before the order was confirmed.", extra=extra
         )
     else:
-        run.finish_problem(
-            services.InvalidState(
-                f"The order is {order.status}.", extra={"order_id": str(order.id)}
-            )
-        )
+        refusal = services.InvalidState(f"The order is {order.status}.", extra=extra)
+    return Result.refused(refusal, value=order)
 
 
-def _charge(run: KeyRun) -> None:
+def _charge(run: KeyRun, present: Presenter) -> None:
     """Take the payment (no transaction open), then record what it became (phase 3)."""
     data = run.data
     order_id = data["order_id"]
@@ -107,12 +105,13 @@ def _charge(run: KeyRun) -> None:
         failpoint("checkout.capture.after")
     with run.phase(next_point=PAYMENT_UNKNOWN):
         order = services.order_payment_apply(order_id=order_id)
-        _answer(run, order)
+        settle(run, order_result(order), present)
 
 
 def order_place_keyed(
     *,
     run: KeyRun,
+    present: Presenter,
     user,
     lines: list[LineRequest],
     on_shortage: str,
@@ -120,9 +119,13 @@ def order_place_keyed(
     shipping_address: dict,
     expected_total: Decimal | None = None,
 ) -> None:
-    """Place an order under a request key; resume a retried key at its recovery point."""
+    """Place an order under a request key; resume a retried key at its recovery point.
+
+    `present` turns each result (the order, or a refusal such as
+    insufficient_stock) into the caller's answer.
+    """
     if run.recovery_point == STARTED:
-        with run.phase(next_point=RESERVED) as data:
+        with refusals_presented(run, present), run.phase(next_point=RESERVED) as data:
             order = services.order_reserve(
                 owner=user,
                 lines=lines,
@@ -137,16 +140,17 @@ def order_place_keyed(
                 order = services.order_payment_start(order=order)
                 data["payment_id"] = order.payment_id and str(order.payment_id)
             if order.status != OrderStatus.PAYMENT_PENDING:
-                _answer(run, order)  # awaiting the shopper, or free and confirmed
+                # Awaiting the shopper, or free and confirmed.
+                settle(run, order_result(order), present)
         if run.closed:
             return
-    _charge(run)
+    _charge(run, present)
 
 
-def order_confirm_keyed(*, run: KeyRun, order_id) -> None:
+def order_confirm_keyed(*, run: KeyRun, present: Presenter, order_id) -> None:
     """Confirm an `awaiting_decision` order under a request key and charge what is reserved."""
     if run.recovery_point == STARTED:
-        with run.phase(next_point=RESERVED) as data:
+        with refusals_presented(run, present), run.phase(next_point=RESERVED) as data:
             data["order_id"] = str(order_id)
             order = services.order_decide_confirm(order_id=order_id)
             if order.status == OrderStatus.PAYMENT_PENDING and order.payment_id is None:
@@ -154,38 +158,35 @@ def order_confirm_keyed(*, run: KeyRun, order_id) -> None:
             # Already paying (another key's confirm): join the same capture.
             data["payment_id"] = order.payment_id and str(order.payment_id)
             if order.status != OrderStatus.PAYMENT_PENDING:
-                _answer(run, order)
+                settle(run, order_result(order), present)
         if run.closed:
             return
-    _charge(run)
+    _charge(run, present)
 
 
-def order_cancel_keyed(*, run: KeyRun, order_id) -> None:
+def order_cancel_keyed(*, run: KeyRun, present: Presenter, order_id) -> None:
     """Cancel an order under a request key; refusals (409) are stored like answers."""
-    with run.phase(next_point=CANCELLED):
+    with refusals_presented(run, present), run.phase(next_point=CANCELLED):
         order = services.order_cancel(order_id=order_id)
-        run.finish(status=200, body=order_body(selectors.order_get(order_id=order.id)))
+        settle(run, Result.done(selectors.order_get(order_id=order.id)), present)
 
 
-def order_resume(run: KeyRun) -> None:
+def order_resume(run: KeyRun, present: Presenter) -> None:
     """Drive an abandoned `order.create` / `order.confirm` key to its answer (the completer).
 
     Nothing committed: forget the key. Phase 1 committed: take the payment
     and record it (the same provider key: at most one charge). Left open
     while pending: record what settlement found, if anything yet, without
     calling the provider (settlement does that on its own schedule).
+    `present` is the presenter registered for the key's operation, so the
+    stored answer is the one its caller would have stored.
     """
     if run.recovery_point == STARTED:
         run.abandon()
         return
     if run.recovery_point == PAYMENT_UNKNOWN:
         with run.phase(next_point=PAYMENT_UNKNOWN):
-            _answer(run, services.order_payment_apply(order_id=run.data["order_id"]))
+            order = services.order_payment_apply(order_id=run.data["order_id"])
+            settle(run, order_result(order), present)
         return
-    _charge(run)
-
-
-def single_phase_resume(run: KeyRun) -> None:
-    """An abandoned single-phase key committed nothing (its one phase stores the answer)."""
-    if run.recovery_point == STARTED:
-        run.abandon()
+    _charge(run, present)

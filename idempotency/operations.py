@@ -1,0 +1,181 @@
+"""Keyed operations apart from HTTP: domain results, the caller's presenter, the completer's.
+
+A keyed operation (orders/operations.py, inventory/operations.py) decides a
+domain `Result` — an order, a stock item, a refusal; final or still open —
+and never builds an answer itself. The caller passes a `present` function
+that turns the result into a `Reply` (status, body, headers): the API a JSON
+body, a storefront form a 303 redirect, an admin action whatever its page
+needs. `settle()` gives the run that reply **inside the phase that decided
+it**, so the stored answer still commits with the effect:
+
+    def thing_create_keyed(*, run: KeyRun, present: Presenter, **params) -> None:
+        with refusals_presented(run, present):        # a refusal is a result too
+            with run.phase(next_point="finished"):
+                thing = services.thing_create(**params)
+                settle(run, Result.done(thing), present)
+
+    # the API view                                    # a form view
+    thing_create_keyed(run=key.claim(),               thing_create_keyed(run=key.claim(),
+        present=presenters.thing_created, ...)            present=thing_redirect, ...)
+
+The completer (a beat task, no caller) must store what the caller would
+have, so each operation name is registered with the presenter of the caller
+that uses it: `register_operation(name, resume=..., present=...)` in the
+app's `ready()`. A key's `operation` column therefore names a (domain
+operation, caller) pair: a storefront form placing orders uses its own name
+(e.g. `shop.order.create`) registered with its own presenter and the same
+resume, so an abandoned form key is completed with the form's redirect,
+never with the API's JSON.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from core.errors import ApplicationError
+
+from . import keys
+from .keys import JSON_CONTENT_TYPE, RELEASE_STATUSES, KeyRun
+from .models import STARTED
+
+
+@dataclass(frozen=True)
+class Result:
+    """What a keyed operation decided, before any caller turned it into an answer.
+
+    `value` is the domain object (an Order, a StockItem); `refusal` a domain
+    refusal (it may come with a value, e.g. the declined order); `final`
+    False means not decided yet (the key stays open and a retry resumes).
+    """
+
+    value: Any = None
+    refusal: ApplicationError | None = None
+    final: bool = True
+
+    @classmethod
+    def done(cls, value: Any) -> Result:
+        return cls(value=value)
+
+    @classmethod
+    def pending(cls, value: Any) -> Result:
+        return cls(value=value, final=False)
+
+    @classmethod
+    def refused(cls, refusal: ApplicationError, *, value: Any = None) -> Result:
+        return cls(value=value, refusal=refusal)
+
+
+@dataclass(frozen=True)
+class Reply:
+    """An answer as a caller chose it: what `run.finish()` / `run.leave_open()` get.
+
+    `problem` set: the answer is that refusal's problem+json response
+    (`run.finish_problem`), exactly as the API's error handler renders it.
+    """
+
+    status: int
+    body: Any = None
+    headers: Mapping[str, str] | None = None
+    content_type: str = JSON_CONTENT_TYPE
+    problem: ApplicationError | None = None
+
+    @classmethod
+    def for_problem(cls, exc: ApplicationError) -> Reply:
+        return cls(status=exc.status, problem=exc)
+
+
+Presenter = Callable[[Result], Reply]
+Resume = Callable[[KeyRun, Presenter], None]
+
+
+def settle(run: KeyRun, result: Result, present: Presenter) -> None:
+    """Give the run the answer `present` makes of `result`: stored if final, else left open.
+
+    Inside a phase the answer commits in that phase's transaction (with the
+    effect that decided it); outside, in its own fenced transaction.
+    """
+    reply = present(result)
+    if reply.problem is not None:
+        if not result.final:
+            raise ValueError("an open result cannot be answered with a stored problem")
+        run.finish_problem(reply.problem)
+        return
+    answer = run.finish if result.final else run.leave_open
+    answer(
+        status=reply.status,
+        body=reply.body,
+        headers=reply.headers,
+        content_type=reply.content_type,
+    )
+
+
+def _refusal_is_stored(run: KeyRun, exc: ApplicationError) -> bool:
+    # The request-key rule (idempotency.keys.key_run_failed): a domain refusal
+    # raised before the first committed phase is the final answer; input-like
+    # refusals and 5xx are not stored, nor anything after a committed phase.
+    return (
+        not run.closed
+        and not run.in_phase
+        and run.recovery_point == STARTED
+        and exc.status < 500
+        and exc.status not in RELEASE_STATUSES
+    )
+
+
+@contextmanager
+def refusals_presented(run: KeyRun, present: Presenter) -> Iterator[None]:
+    """Answer a refusal raised before any committed phase through the caller's presenter.
+
+    The refusal's phase has rolled back; the answer is stored on its own,
+    exactly when the request-key machinery would have stored it. Anything
+    else propagates unchanged (and is settled by the machinery).
+    """
+    try:
+        yield
+    except ApplicationError as exc:
+        if not _refusal_is_stored(run, exc):
+            raise
+        settle(run, Result.refused(exc), present)
+
+
+def single_phase_resume(run: KeyRun, present: Presenter) -> None:
+    """Forget an abandoned key of a one-phase operation: its one phase stores the answer,
+    so an unfinished key committed nothing."""
+    if run.recovery_point == STARTED:
+        run.abandon()
+
+
+# --- Registry (the completer's resume and presenter per operation) ----------
+
+_operations: dict[str, tuple[Resume, Presenter]] = {}
+
+
+def _resume(name: str, run: KeyRun) -> None:
+    resume, present = _operations[name]
+    resume(run, present)
+
+
+def register_operation(name: str, *, resume: Resume, present: Presenter) -> None:
+    """Register how the completer resumes an abandoned key of `name` and renders its result.
+
+    `resume(run, present)` gets a locked KeyRun at the key's recovery point;
+    `present` is the presenter of the caller using this operation name (the
+    API's for the API's operations), so the completer stores the answer that
+    caller would have stored. Registering the same pair again is a no-op.
+    """
+    existing = _operations.get(name)
+    if existing is not None:
+        if existing != (resume, present):
+            raise ValueError(f"operation {name!r} is already registered")
+        return
+    _operations[name] = (resume, present)
+    keys.register_operation(name, resume=functools.partial(_resume, name))
+
+
+def registered_presenter(name: str) -> Presenter:
+    """Return the presenter registered for operation `name` (KeyError if none)."""
+    return _operations[name][1]

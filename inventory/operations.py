@@ -1,0 +1,28 @@
+"""The keyed stock adjustment (`stock.adjust`): one phase, a domain result, the caller's answer.
+
+The phase changes the stock and stores the answer the caller's presenter
+makes of the stock item (the API's: inventory/api/presenters.py), in the same
+transaction. A refusal (stock_below_reserved, stock_limit_exceeded) is raised
+before anything commits and answered through the same presenter. An
+abandoned key committed nothing: the completer forgets it
+(idempotency.operations.single_phase_resume).
+"""
+
+from __future__ import annotations
+
+from idempotency.keys import KeyRun
+from idempotency.operations import Presenter, Result, refusals_presented, settle
+
+from .services import stock_adjust
+
+STOCK_ADJUST = "stock.adjust"
+ADJUSTED = "adjusted"
+
+
+def stock_adjust_keyed(
+    *, run: KeyRun, present: Presenter, sku: str, delta: int | None, set_to: int | None
+) -> None:
+    """Adjust stock under a request key: one phase storing the answer with the change."""
+    with refusals_presented(run, present), run.phase(next_point=ADJUSTED):
+        stock = stock_adjust(sku=sku, delta=delta, set_to=set_to)
+        settle(run, Result.done(stock), present)

@@ -1,0 +1,38 @@
+"""The API's answers to the keyed order operations: a domain result → status and body.
+
+The operations (orders/operations.py) decide; these render what the contract
+says, byte for byte what the request key stores and replays. The same
+presenters are registered for the completer (orders/apps.py), so a key it
+finishes holds the answer the API would have stored.
+"""
+
+from __future__ import annotations
+
+from idempotency.operations import Reply, Result
+
+from .serializers import order_body
+
+PENDING_STATUS = 202
+
+
+def _order_reply(result: Result, *, status: int) -> Reply:
+    if result.refusal is not None:
+        return Reply.for_problem(result.refusal)
+    if not result.final:
+        return Reply(status=PENDING_STATUS, body=order_body(result.value))
+    return Reply(status=status, body=order_body(result.value))
+
+
+def order_created(result: Result) -> Reply:
+    """POST /orders/: 201 with the order, 202 while its payment is unknown, or the problem."""
+    return _order_reply(result, status=201)
+
+
+def order_confirmed(result: Result) -> Reply:
+    """POST /orders/{id}/confirm/: 200 with the order, 202 while unknown, or the problem."""
+    return _order_reply(result, status=200)
+
+
+def order_cancelled(result: Result) -> Reply:
+    """POST /orders/{id}/cancel/: 200 with the order, or the problem."""
+    return _order_reply(result, status=200)
