@@ -64,7 +64,7 @@ def present(result: Result) -> Reply:
 
 @pytest.fixture
 def registry(monkeypatch):
-    monkeypatch.setattr(keys, "_registry", {})
+    monkeypatch.setattr(keys.registry, "_registry", {})
     monkeypatch.setattr(operations, "_operations", {})
 
 
