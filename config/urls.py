@@ -8,6 +8,7 @@ api_v1 = [
     path("", include("shop.api.urls")),
     path("", include("inventory.api.urls")),
     path("", include("orders.api.urls")),
+    path("", include("payments.api.urls")),
 ]
 urlpatterns = [
     path("admin/", admin.site.urls),

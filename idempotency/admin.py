@@ -42,6 +42,6 @@ class OutboxMessageAdmin(ReadOnlyAdmin):
 
 @admin.register(InboxMessage)
 class InboxMessageAdmin(ReadOnlyAdmin):
-    list_display = ("consumer", "message_id", "received_at")
-    list_filter = ("consumer",)
+    list_display = ("consumer", "message_id", "message_type", "status", "received_at")
+    list_filter = ("consumer", "status", "message_type")
     search_fields = ("message_id",)

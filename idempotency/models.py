@@ -6,6 +6,7 @@ from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models
 from django.db.models import Q
+from django.db.models.fields.json import KT
 from django.db.models.functions import Now
 
 STARTED = "started"
@@ -119,18 +120,40 @@ class OutboxMessage(models.Model):
 
 
 class InboxMessage(models.Model):
-    """A message a consumer has processed; inserted first, in the consumer's own transaction."""
+    """A message a consumer has processed; inserted first, in the consumer's own transaction.
+
+    `consumer` is the source (e.g. `payments.provider` for the provider's
+    webhooks), `message_id` the source's event id. Consumers that keep the
+    message itself (webhooks) also store its `message_type`, `payload` and
+    what became of it: `status` (`processed` for a plain claim; webhooks:
+    `applied`, `no_effect`, `unmatched`, `ignored`, `suspicious`) and `detail`.
+    """
 
     id = models.BigAutoField(primary_key=True)
     consumer = models.CharField(max_length=100)
     message_id = models.CharField(max_length=255)
     received_at = models.DateTimeField(db_default=Now())
+    message_type = models.CharField(max_length=100, blank=True, default="", db_default="")
+    payload = models.JSONField(default=dict, db_default={}, encoder=DjangoJSONEncoder)
+    status = models.CharField(max_length=20, default="processed", db_default="processed")
+    detail = models.TextField(blank=True, default="", db_default="")
+    # When an `unmatched` message was applied later (settlement met it).
+    processed_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         constraints = [
             models.UniqueConstraint(
                 fields=["consumer", "message_id"],
                 name="idempotency_inboxmessage_consumer_message_uniq",
+            ),
+        ]
+        indexes = [
+            # Settlement looks for a stored, not yet matched event by its provider key.
+            models.Index(
+                models.F("consumer"),
+                KT("payload__data__provider_key"),
+                condition=Q(status="unmatched"),
+                name="idem_inbox_unmatched_idx",
             ),
         ]
 

@@ -404,7 +404,7 @@ def _capture_record(
     mode: str,
     txn: PaymentTransaction | None = None,
 ) -> Payment:
-    """Record one provider answer about a capture (mode: inline | lookup | settlement).
+    """Record one provider answer about a capture (mode: inline | lookup | settlement | webhook).
 
     A final answer is one conditional UPDATE of the payment (`pending` → the
     outcome; it takes the payment's row lock, as `payment_lock` would) with
@@ -440,12 +440,20 @@ def _capture_record(
             operation_id=result.operation_id,
             error="" if captured else result.describe(),
         )
-        if mode == "settlement":
+        if mode in ("settlement", "webhook"):
             _notify_settled(payment=payment, outcome=CAPTURED if captured else DECLINED)
         return payment
     payment = payment_lock(payment_id=txn.payment_id)
     if payment.status != PaymentStatus.PENDING:
         return payment
+    if result.outcome not in final:
+        # The provider's webhook may have come before the shop knew this call
+        # (stored unmatched): record it now, through the same transition.
+        from .webhooks import stored_capture_result
+
+        stored = stored_capture_result(txn=txn)
+        if stored is not None:
+            return _capture_record(transaction_id=txn.id, result=stored, mode=mode, txn=txn)
     if mismatch:
         _flag_attention(
             payment=payment,

@@ -39,6 +39,7 @@ from .processes import (
     stop_group,
     stop_leader_then_group,
 )
+from .webhook_secret import webhook_env
 
 
 @dataclass(frozen=True)
@@ -382,6 +383,8 @@ def main() -> int:
         env.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.base")
         for name, value in ENV.items():
             env.setdefault(name, value.format(**ctx))
+        # The provider's webhooks: one secret per install, shared with the simulator.
+        print(webhook_env(var=var, environ=env, host=ctx["host"], port=ctx["port"]), flush=True)
         if not port_is_free(int(ctx["port"]), ctx["host"]):
             say(f"port {ctx['port']} is in use; choose another with PORT=...")
             return 1

@@ -271,6 +271,10 @@ PAYMENTS_SETTLE_BACKOFF_BASE = env.float("PAYMENTS_SETTLE_BACKOFF_BASE", default
 PAYMENTS_SETTLE_BACKOFF_MAX = env.float("PAYMENTS_SETTLE_BACKOFF_MAX", default=300.0)
 PAYMENTS_SETTLE_MAX_ATTEMPTS = env.int("PAYMENTS_SETTLE_MAX_ATTEMPTS", default=12)
 PAYMENTS_SETTLE_LEASE = env.float("PAYMENTS_SETTLE_LEASE", default=CELERY_VISIBILITY_TIMEOUT + 30)
+# Shared secret of the provider's webhook signatures (`Shop-Signature`). Required in
+# production settings; unset in development, `make run` generates one per install
+# (var/webhook-secret) and gives it to the web processes and the simulator.
+PAYMENTS_WEBHOOK_SECRET = env.str("PAYMENTS_WEBHOOK_SECRET", default="")
 PAYMENTS_SWEEP_INTERVAL = env.float("PAYMENTS_SWEEP_INTERVAL", default=5.0)
 PAYMENTS_SWEEP_BATCH = env.int("PAYMENTS_SWEEP_BATCH", default=100)
 CELERY_BEAT_SCHEDULE["payments.sweep_settlements"] = {

@@ -17,6 +17,8 @@ STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
 }
+# A fixed webhook secret: the test simulator and signed test events use the same one.
+PAYMENTS_WEBHOOK_SECRET = "whsec_test_0123456789abcdef"
 # No collectstatic in tests: serve from finders and skip scanning STATIC_ROOT.
 WHITENOISE_AUTOREFRESH = True
 WHITENOISE_USE_FINDERS = True

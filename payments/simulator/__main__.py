@@ -32,6 +32,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--webhook-url", default=os.environ.get("SIMULATOR_WEBHOOK_URL"))
     parser.add_argument("--webhook-secret", default=os.environ.get("SIMULATOR_WEBHOOK_SECRET"))
+    parser.add_argument(
+        "--webhook-duplicate-rate",
+        type=float,
+        default=float(os.environ.get("SIMULATOR_WEBHOOK_DUPLICATE_RATE", "0.1")),
+        help="share of events sent twice (at least once, like a real provider)",
+    )
+    parser.add_argument(
+        "--webhook-max-delay-ms",
+        type=int,
+        default=int(os.environ.get("SIMULATOR_WEBHOOK_MAX_DELAY_MS", "1000")),
+        help="each send waits a random 0..N ms first (late, out of order)",
+    )
+    parser.add_argument("--webhook-timeout", type=float, default=5.0)
     parser.add_argument("--log-level", default="WARNING")
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
@@ -42,6 +55,9 @@ def main(argv: list[str] | None = None) -> int:
         hold_seconds=args.hold_seconds,
         webhook_url=args.webhook_url,
         webhook_secret=args.webhook_secret,
+        webhook_duplicate_rate=args.webhook_duplicate_rate,
+        webhook_max_delay_ms=args.webhook_max_delay_ms,
+        webhook_timeout=args.webhook_timeout,
     )
     simulator.start(port=args.port, control_port=args.control_port)
     done = threading.Event()

@@ -38,8 +38,10 @@ CREATE TABLE IF NOT EXISTS attempts (
     key TEXT PRIMARY KEY,
     count INTEGER NOT NULL
 );
--- Webhook events written with their operation (an outbox). Delivery arrives
--- with the webhooks issue; see WebhookHook in server.py.
+-- Webhook events written with their operation (an outbox), delivered at least
+-- once by the sender thread (webhooks.py): `sends_left` sends are still owed
+-- (2 when the event is duplicated), the next one at `next_attempt_at` (unix
+-- seconds; 0 = now); `attempts` counts failed sends (for the backoff).
 CREATE TABLE IF NOT EXISTS events (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     id TEXT NOT NULL UNIQUE,
@@ -48,9 +50,20 @@ CREATE TABLE IF NOT EXISTS events (
     payload TEXT NOT NULL,
     created_at TEXT NOT NULL,
     delivered_at TEXT,
-    deliveries INTEGER NOT NULL DEFAULT 0
+    deliveries INTEGER NOT NULL DEFAULT 0,
+    sends_left INTEGER NOT NULL DEFAULT 1,
+    next_attempt_at REAL NOT NULL DEFAULT 0,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    last_error TEXT
 );
 """
+# Columns added to `events` after ledgers were first written (ALTER on open).
+EVENT_COLUMNS = {
+    "sends_left": "INTEGER NOT NULL DEFAULT 1",
+    "next_attempt_at": "REAL NOT NULL DEFAULT 0",
+    "attempts": "INTEGER NOT NULL DEFAULT 0",
+    "last_error": "TEXT",
+}
 
 KINDS = ("authorize", "capture", "void", "refund")
 MINOR_UNITS = {"JPY": 0, "KWD": 3}
@@ -107,6 +120,13 @@ class Ledger:
         conn = self._conn()
         conn.execute("PRAGMA journal_mode=WAL")
         conn.executescript(SCHEMA)
+        have = {row["name"] for row in conn.execute("PRAGMA table_info(events)")}
+        for column, definition in EVENT_COLUMNS.items():
+            if column not in have:
+                conn.execute(f"ALTER TABLE events ADD COLUMN {column} {definition}")
+        conn.execute(
+            "CREATE INDEX IF NOT EXISTS events_due ON events (next_attempt_at) WHERE sends_left > 0"
+        )
 
     def _conn(self) -> sqlite3.Connection:
         conn = getattr(self._local, "conn", None)
@@ -141,10 +161,53 @@ class Ledger:
             "SELECT kind, status, COUNT(*) AS n FROM operations GROUP BY kind, status"
         ).fetchall()
         events = conn.execute("SELECT COUNT(*) FROM events").fetchone()[0]
+        undelivered = conn.execute(
+            "SELECT COUNT(*) FROM events WHERE sends_left > 0 AND delivered_at IS NULL"
+        ).fetchone()[0]
         return {
             "operations": {f"{row['kind']}.{row['status']}": row["n"] for row in ops},
             "events": events,
+            "events_undelivered": undelivered,
         }
+
+    # -- webhook events (the sender's queue) ----------------------------------
+
+    def events_due(self, *, now: float, limit: int = 20) -> list[dict]:
+        rows = self._conn().execute(
+            "SELECT * FROM events WHERE sends_left > 0 AND next_attempt_at <= ? "
+            "ORDER BY next_attempt_at, seq LIMIT ?",
+            (now, limit),
+        )
+        return [dict(row) for row in rows]
+
+    def events_list(self, *, operation_key: str | None = None) -> list[dict]:
+        sql, params = "SELECT * FROM events", ()
+        if operation_key is not None:
+            sql, params = sql + " WHERE operation_key = ?", (operation_key,)
+        return [dict(row) for row in self._conn().execute(sql + " ORDER BY seq", params)]
+
+    def event_schedule(self, *, operation_key: str, sends: int, next_attempt_at: float) -> None:
+        """Decide how often and when a fresh event is sent (not once sending began)."""
+        self._conn().execute(
+            "UPDATE events SET sends_left = ?, next_attempt_at = ? "
+            "WHERE operation_key = ? AND deliveries = 0 AND attempts = 0",
+            (sends, next_attempt_at, operation_key),
+        )
+
+    def event_delivered(self, *, event_id: str, next_attempt_at: float) -> None:
+        self._conn().execute(
+            "UPDATE events SET deliveries = deliveries + 1, sends_left = sends_left - 1, "
+            "delivered_at = COALESCE(delivered_at, ?), next_attempt_at = ?, last_error = NULL "
+            "WHERE id = ? AND sends_left > 0",
+            (now_text(), next_attempt_at, event_id),
+        )
+
+    def event_failed(self, *, event_id: str, next_attempt_at: float, error: str) -> None:
+        self._conn().execute(
+            "UPDATE events SET attempts = attempts + 1, next_attempt_at = ?, last_error = ? "
+            "WHERE id = ?",
+            (next_attempt_at, error[:500], event_id),
+        )
 
     # -- writes --------------------------------------------------------------
 
@@ -224,6 +287,7 @@ class Ledger:
                     "reference": reference,
                     "amount": str(amount),
                     "currency": currency,
+                    "operation_id": op_id,
                 }
                 conn.execute(
                     "INSERT INTO events (id, type, operation_key, payload, created_at) "

@@ -24,15 +24,16 @@ API port refuses connections):
     POST /_control/faults  {latency_ms, pause: "before_apply"|"after_apply"|null,
                             refuse_connections: bool,
                             reject_lookups: 400|401|403|404|null,
-                            reject_calls: 400|401|403|404|null}     (any subset)
+                            reject_calls: 400|401|403|404|null,
+                            webhook_duplicate_rate: 0..1, webhook_max_delay_ms: int,
+                            webhooks_paused: bool}                   (any subset)
+    GET  /_control/webhooks every stored webhook event and its delivery state
     POST /_control/release  wake every paused request and clear `pause`
     POST /_control/reset    clear faults and counters (never the ledger)
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import logging
 import os
@@ -46,6 +47,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
 from .ledger import Ledger, RequestError, fingerprint, parse_amount
+from .webhooks import WebhookSender, sign_webhook  # noqa: F401 - sign_webhook: re-exported
 
 logger = logging.getLogger("payments.simulator")
 
@@ -100,31 +102,6 @@ def error(status: int, code: str, detail: str, **headers) -> Reply:
     return Reply(status, {"code": code, "detail": detail}, headers)
 
 
-def sign_webhook(*, secret: str, timestamp: int, body: bytes) -> str:
-    """Return the `Shop-Signature` header value for one webhook body."""
-    mac = hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256)
-    return f"t={timestamp},v1={mac.hexdigest()}"
-
-
-class WebhookHook:
-    """Where signed webhooks will be sent from (the webhooks issue).
-
-    Every stored operation that the contract names an event for already
-    writes an `events` row in the same SQLite transaction (an outbox), so a
-    later deliverer can send each at least once. Until then `notify()` only
-    notes that there is something to send.
-    """
-
-    def __init__(self, *, ledger: Ledger, url: str | None, secret: str | None) -> None:
-        self.ledger = ledger
-        self.url = url
-        self.secret = secret
-
-    def notify(self, operation: dict) -> None:
-        if self.url:
-            logger.info("webhook for %s queued (delivery not built yet)", operation["key"])
-
-
 class Simulator:
     """One provider: a ledger, fault switches, and the two listening servers."""
 
@@ -136,11 +113,21 @@ class Simulator:
         hold_seconds: float = 120.0,
         webhook_url: str | None = None,
         webhook_secret: str | None = None,
+        webhook_duplicate_rate: float = 0.0,
+        webhook_max_delay_ms: int = 0,
+        webhook_timeout: float = 5.0,
     ) -> None:
         self.ledger = Ledger(db_path)
         self.host = host
         self.hold_seconds = hold_seconds
-        self.webhooks = WebhookHook(ledger=self.ledger, url=webhook_url, secret=webhook_secret)
+        self.webhooks = WebhookSender(
+            ledger=self.ledger,
+            url=webhook_url,
+            secret=webhook_secret,
+            duplicate_rate=webhook_duplicate_rate,
+            max_delay_ms=webhook_max_delay_ms,
+            timeout=webhook_timeout,
+        )
         self.stopping = threading.Event()
         self._lock = threading.Lock()
         self._in_flight: set[str] = set()
@@ -164,6 +151,7 @@ class Simulator:
         self.control_port = self.control_server.server_address[1]
         self.api_port = port
         self.start_api()
+        self.webhooks.start()
 
     def _serve(self, port: int, *, control_only: bool) -> ThreadingHTTPServer:
         server = ThreadingHTTPServer((self.host, port), Handler)
@@ -191,6 +179,7 @@ class Simulator:
     def stop(self) -> None:
         self.stopping.set()
         self.release()
+        self.webhooks.stop()
         self.stop_api()
         if self.control_server is not None:
             self.control_server.shutdown()
@@ -217,6 +206,10 @@ class Simulator:
                     )
                 with self._lock:
                     setattr(self, fault, body[fault])
+        try:
+            self.webhooks.set_policy(body)
+        except ValueError as exc:
+            raise RequestError(400, "invalid_request", str(exc)) from exc
         if "refuse_connections" in body:
             if body["refuse_connections"]:
                 self.stop_api()
@@ -238,6 +231,7 @@ class Simulator:
             self.reject_lookups = None
             self.reject_calls = None
             self.stats.clear()
+        self.webhooks.reset()
         return self.state()
 
     def state(self) -> dict:
@@ -257,6 +251,7 @@ class Simulator:
                 "in_flight": sorted(self._in_flight),
                 "stats": dict(self.stats),
                 "ledger": ledger,
+                "webhooks": self.webhooks.state(),
             }
 
     def _maybe_pause(self, point: str) -> None:
@@ -475,6 +470,9 @@ class Handler(BaseHTTPRequestHandler):
     def _get(self, path: str, query: dict) -> Reply:
         if path == "/_control/state":
             return Reply(200, self.sim.state())
+        if path == "/_control/webhooks":
+            events = self.sim.ledger.events_list(operation_key=query.get("key"))
+            return Reply(200, {"results": events})
         if self.server.control_only:  # type: ignore[attr-defined]
             return error(404, "not_found", "the control port serves /_control/ only")
         if path == "/healthz":

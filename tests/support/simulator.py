@@ -7,6 +7,7 @@ no test package imports another's conftest.
 from __future__ import annotations
 
 import json
+import os
 import select
 import signal
 import subprocess
@@ -16,6 +17,7 @@ from io import StringIO
 from pathlib import Path
 
 import requests
+from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db.models.functions import Now
@@ -26,8 +28,11 @@ ROOT = Path(__file__).resolve().parents[2]
 class Simulator:
     """A `python -m payments.simulator` process on a free port, with its ledger file."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, *, webhook_url: str | None = None) -> None:
         self.workdir = workdir
+        # Where its webhooks go (None: kept in the ledger, not sent); may be
+        # changed before a restart. Signed with the test settings' secret.
+        self.webhook_url = webhook_url
         self.db_path = workdir / "simulator.sqlite3"
         self.port = 0
         self.control_port = 0
@@ -47,9 +52,16 @@ class Simulator:
         self._starts += 1
         for _ in range(20):
             log = open(self.workdir / f"simulator-{self._starts}.log", "ab")  # noqa: SIM115
+            # Webhooks deterministic by default: no duplicates, no delay (the
+            # control port turns them on: faults(webhook_duplicate_rate=...)).
+            webhooks = ["--webhook-duplicate-rate", "0", "--webhook-max-delay-ms", "0"]
+            if self.webhook_url:
+                webhooks += ["--webhook-url", self.webhook_url, "--webhook-timeout", "5"]
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "payments.simulator", "--port", str(self.port)]
-                + ["--db", str(self.db_path), "--hold-seconds", "30"],
+                + ["--db", str(self.db_path), "--hold-seconds", "30"]
+                + webhooks,
+                env={**os.environ, "SIMULATOR_WEBHOOK_SECRET": settings.PAYMENTS_WEBHOOK_SECRET},
                 cwd=ROOT,
                 stdout=subprocess.PIPE,
                 stderr=log,
@@ -107,6 +119,13 @@ class Simulator:
             if time.monotonic() > deadline:
                 raise AssertionError(f"simulator never reached the state; last: {state}")
             time.sleep(0.05)
+
+    def webhook_events(self, key: str | None = None) -> list[dict]:
+        """The ledger's webhook events (all, or of one operation key) with their delivery state."""
+        params = {"key": key} if key else {}
+        response = requests.get(f"{self.control_url}/webhooks", params=params, timeout=10)
+        response.raise_for_status()
+        return response.json()["results"]
 
     def ledger(self, key_prefix: str = "") -> list[dict]:
         response = requests.get(

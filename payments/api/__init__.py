@@ -1,0 +1,1 @@
+"""The payments HTTP API: the provider's webhook endpoint."""

@@ -1,0 +1,390 @@
+"""The provider's webhooks: verify the signature, store the event in the inbox, apply it once.
+
+`POST /api/v1/payments/webhooks/` (payments/api/) hands the raw body and the
+`Shop-Signature` header to `webhook_receive`:
+
+1. The signature is checked first, over the raw bytes, with a constant-time
+   comparison (`hmac.compare_digest`) and a 300 s timestamp window. Bad →
+   400 `invalid_signature`, nothing stored.
+2. The body is parsed and validated (400 `malformed_json` / `invalid_request`,
+   nothing stored).
+3. One transaction: the event is inserted into the inbox FIRST (consumer
+   `payments.provider`, message id the event id); the unique constraint
+   `idempotency_inboxmessage_consumer_message_uniq` decides — a violation of
+   exactly that constraint is a duplicate (200, no effect, counted as
+   `shop_duplicates_suppressed_total{mechanism="webhook"}`). Then the effect,
+   and the row's `status` says what became of the event.
+
+The effect of `charge.captured` / `charge.failed` is the SAME conditional
+transition the inline capture and settlement use
+(`payments.services._capture_record`: `UPDATE … WHERE status = 'pending'`),
+with the payment row locked first: whichever path records the outcome first
+wins, every other one finds the payment no longer `pending` and changes
+nothing. So a webhook racing settlement, the inline call or its own
+duplicate makes one effect.
+
+An event for a capture the shop does not know (no payment with the event's
+reference, or no capture transaction under its provider key) is stored
+`unmatched`; when the shop's capture recorder later gets no final answer
+from the provider it looks for such a stored event (`stored_capture_result`)
+and records it through the same transition, marking the row `applied`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import time
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models.functions import Now
+
+from core.db import violated_constraint
+from core.errors import ApplicationError, InvalidRequest
+from idempotency import metrics
+from idempotency.inbox import INBOX_CONSTRAINT
+from idempotency.models import InboxMessage
+
+from .gateway import Outcome, ProviderResult
+from .lock_objects import payment_lock
+from .models import Payment, PaymentStatus, PaymentTransaction, TransactionKind
+
+logger = logging.getLogger(__name__)
+
+SOURCE = "payments.provider"  # the inbox consumer of the provider's webhooks
+SIGNATURE_HEADER = "Shop-Signature"
+TOLERANCE_SECONDS = 300
+
+CHARGE_CAPTURED = "charge.captured"
+CHARGE_FAILED = "charge.failed"
+REFUND_SUCCEEDED = "refund.succeeded"
+REFUND_FAILED = "refund.failed"
+CHARGE_TYPES = frozenset({CHARGE_CAPTURED, CHARGE_FAILED})
+REFUND_TYPES = frozenset({REFUND_SUCCEEDED, REFUND_FAILED})
+EVENT_TYPES = CHARGE_TYPES | REFUND_TYPES
+
+# What became of a stored event (InboxMessage.status).
+APPLIED = "applied"  # this event recorded the outcome
+NO_EFFECT = "no_effect"  # the shop had recorded the same outcome already (another path won)
+UNMATCHED = "unmatched"  # the shop does not know the operation (yet); applied when met
+IGNORED = "ignored"  # a type this shop does not handle
+SUSPICIOUS = "suspicious"  # contradicts what the shop recorded, or other amount/currency
+DUPLICATE = "duplicate"  # not stored: the same event id was stored before
+
+_CAPTURED_STATUSES = frozenset(
+    {PaymentStatus.CAPTURED, PaymentStatus.PARTIALLY_REFUNDED, PaymentStatus.REFUNDED}
+)
+
+
+class InvalidSignature(ApplicationError):
+    status = 400
+    code = "invalid_signature"
+    title = "Invalid signature"
+
+
+class MalformedJson(ApplicationError):
+    status = 400
+    code = "malformed_json"
+    title = "Malformed JSON"
+
+
+@dataclass(frozen=True)
+class WebhookEvent:
+    id: str
+    type: str
+    created: int
+    data: dict
+    raw: dict
+
+
+@dataclass(frozen=True)
+class WebhookOutcome:
+    event_id: str
+    type: str
+    status: str  # one of APPLIED … DUPLICATE
+    detail: str = ""
+
+
+# -- signature -------------------------------------------------------------------
+
+
+def sign(*, secret: str, timestamp: int, body: bytes) -> str:
+    """Return a `Shop-Signature` value for `body` (tests, and the contract's recipe)."""
+    mac = hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256)
+    return f"t={timestamp},v1={mac.hexdigest()}"
+
+
+def verify_signature(
+    *,
+    header: str | None,
+    body: bytes,
+    secret: str,
+    now: float | None = None,
+    tolerance: int = TOLERANCE_SECONDS,
+) -> int:
+    """Check `Shop-Signature` against the raw body; return its timestamp or raise InvalidSignature.
+
+    Format `t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<raw body>">`; several
+    `v1` entries are allowed (a provider rotating its secret sends one per
+    secret): any one matching is enough. Every comparison is constant-time.
+    """
+    if not secret:
+        # Never accept webhooks signed with an empty key (misconfiguration).
+        raise InvalidSignature("The shop has no webhook secret configured.")
+    if not header:
+        raise InvalidSignature(f"The {SIGNATURE_HEADER} header is missing.")
+    timestamp: int | None = None
+    signatures: list[str] = []
+    for part in header.split(","):
+        name, sep, value = part.strip().partition("=")
+        if not sep:
+            continue
+        if name == "t":
+            try:
+                timestamp = int(value)
+            except ValueError:
+                raise InvalidSignature("The signature's timestamp is not a number.") from None
+        elif name == "v1":
+            signatures.append(value)
+    if timestamp is None or not signatures:
+        raise InvalidSignature(f"The {SIGNATURE_HEADER} header has no t= or no v1= entry.")
+    now = time.time() if now is None else now
+    if abs(now - timestamp) > tolerance:
+        raise InvalidSignature(f"The signature's timestamp is more than {tolerance} s away.")
+    expected = hmac.new(
+        secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256
+    ).hexdigest()
+    # Evaluate every candidate (no early exit) so timing says nothing about which matched.
+    matched = False
+    for candidate in signatures:
+        matched |= hmac.compare_digest(expected.encode(), candidate.encode("utf-8", "replace"))
+    if not matched:
+        raise InvalidSignature("The signature does not match the body.")
+    return timestamp
+
+
+# -- parsing ---------------------------------------------------------------------
+
+
+def _decimal_text(value, field: str) -> Decimal:
+    if not isinstance(value, str):
+        raise InvalidRequest("Invalid event.", errors={f"data.{field}": ["A decimal string."]})
+    try:
+        amount = Decimal(value)
+    except InvalidOperation:
+        raise InvalidRequest(
+            "Invalid event.", errors={f"data.{field}": ["A decimal string."]}
+        ) from None
+    if not amount.is_finite() or amount <= 0:
+        raise InvalidRequest("Invalid event.", errors={f"data.{field}": ["Must be positive."]})
+    return amount
+
+
+def parse_event(body: bytes) -> WebhookEvent:
+    """Parse and validate one event body (400 `malformed_json` / `invalid_request`)."""
+    try:
+        raw = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        raise MalformedJson("The body is not JSON.") from None
+    if not isinstance(raw, dict):
+        raise InvalidRequest("The event must be a JSON object.", errors={"non_field_errors": []})
+    errors: dict[str, list[str]] = {}
+    event_id, event_type, created = raw.get("id"), raw.get("type"), raw.get("created")
+    if not isinstance(event_id, str) or not 0 < len(event_id) <= 255:
+        errors["id"] = ["A string of 1..255 characters."]
+    if not isinstance(event_type, str) or not 0 < len(event_type) <= 100:
+        errors["type"] = ["A string of 1..100 characters."]
+    if isinstance(created, bool) or not isinstance(created, int):
+        errors["created"] = ["Unix seconds (an integer)."]
+    data = raw.get("data")
+    if not isinstance(data, dict):
+        errors["data"] = ["An object."]
+    elif event_type in EVENT_TYPES:
+        for name in ("provider_key", "reference", "currency"):
+            value = data.get(name)
+            if not isinstance(value, str) or not 0 < len(value) <= 255:
+                errors[f"data.{name}"] = ["A string of 1..255 characters."]
+        if "amount" not in data:
+            errors["data.amount"] = ["This field is required."]
+    if errors:
+        raise InvalidRequest(
+            "Invalid event: " + ", ".join(sorted(errors)) + ".",
+            errors={key: value for key, value in errors.items()},
+        )
+    if event_type in EVENT_TYPES:
+        _decimal_text(data["amount"], "amount")
+    return WebhookEvent(id=event_id, type=event_type, created=created, data=data, raw=raw)
+
+
+# -- receive ---------------------------------------------------------------------
+
+
+def webhook_receive(*, body: bytes, signature: str | None) -> WebhookOutcome:
+    """Verify, store and apply one webhook delivery (the endpoint's whole job)."""
+    verify_signature(header=signature, body=body, secret=settings.PAYMENTS_WEBHOOK_SECRET)
+    event = parse_event(body)
+    try:
+        return _store_and_apply(event)
+    except IntegrityError as exc:
+        # The inbox row is the transaction's first statement: a violation of its
+        # unique constraint means this event id was stored (and applied) before.
+        if violated_constraint(exc) != INBOX_CONSTRAINT:
+            raise
+        metrics.count("shop_duplicates_suppressed_total", mechanism="webhook")
+        logger.info("webhook %s (%s) again: duplicate, no effect", event.id, event.type)
+        return WebhookOutcome(event_id=event.id, type=event.type, status=DUPLICATE)
+
+
+@transaction.atomic
+def _store_and_apply(event: WebhookEvent) -> WebhookOutcome:
+    # Insert first: a concurrent delivery of the same event waits here on our
+    # uncommitted row and then fails on the constraint (or inserts, if we roll back).
+    message = InboxMessage.objects.create(
+        consumer=SOURCE,
+        message_id=event.id,
+        message_type=event.type,
+        payload=event.raw,
+        status=UNMATCHED,
+    )
+    if event.type in CHARGE_TYPES:
+        status, detail = _apply_charge(event)
+    elif event.type in REFUND_TYPES:
+        status, detail = apply_refund_event(event)
+    else:
+        status, detail = IGNORED, f"event type {event.type!r} is not handled by this shop"
+        logger.info("webhook %s: %s", event.id, detail)
+    InboxMessage.objects.filter(id=message.id).update(
+        status=status,
+        detail=detail[:1000],
+        processed_at=Now() if status == APPLIED else None,
+    )
+    return WebhookOutcome(event_id=event.id, type=event.type, status=status, detail=detail)
+
+
+def _capture_txn(event_data: dict) -> PaymentTransaction | None:
+    """Find the shop's capture call this event speaks of (by reference, then provider key)."""
+    payment_id = (
+        Payment.objects.filter(reference=event_data.get("reference"))
+        .values_list("id", flat=True)
+        .first()
+    )
+    if payment_id is None:
+        return None
+    return PaymentTransaction.objects.filter(
+        payment_id=payment_id,
+        kind=TransactionKind.CAPTURE,
+        provider_key=event_data.get("provider_key"),
+    ).first()
+
+
+def _result_of(event_type: str, data: dict) -> ProviderResult:
+    """The event as a provider answer about the call under its key (what the recorder takes)."""
+    captured = event_type == CHARGE_CAPTURED
+    return ProviderResult(
+        outcome=Outcome.SUCCESS if captured else Outcome.DECLINED,
+        key=data["provider_key"],
+        operation={
+            "id": str(data.get("operation_id") or "")[:64],
+            "key": data["provider_key"],
+            "status": "succeeded" if captured else "declined",
+            "amount": data["amount"],
+            "currency": data["currency"],
+        },
+        code="webhook",
+        detail=event_type,
+    )
+
+
+def _apply_charge(event: WebhookEvent) -> tuple[str, str]:
+    from .services import _capture_record  # services imports this module lazily too
+
+    data = event.data
+    txn = _capture_txn(data)
+    if txn is None:
+        detail = "no capture with this reference and provider key (yet)"
+        logger.info("webhook %s (%s) stored unmatched: %s", event.id, event.type, detail)
+        return UNMATCHED, detail
+    payment = payment_lock(payment_id=txn.payment_id)
+    if (Decimal(data["amount"]), data["currency"]) != (txn.amount, txn.currency):
+        detail = (
+            f"provider says {data['amount']} {data['currency']}, "
+            f"shop asked {txn.amount} {txn.currency}: not applied"
+        )
+        logger.warning("webhook %s (%s) suspicious: %s", event.id, event.type, detail)
+        return SUSPICIOUS, detail
+    captured = event.type == CHARGE_CAPTURED
+    if payment.status == PaymentStatus.PENDING:
+        _capture_record(
+            transaction_id=txn.id, result=_result_of(event.type, data), mode="webhook", txn=txn
+        )
+        return APPLIED, f"payment {payment.reference} {'captured' if captured else 'failed'}"
+    if (captured and payment.status in _CAPTURED_STATUSES) or (
+        not captured and payment.status == PaymentStatus.FAILED
+    ):
+        return NO_EFFECT, f"payment {payment.reference} was already {payment.status}"
+    # The provider contradicts what the shop recorded. Never flip a recorded
+    # outcome from a webhook: reconciliation and staff look at it.
+    detail = f"{event.type} for payment {payment.reference}, which the shop has {payment.status}"
+    logger.warning("webhook %s suspicious: %s", event.id, detail)
+    return SUSPICIOUS, detail
+
+
+def apply_refund_event(event: WebhookEvent) -> tuple[str, str]:
+    """HOOK, NOT A FEATURE YET: apply a `refund.succeeded` / `refund.failed` event.
+
+    The refund model arrives with the refunds work. Until then every refund
+    event is stored `unmatched` with its type (InboxMessage.message_type) and
+    payload, so the refunds code can apply the stored events when it meets
+    their provider keys, exactly as `stored_capture_result` does for captures.
+    """
+    return UNMATCHED, "refund events are stored until the refund model exists"
+
+
+# -- settlement meets a stored event ------------------------------------------------
+
+
+def stored_capture_result(*, txn: PaymentTransaction) -> ProviderResult | None:
+    """A stored `unmatched` charge event for this capture call, as a provider answer; or None.
+
+    Called by the capture recorder (payment row locked, provider's answer
+    unknown). The row is marked `applied` in the caller's transaction: if the
+    caller's record rolls back, so does the mark. Events with another amount
+    or currency are marked `suspicious` instead and not returned.
+    """
+    rows = (
+        InboxMessage.objects.select_for_update()
+        .filter(
+            consumer=SOURCE,
+            status=UNMATCHED,
+            message_type__in=CHARGE_TYPES,
+            payload__data__provider_key=txn.provider_key,
+        )
+        .order_by("received_at", "id")
+    )
+    for row in rows:
+        data = row.payload.get("data") or {}
+        try:
+            same = (Decimal(data.get("amount")), data.get("currency")) == (
+                txn.amount,
+                txn.currency,
+            )
+        except (InvalidOperation, TypeError):
+            same = False
+        if not same:
+            InboxMessage.objects.filter(id=row.id).update(
+                status=SUSPICIOUS,
+                detail=f"amount/currency differ from the shop's capture {txn.amount} "
+                f"{txn.currency}: not applied",
+            )
+            logger.warning("stored webhook %s suspicious: other amount/currency", row.message_id)
+            continue
+        InboxMessage.objects.filter(id=row.id).update(
+            status=APPLIED, detail="applied when the shop's capture met it", processed_at=Now()
+        )
+        return _result_of(row.message_type, data)
+    return None
