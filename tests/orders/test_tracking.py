@@ -244,7 +244,7 @@ def test_who_may_post_and_read(
 # Production code that may use the raw rows' manager: the selector module only.
 # (or its table in SQL).
 RAW_READER = re.compile(
-    r"TrackingEvent\s*\.\s*(objects|_default_manager|_base_manager)\b|orders_trackingevent"
+    r"TrackingEvent\s*\.\s*(objects|_default_manager|_base_manager)\b|\borders_trackingevent\b(?!_)"
 )
 ALLOWED = {Path("orders/tracking.py")}
 
