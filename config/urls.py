@@ -8,6 +8,7 @@ api_v1 = [
     path("", include("shop.api.urls")),
     path("", include("inventory.api.urls")),
     path("", include("orders.api.urls")),
+    path("", include("reports.urls")),
 ]
 urlpatterns = [
     path("admin/", admin.site.urls),
