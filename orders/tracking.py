@@ -13,6 +13,8 @@ keeps each `event_id` once, the first received (lowest id) winning, in
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -43,6 +45,27 @@ def tracking_event_record(
         raw_body=raw_body,
         received_by=received_by,
     )
+
+
+def tracking_events_record_many(*, shipment: Shipment, payloads: Iterable[dict]) -> int:
+    """Store many received events at once, as `tracking_event_record` would (seeding, imports).
+
+    Each payload is an already validated event object (`occurred_at` an RFC
+    3339 string); duplicates are stored like any other. Return how many.
+    """
+    rows = (
+        TrackingEvent(
+            shipment=shipment,
+            event_id=payload["event_id"],
+            status=payload["status"],
+            occurred_at=datetime.fromisoformat(payload["occurred_at"]),
+            location=payload.get("location"),
+            payload=payload,
+            raw_body=json.dumps(payload),
+        )
+        for payload in payloads
+    )
+    return len(TrackingEvent.objects.bulk_create(rows, batch_size=1000))
 
 
 def _raw(*, shipment_id) -> QuerySet[TrackingEvent]:
