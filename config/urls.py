@@ -9,6 +9,7 @@ api_v1 = [
     path("", include("inventory.api.urls")),
     path("", include("orders.api.urls")),
     path("", include("payments.api.urls")),
+    path("", include("reports.urls")),
 ]
 urlpatterns = [
     path("admin/", admin.site.urls),

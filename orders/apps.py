@@ -23,3 +23,8 @@ class OrdersConfig(AppConfig):
         register_operation(
             operations.CANCEL, resume=single_phase_resume, present=presenters.order_cancelled
         )
+        register_operation(
+            operations.SHIPMENT_CREATE,
+            resume=single_phase_resume,
+            present=presenters.shipment_created,
+        )

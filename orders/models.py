@@ -9,7 +9,7 @@ from django.db.models.functions import Now
 
 from inventory.models import Product, Reservation
 
-from .states import Fulfillment, LineStatus, OnShortage, OrderStatus
+from .states import Fulfillment, LineStatus, OnShortage, OrderStatus, TrackingStatus
 
 # Created by migration 0001; numbers are human-readable and never reused.
 ORDER_NUMBER_SEQUENCE = "orders_order_number_seq"
@@ -143,3 +143,78 @@ class OrderEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind}: {self.from_status} → {self.to_status}"
+
+
+class Shipment(models.Model):
+    """A parcel leaving the warehouse with some confirmed units of one order."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    order = models.ForeignKey(Order, on_delete=models.PROTECT, related_name="shipments")
+    carrier = models.CharField(max_length=64, null=True, blank=True)
+    tracking_number = models.CharField(max_length=128, null=True, blank=True)
+    created_at = models.DateTimeField(db_default=Now())
+
+    def __str__(self) -> str:
+        return f"shipment {self.id} of order {self.order_id}"
+
+
+class ShipmentLine(models.Model):
+    """Units of one order line in one shipment (their sum is the line's `quantity_shipped`)."""
+
+    shipment = models.ForeignKey(Shipment, on_delete=models.PROTECT, related_name="lines")
+    order_line = models.ForeignKey(
+        OrderLine, on_delete=models.PROTECT, related_name="shipment_lines"
+    )
+    sku = models.CharField(max_length=64)
+    quantity = models.IntegerField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["shipment", "order_line"], name="orders_shipmentline_line_uniq"
+            ),
+            models.CheckConstraint(
+                condition=Q(quantity__gte=1), name="orders_shipmentline_quantity_positive"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.sku} × {self.quantity}"
+
+
+class TrackingEvent(models.Model):
+    """One courier tracking event, stored exactly as received: duplicates included.
+
+    Couriers deliver at least once, so the same `event_id` arrives several
+    times; there is deliberately no uniqueness here. Every read goes through
+    `orders.tracking` (the deduplicating read path); nothing else may use
+    this model's manager (a test greps for it). `related_name="+"`: no
+    `shipment.tracking_events` shortcut around that read path.
+    """
+
+    # The primary key is the order of receipt: the first received wins.
+    id = models.BigAutoField(primary_key=True)
+    shipment = models.ForeignKey(Shipment, on_delete=models.PROTECT, related_name="+")
+    event_id = models.CharField(max_length=200)
+    status = models.CharField(max_length=32, choices=TrackingStatus.choices)
+    occurred_at = models.DateTimeField()
+    location = models.CharField(max_length=200, null=True, blank=True)
+    # The JSON object as parsed (compared for "suspicious" duplicates) and the bytes as sent.
+    payload = models.JSONField()
+    raw_body = models.TextField()
+    received_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    received_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        constraints = [
+            _choices_check("status", TrackingStatus, "orders_trackingevent_status_valid"),
+        ]
+        indexes = [
+            # DISTINCT ON (event_id) ... ORDER BY event_id, id per shipment.
+            models.Index(fields=["shipment", "event_id", "id"], name="orders_tracking_dedup_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.event_id} {self.status} at {self.occurred_at}"

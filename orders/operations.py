@@ -43,7 +43,7 @@ from idempotency.models import STARTED
 from idempotency.operations import Presenter, Result, refusals_presented, settle
 from payments.services import payment_capture, payment_lookup_once
 
-from . import selectors, services
+from . import selectors, services, shipments
 from .models import Order
 from .services import LineRequest
 from .states import OrderStatus
@@ -51,10 +51,12 @@ from .states import OrderStatus
 CREATE = "order.create"
 CONFIRM = "order.confirm"
 CANCEL = "order.cancel"
+SHIPMENT_CREATE = "shipment.create"
 
 RESERVED = "reserved"
 PAYMENT_UNKNOWN = "payment_unknown"
 CANCELLED = "cancelled"
+SHIPPED = "shipped"
 
 
 def order_result(order: Order) -> Result:
@@ -169,6 +171,23 @@ def order_cancel_keyed(*, run: KeyRun, present: Presenter, order_id) -> None:
     with refusals_presented(run, present), run.phase(next_point=CANCELLED):
         order = services.order_cancel(order_id=order_id)
         settle(run, Result.done(selectors.order_get(order_id=order.id)), present)
+
+
+def shipment_create_keyed(
+    *,
+    run: KeyRun,
+    present: Presenter,
+    order_id,
+    lines: list[shipments.ShipmentLineRequest] | None,
+    carrier: str | None,
+    tracking_number: str | None,
+) -> None:
+    """Ship an order's units under a request key; refusals (409, 422) are stored like answers."""
+    with refusals_presented(run, present), run.phase(next_point=SHIPPED):
+        shipment = shipments.shipment_create(
+            order_id=order_id, lines=lines, carrier=carrier, tracking_number=tracking_number
+        )
+        settle(run, Result.done(shipment), present)
 
 
 def order_resume(run: KeyRun, present: Presenter) -> None:

@@ -10,7 +10,7 @@ from django.db.models import Prefetch, QuerySet
 from core.errors import ApplicationError, NotFound
 from core.money import format_money
 
-from .models import Order, OrderLine
+from .models import Order, OrderLine, Shipment, ShipmentLine
 
 # Orders read for an answer carry their lines, in position order, as this
 # plain attribute (a `to_attr` prefetch); the order body reads it.
@@ -97,3 +97,30 @@ def order_payment_summary(*, order: Order) -> dict:
         "amount_captured": format_money(payment.amount_captured),
         "amount_refunded": format_money(payment.amount_refunded),
     }
+
+
+def shipment_get(*, shipment_id) -> Shipment:
+    """Return one shipment with its lines (no permission check); unknown or malformed id: 404."""
+    try:
+        shipment_uuid = uuid.UUID(str(shipment_id))
+    except ValueError:
+        raise NotFound("No such shipment.") from None
+    shipment = (
+        Shipment.objects.select_related("order")
+        .prefetch_related(
+            Prefetch("lines", queryset=ShipmentLine.objects.order_by("id"), to_attr="line_list")
+        )
+        .filter(id=shipment_uuid)
+        .first()
+    )
+    if shipment is None:
+        raise NotFound("No such shipment.")
+    return shipment
+
+
+def shipment_get_for_user(*, user, shipment_id) -> Shipment:
+    """Return a shipment `user` may read: of their own order (staff: any); others' are 404."""
+    shipment = shipment_get(shipment_id=shipment_id)
+    if not user.is_staff and shipment.order.owner_id != user.pk:
+        raise NotFound("No such shipment.")
+    return shipment

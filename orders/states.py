@@ -93,3 +93,14 @@ def check_transition(table: dict, source: str | None, target: str) -> None:
     """Raise IllegalTransition unless `source → target` is an arrow of `table`."""
     if target not in table.get(source, frozenset()):
         raise IllegalTransition(f"{source} → {target} is not allowed")
+
+
+class TrackingStatus(models.TextChoices):
+    """What a courier may report about a shipment (docs/shipments.md)."""
+
+    LABEL_CREATED = "label_created"
+    PICKED_UP = "picked_up"
+    IN_TRANSIT = "in_transit"
+    OUT_FOR_DELIVERY = "out_for_delivery"
+    DELIVERED = "delivered"
+    EXCEPTION = "exception"

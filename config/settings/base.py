@@ -9,6 +9,7 @@ before Django loads (see docs/running.md); settings never start anything.
 from pathlib import Path
 
 import environ
+from celery.schedules import crontab
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 
@@ -41,6 +42,7 @@ INSTALLED_APPS = [
     "inventory",
     "payments",
     "orders",
+    "reports",
     "shop",
 ]
 
@@ -294,6 +296,14 @@ CELERY_BEAT_SCHEDULE["orders.expire_reservations"] = {
     "task": "orders.expire_reservations",
     "schedule": ORDER_EXPIRY_SWEEP_SECONDS,
     "options": {"expires": ORDER_EXPIRY_SWEEP_SECONDS},
+}
+# The daily sales report (docs/reports.md): every night, for the day before in
+# TIME_ZONE. Expires after an hour: a tick queued through a long outage is
+# dropped (the next night's run, or `manage.py sales_report`, covers the day).
+CELERY_BEAT_SCHEDULE["reports.daily_sales_previous_day"] = {
+    "task": "reports.daily_sales_previous_day",
+    "schedule": crontab(minute=env.int("REPORTS_DAILY_SALES_MINUTE", default=30), hour=0),
+    "options": {"expires": 3600},
 }
 # Settlement's outcome confirms or fails the order, in the transaction that records it.
 PAYMENTS_SETTLED_HANDLER = "orders.services.order_payment_settled"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from idempotency.operations import Reply, Result
 
-from .serializers import order_body
+from .serializers import order_body, shipment_body
 
 PENDING_STATUS = 202
 
@@ -36,3 +36,10 @@ def order_confirmed(result: Result) -> Reply:
 def order_cancelled(result: Result) -> Reply:
     """POST /orders/{id}/cancel/: 200 with the order, or the problem."""
     return _order_reply(result, status=200)
+
+
+def shipment_created(result: Result) -> Reply:
+    """POST /orders/{id}/shipments/: 201 with the shipment, or the problem."""
+    if result.refusal is not None:
+        return Reply.for_problem(result.refusal)
+    return Reply(status=201, body=shipment_body(result.value))

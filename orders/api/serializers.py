@@ -120,3 +120,21 @@ def order_body(order) -> dict:
     if not hasattr(order, selectors.LINES_ATTR):
         selectors.order_with_lines(order=order, lines=list(order.lines.all()))
     return dict(OrderOut(order).data)
+
+
+class ShipmentLineOut(serializers.Serializer):
+    sku = serializers.CharField()
+    quantity = serializers.IntegerField()
+
+
+class ShipmentOut(serializers.Serializer):
+    id = serializers.UUIDField()
+    order_id = serializers.UUIDField()
+    lines = ShipmentLineOut(many=True, source="line_list")
+    carrier = serializers.CharField(allow_null=True)
+    tracking_number = serializers.CharField(allow_null=True)
+
+
+def shipment_body(shipment) -> dict:
+    """Render the contract's shipment body."""
+    return dict(ShipmentOut(shipment).data)

@@ -1,10 +1,24 @@
 from django.urls import path
 
-from . import views
+from . import shipments, views
 
 urlpatterns = [
     path("orders/", views.OrderListView.as_view(), name="order-list"),
     path("orders/<str:order_id>/", views.OrderDetailView.as_view(), name="order-detail"),
     path("orders/<str:order_id>/confirm/", views.OrderConfirmView.as_view(), name="order-confirm"),
     path("orders/<str:order_id>/cancel/", views.OrderCancelView.as_view(), name="order-cancel"),
+]
+
+# Shipments and courier tracking events (orders/api/shipments.py).
+urlpatterns += [
+    path(
+        "orders/<str:order_id>/shipments/",
+        shipments.ShipmentCreateView.as_view(),
+        name="order-shipments",
+    ),
+    path(
+        "shipments/<str:shipment_id>/tracking-events/",
+        shipments.TrackingEventsView.as_view(),
+        name="shipment-tracking-events",
+    ),
 ]

@@ -1,0 +1,224 @@
+"""Shipments and courier tracking events (contract: "Shipments and courier tracking events").
+
+`POST /orders/{id}/shipments/` (staff, keyed) is a one-phase keyed run: the
+view validates the body (400: nothing claimed), claims the key, and inside
+the run's one phase calls `orders.shipments.shipment_create` and stores the
+rendered body with the shipment; a refusal raised there (409, 422) is
+stored as the key's answer. Tracking events are stored raw by
+`orders.tracking` and read only through its deduplicating selector.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from datetime import datetime
+
+from django.utils.dateparse import parse_datetime
+from drf_spectacular.utils import OpenApiResponse, extend_schema, inline_serializer
+from rest_framework import serializers
+from rest_framework.generics import GenericAPIView
+from rest_framework.permissions import IsAuthenticated
+from rest_framework.response import Response
+from rest_framework.utils.urls import replace_query_param
+
+from core.errors import InvalidRequest
+from core.fields import ClosedSerializer, StrictCharField, StrictIntegerField
+from core.pagination import CursorPage
+from core.permissions import IsCourierOrStaff, IsNotCourier, IsStaff
+from idempotency.views import KeyRequest, idempotent
+
+from .. import operations, selectors, shipments, tracking
+from ..states import TrackingStatus
+from . import presenters
+from .serializers import ShipmentOut
+
+PROBLEM = OpenApiResponse(description="application/problem+json")
+
+
+# --- Shipments ---------------------------------------------------------------
+
+
+class ShipmentLineIn(ClosedSerializer):
+    sku = StrictCharField(max_length=64)
+    quantity = StrictIntegerField(min_value=1, max_value=1000)
+
+
+class ShipmentIn(ClosedSerializer):
+    """POST /orders/{id}/shipments/ body; every member optional (no lines: ship everything)."""
+
+    lines = ShipmentLineIn(many=True, required=False, allow_empty=False, max_length=100)
+    carrier = StrictCharField(max_length=64, required=False, allow_null=True, allow_blank=True)
+    tracking_number = StrictCharField(
+        max_length=128, required=False, allow_null=True, allow_blank=True
+    )
+
+    def validate_lines(self, lines: list[dict]) -> list[shipments.ShipmentLineRequest]:
+        errors: dict[int, dict] = {}
+        seen: set[str] = set()
+        for index, line in enumerate(lines):
+            if line["sku"] in seen:
+                errors[index] = {"sku": ["This sku appears more than once."]}
+            seen.add(line["sku"])
+        if errors:
+            raise serializers.ValidationError(errors)
+        return [
+            shipments.ShipmentLineRequest(sku=line["sku"], quantity=line["quantity"])
+            for line in lines
+        ]
+
+
+class ShipmentCreateView(GenericAPIView):
+    """Ship confirmed units of an order (staff, keyed)."""
+
+    serializer_class = ShipmentOut
+    permission_classes = [IsAuthenticated, IsStaff]
+
+    @extend_schema(
+        request=ShipmentIn,
+        responses={201: ShipmentOut, 400: PROBLEM, 404: PROBLEM, 409: PROBLEM, 422: PROBLEM},
+    )
+    @idempotent(operation=operations.SHIPMENT_CREATE)
+    def post(self, request, order_id: str, *, key: KeyRequest):
+        data = ShipmentIn(data=request.data)
+        data.is_valid(raise_exception=True)
+        order = selectors.order_get_for_user(user=request.user, order_id=order_id)
+        operations.shipment_create_keyed(
+            run=key.claim(),
+            present=presenters.shipment_created,
+            order_id=order.id,
+            lines=data.validated_data.get("lines"),
+            carrier=data.validated_data.get("carrier"),
+            tracking_number=data.validated_data.get("tracking_number"),
+        )
+
+
+# --- Tracking events -----------------------------------------------------------
+
+
+class TrackingEventIn(serializers.Serializer):
+    """A courier's event. Members beyond these are kept in the stored payload, not refused."""
+
+    event_id = StrictCharField(max_length=200)
+    status = serializers.ChoiceField(choices=TrackingStatus.choices)
+    occurred_at = StrictCharField(max_length=64)
+    location = StrictCharField(max_length=200, required=False, allow_null=True, allow_blank=True)
+
+    def validate_occurred_at(self, value: str) -> datetime:
+        try:
+            parsed = parse_datetime(value)
+        except ValueError:
+            parsed = None
+        if parsed is None or parsed.tzinfo is None:
+            raise serializers.ValidationError(
+                "An RFC 3339 time with a UTC offset, e.g. 2026-05-01T12:00:00Z."
+            )
+        return parsed
+
+
+class TrackingEventOut(serializers.Serializer):
+    event_id = serializers.CharField()
+    status = serializers.CharField()
+    occurred_at = serializers.DateTimeField()
+    location = serializers.CharField(allow_null=True)
+    received_at = serializers.DateTimeField()
+
+
+class TrackingCursor:
+    """Keyset cursor over the deduplicated list: the last (occurred_at, id) of the page.
+
+    A position, not an offset: duplicates arriving between two pages, or new
+    events, never shift what the next page starts with.
+    """
+
+    param = "cursor"
+
+    @staticmethod
+    def encode(event) -> str:
+        raw = json.dumps([event.occurred_at.isoformat(), event.id]).encode()
+        return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+    @staticmethod
+    def decode(value: str | None) -> tuple[datetime, int] | None:
+        if value is None:
+            return None
+        try:
+            raw = base64.urlsafe_b64decode(value + "=" * (-len(value) % 4))
+            occurred, event_pk = json.loads(raw)
+            parsed = datetime.fromisoformat(occurred)
+            if not isinstance(event_pk, int) or isinstance(event_pk, bool) or parsed.tzinfo is None:
+                raise ValueError(value)
+        except (ValueError, TypeError, binascii.Error, UnicodeDecodeError):
+            raise InvalidRequest(
+                "The cursor is invalid.", errors={"cursor": ["Invalid cursor."]}
+            ) from None
+        return parsed, event_pk
+
+
+TrackingListOut = inline_serializer(
+    name="TrackingEventList",
+    fields={
+        "results": TrackingEventOut(many=True),
+        "next": serializers.URLField(allow_null=True),
+        "duplicates_received": serializers.IntegerField(),
+    },
+)
+
+
+class TrackingEventsView(GenericAPIView):
+    """Post a tracking event (courier or staff); list them deduplicated (shopper or staff)."""
+
+    serializer_class = TrackingEventOut
+
+    def get_permissions(self):
+        if self.request.method == "POST":
+            return [IsAuthenticated(), IsCourierOrStaff()]
+        # Couriers only post: reading is the order's shopper's or staff's.
+        return [IsAuthenticated(), IsNotCourier()]
+
+    @extend_schema(
+        request=TrackingEventIn,
+        responses={202: OpenApiResponse(description="accepted"), 400: PROBLEM, 403: PROBLEM},
+    )
+    def post(self, request, shipment_id: str):
+        raw_body = request.body.decode("utf-8", errors="replace")
+        payload = request.data
+        data = TrackingEventIn(data=payload)
+        data.is_valid(raise_exception=True)
+        shipment = selectors.shipment_get(shipment_id=shipment_id)
+        tracking.tracking_event_record(
+            shipment=shipment,
+            payload=dict(payload),
+            raw_body=raw_body,
+            received_by=request.user,
+            **data.validated_data,
+        )
+        return Response(
+            {"shipment_id": str(shipment.id), "event_id": data.validated_data["event_id"]},
+            status=202,
+        )
+
+    @extend_schema(responses={200: TrackingListOut, 404: PROBLEM})
+    def get(self, request, shipment_id: str):
+        shipment = selectors.shipment_get_for_user(user=request.user, shipment_id=shipment_id)
+        page_size = CursorPage().get_page_size(request)
+        after = TrackingCursor.decode(request.query_params.get(TrackingCursor.param))
+        events = tracking.tracking_events_after(
+            shipment_id=shipment.id, after=after, limit=page_size + 1
+        )
+        next_link = None
+        if len(events) > page_size:
+            events = events[:page_size]
+            cursor = TrackingCursor.encode(events[-1])
+            next_link = replace_query_param(
+                request.build_absolute_uri(), TrackingCursor.param, cursor
+            )
+        summary = tracking.tracking_summary(shipment_id=shipment.id)
+        return Response(
+            {
+                "results": TrackingEventOut(events, many=True).data,
+                "next": next_link,
+                "duplicates_received": summary.duplicates_received,
+            }
+        )

@@ -1,0 +1,25 @@
+"""Every row lock the orders app takes explicitly, in one place.
+
+Lock order (docs/checkout.md): the order's payment, the order row, its lines
+(primary-key order), their reservation flags, then stock rows
+(`inventory.lock_objects`). A shipment takes only the order row and its
+lines, in that order.
+"""
+
+from __future__ import annotations
+
+from django.db import connection
+
+from .models import Order, OrderLine
+
+
+def order_lock(*, order_id) -> Order:
+    """Lock one order row until the transaction ends; return it as last committed."""
+    assert connection.in_atomic_block, "a row lock outside a transaction is released at once"
+    return Order.objects.select_for_update(of=("self",)).get(id=order_id)
+
+
+def order_lines_lock(*, order_id) -> list[OrderLine]:
+    """Lock an order's lines in primary-key order (after its order row); return them."""
+    assert connection.in_atomic_block, "a row lock outside a transaction is released at once"
+    return list(OrderLine.objects.filter(order_id=order_id).order_by("id").select_for_update())

@@ -1,0 +1,70 @@
+"""Staff view of the published sales reports: read-only, with a per-day chart."""
+
+from django.contrib import admin
+from django.utils.html import format_html
+
+from core.admin import ReadOnlyAdmin
+
+from . import charts
+from .models import DailySalesReport
+
+CHART_DAYS = 60
+
+
+@admin.register(DailySalesReport)
+class DailySalesReportAdmin(ReadOnlyAdmin):
+    change_list_template = "admin/reports/dailysalesreport/change_list.html"
+    list_display = [
+        "date",
+        "orders",
+        "units",
+        "revenue",
+        "refunds",
+        "returns",
+        "currency",
+        "revision",
+        "replacement",
+        "short_hash",
+        "published_at",
+    ]
+    list_filter = ["revision"]
+    ordering = ["-date"]
+    date_hierarchy = "date"
+    fields = [
+        "date",
+        "orders",
+        "units",
+        "revenue",
+        "refunds",
+        "returns",
+        "currency",
+        "content_hash",
+        "published_at",
+        "revision",
+        "replacement",
+        "previous_content_hash",
+    ]
+    readonly_fields = fields
+
+    @admin.display(description="replaced")
+    def replacement(self, report):
+        if report.revision == 1:
+            return "-"
+        return format_html(
+            "Replaced: revision {} since {} (new data for a past day)",
+            report.revision,
+            report.replaced_at.isoformat(timespec="seconds"),
+        )
+
+    @admin.display(description="content hash")
+    def short_hash(self, report):
+        return report.content_hash[:12]
+
+    def changelist_view(self, request, extra_context=None):
+        recent = list(DailySalesReport.objects.order_by("-date")[:CHART_DAYS])
+        extra_context = {
+            **(extra_context or {}),
+            "chart_panels": charts.panels(recent),
+            "chart_days": len(recent),
+        }
+        return super().changelist_view(request, extra_context=extra_context)

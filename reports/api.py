@@ -1,0 +1,41 @@
+"""GET /api/v1/reports/daily-sales/ (staff): the published reports, newest day first."""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers
+from rest_framework.generics import GenericAPIView
+from rest_framework.permissions import IsAuthenticated
+
+from core.money import MoneyField
+from core.permissions import IsStaff
+
+from .models import DailySalesReport
+
+
+class DailySalesReportOut(serializers.Serializer):
+    date = serializers.DateField()
+    orders = serializers.IntegerField()
+    units = serializers.IntegerField()
+    revenue = MoneyField()
+    refunds = MoneyField()
+    returns = serializers.IntegerField()
+    currency = serializers.CharField()
+    content_hash = serializers.CharField()
+    published_at = serializers.DateTimeField()
+
+
+class DailySalesReportListView(GenericAPIView):
+    """List published daily sales reports, newest day first (cursor pagination)."""
+
+    serializer_class = DailySalesReportOut
+    permission_classes = [IsAuthenticated, IsStaff]
+
+    def paginate_queryset(self, queryset):
+        self.paginator.ordering = "-date"  # one row per day: a unique, stable cursor
+        return super().paginate_queryset(queryset)
+
+    @extend_schema(responses=DailySalesReportOut(many=True))
+    def get(self, request):
+        page = self.paginate_queryset(DailySalesReport.objects.all())
+        return self.get_paginated_response(DailySalesReportOut(page, many=True).data)

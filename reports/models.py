@@ -1,0 +1,98 @@
+"""The daily sales report: two intermediate tables (one per step) and the published figures.
+
+Each step of the pipeline (extract → aggregate → publish, docs/reports.md)
+owns one table and, for its day, deletes its own rows and writes them
+again, so a step re-run after a crash gives exactly what a clean run gives.
+"""
+
+from django.db import models
+from django.db.models import Q
+from django.db.models.functions import Now
+
+
+class ReportExtractRow(models.Model):
+    """One fact of one day, as the extract step read it (a sold line; later refunds, returns)."""
+
+    class Source(models.TextChoices):
+        SALE = "sale"
+        REFUND = "refund"  # filled once refunds exist
+        RETURN = "return"  # filled once returns exist
+
+    date = models.DateField()
+    source = models.CharField(max_length=16, choices=Source.choices)
+    order_id = models.UUIDField()
+    sku = models.CharField(max_length=64)
+    units = models.IntegerField()
+    amount = models.DecimalField(max_digits=14, decimal_places=2)
+
+    class Meta:
+        constraints = [
+            # A second extract for the day can never add to the first one's rows.
+            models.UniqueConstraint(
+                fields=["date", "source", "order_id", "sku"], name="reports_extract_fact_uniq"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.date} {self.source} {self.sku} × {self.units}"
+
+
+class ReportAggregate(models.Model):
+    """The aggregate step's output for one day: the figures and their content hash."""
+
+    date = models.DateField()
+    orders = models.IntegerField()
+    units = models.IntegerField()
+    revenue = models.DecimalField(max_digits=16, decimal_places=2)
+    refunds = models.DecimalField(max_digits=16, decimal_places=2)
+    returns = models.IntegerField()
+    currency = models.CharField(max_length=3)
+    content_hash = models.CharField(max_length=64)
+    created_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["date"], name="reports_reportaggregate_date_uniq"),
+        ]
+
+    def __str__(self) -> str:
+        return f"aggregate {self.date}"
+
+
+DAILY_SALES_DATE_CONSTRAINT = "reports_dailysalesreport_date_uniq"
+
+
+class DailySalesReport(models.Model):
+    """The published report of one closed day; one row per day, replaced in place by revision.
+
+    The unique constraint on `date` (not a check in code) makes two runs at
+    once publish one report. A re-run whose figures differ (new data for a
+    past day) replaces them: `revision` + 1, `replaced_at`, and the hash it
+    replaced in `previous_content_hash`; identical figures change nothing.
+    """
+
+    date = models.DateField()
+    orders = models.IntegerField()
+    units = models.IntegerField()
+    revenue = models.DecimalField(max_digits=16, decimal_places=2)
+    refunds = models.DecimalField(max_digits=16, decimal_places=2)
+    returns = models.IntegerField()
+    currency = models.CharField(max_length=3)
+    content_hash = models.CharField(max_length=64)
+    revision = models.PositiveIntegerField(default=1)
+    published_at = models.DateTimeField(db_default=Now())
+    replaced_at = models.DateTimeField(null=True, blank=True)
+    previous_content_hash = models.CharField(max_length=64, null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["date"], name=DAILY_SALES_DATE_CONSTRAINT),
+            models.CheckConstraint(
+                condition=Q(revision=1, replaced_at__isnull=True)
+                | Q(revision__gt=1, replaced_at__isnull=False),
+                name="reports_dailysalesreport_revision_replaced",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"sales {self.date} (revision {self.revision})"
