@@ -8,7 +8,7 @@ from rest_framework.views import APIView
 
 from core.fields import ClosedSerializer, StrictCharField
 
-from .. import services
+from .. import loyalty, services
 from .throttles import RegisterThrottle, TokenAddressThrottle, TokenUsernameThrottle
 
 TokenOut = inline_serializer("TokenOut", {"token": serializers.CharField()})
@@ -72,3 +72,19 @@ class AccountView(APIView):
     def delete(self, request):
         services.user_anonymise(user=request.user)
         return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+LoyaltyOut = inline_serializer(
+    "LoyaltyOut", {"balance": serializers.IntegerField(), "version": serializers.IntegerField()}
+)
+
+
+class LoyaltyView(APIView):
+    """Read the caller's own points balance and its version (0 and 0 before the first event)."""
+
+    permission_classes = [IsAuthenticated]
+
+    @extend_schema(responses={200: LoyaltyOut})
+    def get(self, request):
+        balance, version = loyalty.loyalty_get(user=request.user)
+        return Response({"balance": balance, "version": version})
