@@ -1,1 +1,102 @@
+"""The shopper's account: loyalty points and the purchase history read model."""
 
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.db.models.functions import Now
+
+
+class LoyaltyAccount(models.Model):
+    """One shopper's points, changed only by versioned conditional UPDATEs (shop.loyalty).
+
+    `applied` is the list of event ids already applied, each `{"id", "at"}`
+    with `at` on the database clock; it is trimmed by age, never by count,
+    inside the same UPDATE that appends (see docs/events.md).
+    """
+
+    # The user is the primary key: insert-first creation costs no sequence value.
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL,
+        primary_key=True,
+        on_delete=models.CASCADE,
+        related_name="loyalty_account",
+    )
+    balance = models.BigIntegerField(default=0)
+    version = models.BigIntegerField(default=0)
+    applied = models.JSONField(default=list)
+    created_at = models.DateTimeField(db_default=Now())
+    updated_at = models.DateTimeField(db_default=Now())
+
+    def __str__(self) -> str:
+        return f"{self.user_id}: {self.balance} points (v{self.version})"
+
+
+class LoyaltyOrder(models.Model):
+    """What one order has earned and had reversed, for "a cancellation reverses what is left".
+
+    Written only in the transaction of a successful versioned UPDATE of its
+    account, so the account's version guards it too (shop.loyalty).
+    """
+
+    account = models.ForeignKey(LoyaltyAccount, on_delete=models.CASCADE, related_name="orders")
+    order_id = models.CharField(max_length=64)
+    earned = models.BigIntegerField(default=0)
+    reversed = models.BigIntegerField(default=0)
+    # The event that earned (a second earning event for the order earns nothing).
+    earned_by = models.CharField(max_length=255, null=True, blank=True)
+    cancelled = models.BooleanField(default=False)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["account", "order_id"], name="shop_loyaltyorder_account_order_uniq"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.order_id}: +{self.earned} -{self.reversed}"
+
+
+class PurchaseHistoryLine(models.Model):
+    """One order line as the shopper sees it in their history, net of returns and cancellation.
+
+    Fed by `shop.history.history_apply` under the inbox. `quantity` and
+    `amount` are the net figures the API shows (0 → not shown); the parts
+    they are computed from are kept so that events arriving out of order
+    (a return before its confirmation) still net to the same result.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="purchase_history"
+    )
+    order_id = models.CharField(max_length=64)
+    order_number = models.BigIntegerField()
+    position = models.PositiveIntegerField(default=0)
+    sku = models.CharField(max_length=64)
+    unit_price = models.DecimalField(max_digits=12, decimal_places=4)
+    currency = models.CharField(max_length=3, blank=True, default="")
+    quantity_confirmed = models.PositiveIntegerField(default=0)
+    quantity_returned = models.PositiveIntegerField(default=0)
+    cancelled = models.BooleanField(default=False)
+    quantity = models.PositiveIntegerField(default=0)
+    amount = models.DecimalField(max_digits=14, decimal_places=4, default=0)
+    created_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["order_id", "sku"], name="shop_purchasehistoryline_order_sku_uniq"
+            )
+        ]
+        indexes = [
+            # The shopper's list: newest order first, lines in order.
+            models.Index(
+                fields=["user", "-order_number", "position"],
+                name="shop_history_user_order_idx",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"#{self.order_number} {self.sku} × {self.quantity}"

@@ -192,6 +192,11 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("DATA_UPLOAD_MAX_MEMORY_SIZE", default=256
 
 # --- The shop ----------------------------------------------------------------
 SHOP_CURRENCY = env.str("SHOP_CURRENCY", default="EUR")
+# Loyalty keeps the ids of the events it applied this long (seconds, database
+# clock), then forgets them: longer than the outbox keeps a message plus the
+# longest a copy can still be redelivered, or a late copy earns twice
+# (docs/events.md). Trimmed by age only, never by count.
+LOYALTY_APPLIED_IDS_RETENTION = env.float("LOYALTY_APPLIED_IDS_RETENTION", default=30 * 24 * 3600.0)
 PROBLEM_TYPE_BASE = env.str("PROBLEM_TYPE_BASE", default="https://shop.example/problems/")
 
 # --- Idempotency: request keys, completer, purge, failpoints (issue 4) ---------

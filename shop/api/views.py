@@ -2,13 +2,15 @@ from django.contrib.auth import authenticate
 from django.core.validators import RegexValidator
 from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import serializers, status
+from rest_framework.generics import GenericAPIView
 from rest_framework.permissions import AllowAny, IsAuthenticated
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from core.fields import ClosedSerializer, StrictCharField
+from core.money import format_money, shop_currency
 
-from .. import services
+from .. import history, loyalty, services
 from .throttles import RegisterThrottle, TokenAddressThrottle, TokenUsernameThrottle
 
 TokenOut = inline_serializer("TokenOut", {"token": serializers.CharField()})
@@ -72,3 +74,55 @@ class AccountView(APIView):
     def delete(self, request):
         services.user_anonymise(user=request.user)
         return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+LoyaltyOut = inline_serializer(
+    "LoyaltyOut", {"balance": serializers.IntegerField(), "version": serializers.IntegerField()}
+)
+
+
+class LoyaltyView(APIView):
+    """Read the caller's own points balance and its version (0 and 0 before the first event)."""
+
+    permission_classes = [IsAuthenticated]
+
+    @extend_schema(responses={200: LoyaltyOut})
+    def get(self, request):
+        balance, version = loyalty.loyalty_get(user=request.user)
+        return Response({"balance": balance, "version": version})
+
+
+class PurchaseHistoryOut(serializers.Serializer):
+    order_number = serializers.IntegerField()
+    sku = serializers.CharField()
+    quantity = serializers.IntegerField()
+    amount = serializers.CharField()
+    currency = serializers.CharField()
+
+
+def _history_body(line) -> dict:
+    currency = line.currency or shop_currency()
+    return {
+        "order_number": line.order_number,
+        "sku": line.sku,
+        "quantity": line.quantity,
+        "amount": format_money(line.amount, currency),
+        "currency": currency,
+    }
+
+
+class PurchaseHistoryView(GenericAPIView):
+    """List the caller's own purchases, net of returns and cancellations, newest order first."""
+
+    permission_classes = [IsAuthenticated]
+    serializer_class = PurchaseHistoryOut
+
+    def paginate_queryset(self, queryset):
+        # (order number, position, sku) is unique: a stable cursor.
+        self.paginator.ordering = ("-order_number", "position", "sku")
+        return super().paginate_queryset(queryset)
+
+    @extend_schema(responses=PurchaseHistoryOut(many=True))
+    def get(self, request):
+        page = self.paginate_queryset(history.history_for_user(user=request.user))
+        return self.get_paginated_response([_history_body(line) for line in page])

@@ -1,0 +1,123 @@
+"""The purchase history read model: each order and return event applied once, through the inbox.
+
+`history_apply` claims the message id in the inbox and makes its effect in
+one transaction: the id is recorded before the effect (a concurrent copy
+waits on the uncommitted claim, then sees it and skips), and a crash undoes
+both together. Each row keeps its parts (confirmed, returned, cancelled) and
+the net figures the API shows are recomputed from them, so events arriving
+out of order (a return before its confirmation) net to the same result.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from django.contrib.auth import get_user_model
+from django.db import connection, transaction
+
+from idempotency.inbox import inbox_claim
+
+from . import events
+from .models import PurchaseHistoryLine
+
+CONSUMER = "purchase_history"
+
+
+class Outcome(enum.StrEnum):
+    APPLIED = "applied"
+    DUPLICATE = "duplicate"
+    IGNORED = "ignored"
+
+
+@dataclass(frozen=True)
+class HistoryResult:
+    outcome: Outcome
+
+
+# One row per (order, sku); on a second event only the part it carries moves.
+_UPSERT = (
+    "INSERT INTO shop_purchasehistoryline AS t (user_id, order_id, order_number, position, sku, "
+    "unit_price, currency, quantity_confirmed, quantity_returned, cancelled, quantity, amount, "
+    "created_at) VALUES (%(user_id)s, %(order_id)s, %(number)s, %(position)s, %(sku)s, "
+    "%(unit_price)s, %(currency)s, %(confirmed)s, %(returned)s, %(cancelled)s, 0, 0, now()) "
+    "ON CONFLICT (order_id, sku) DO UPDATE SET {update}"
+)
+_ON_CONFIRMED = (
+    "quantity_confirmed = EXCLUDED.quantity_confirmed, position = EXCLUDED.position, "
+    "unit_price = EXCLUDED.unit_price, currency = EXCLUDED.currency"
+)
+_ON_RETURNED = "quantity_returned = t.quantity_returned + EXCLUDED.quantity_returned"
+_ON_CANCELLED = "cancelled = true"
+
+_NET = (
+    "UPDATE shop_purchasehistoryline SET "
+    "quantity = CASE WHEN cancelled THEN 0 "
+    "  ELSE GREATEST(quantity_confirmed - quantity_returned, 0) END, "
+    "amount = unit_price * CASE WHEN cancelled THEN 0 "
+    "  ELSE GREATEST(quantity_confirmed - quantity_returned, 0) END "
+    "WHERE order_id = %s"
+)
+
+
+def _upsert(fact: events.OrderFact, update: str, *, confirmed: bool, returned: bool) -> None:
+    cancelled = fact.event_type == events.ORDER_CANCELLED
+    rows = [
+        {
+            "user_id": fact.owner_id,
+            "order_id": fact.order_id,
+            "number": fact.number,
+            "position": position,
+            "sku": line.sku,
+            "unit_price": line.unit_price,
+            "currency": fact.currency,
+            "confirmed": line.quantity if confirmed else 0,
+            "returned": line.quantity if returned else 0,
+            "cancelled": cancelled,
+        }
+        for position, line in enumerate(fact.lines)
+        # A confirmed line with nothing confirmed (unavailable) is no purchase.
+        if not confirmed or line.quantity > 0
+    ]
+    if rows:
+        with connection.cursor() as cursor:
+            cursor.executemany(_UPSERT.format(update=update), rows)
+
+
+@transaction.atomic
+def history_apply(*, message_id: str, event_type: str, payload: dict) -> HistoryResult:
+    """Apply one order or return event to its shopper's purchase history, once per message id.
+
+    Return `applied`, `duplicate` (the inbox has this id for this consumer;
+    counted there) or `ignored` (a type the history does not show). Raise
+    `PoisonMessage` for a payload that cannot be read (nothing is recorded).
+    """
+    if not isinstance(message_id, str) or not message_id or len(message_id) > 255:
+        raise events.PoisonMessage(f"message id must be a non-empty string: {message_id!r}")
+    fact = events.parse(event_type=event_type, payload=payload)
+    if fact is None:
+        return HistoryResult(Outcome.IGNORED)
+    if not get_user_model().objects.filter(pk=fact.owner_id).exists():
+        # Shoppers are anonymised, never deleted: an unknown owner is a bad message.
+        raise events.PoisonMessage(f"owner {fact.owner_id} is not a user of this shop")
+    if not inbox_claim(consumer=CONSUMER, message_id=message_id):
+        return HistoryResult(Outcome.DUPLICATE)
+    if fact.event_type in events.CONFIRMED_TYPES:
+        _upsert(fact, _ON_CONFIRMED, confirmed=True, returned=False)
+    elif fact.event_type == events.RETURN_COMPLETED:
+        _upsert(fact, _ON_RETURNED, confirmed=False, returned=True)
+    else:
+        # Rows for every line, so that a confirmation arriving after its
+        # cancellation (out of order) finds the order already cancelled.
+        _upsert(fact, _ON_CANCELLED, confirmed=False, returned=False)
+        PurchaseHistoryLine.objects.filter(order_id=fact.order_id).update(cancelled=True)
+    with connection.cursor() as cursor:
+        cursor.execute(_NET, [fact.order_id])
+    return HistoryResult(Outcome.APPLIED)
+
+
+def history_for_user(*, user):
+    """Return the shopper's purchases still held (net quantity above 0), newest order first."""
+    return PurchaseHistoryLine.objects.filter(user_id=user.pk, quantity__gt=0).order_by(
+        "-order_number", "position", "sku"
+    )

@@ -1,0 +1,220 @@
+"""Loyalty points: each event applied once by optimistic concurrency, without the inbox.
+
+The account row carries the ids of the events it has applied. A change is
+one `UPDATE ... WHERE user_id = %s AND version = <version read>` that moves
+the balance, bumps the version, appends the event id and drops the ids
+older than `LOYALTY_APPLIED_IDS_RETENTION` (database clock), all at once:
+the balance and the record of what made it cannot drift apart. An id
+already in the list is a duplicate; a row count of 0 means someone else
+changed the account since it was read, so read again and retry.
+
+The order's tally (`LoyaltyOrder`: earned, reversed, cancelled) is written
+in the same transaction, after the versioned UPDATE succeeded: every writer
+of a tally first wins that UPDATE, so the account's version guards the
+tally as well (a tally read before a concurrent change is caught by the
+version having moved). See docs/events.md.
+"""
+
+from __future__ import annotations
+
+import enum
+import random
+import time
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.db import connection, transaction
+
+from idempotency import metrics
+
+from . import events
+from .models import LoyaltyAccount
+
+MAX_TRIES = 20
+
+
+class Outcome(enum.StrEnum):
+    APPLIED = "applied"
+    DUPLICATE = "duplicate"
+    IGNORED = "ignored"
+
+
+@dataclass(frozen=True)
+class LoyaltyResult:
+    outcome: Outcome
+    points: int = 0  # the change to the balance (negative for a reversal)
+    balance: int | None = None
+    version: int | None = None
+
+
+class LoyaltyConflict(events.RetryableConsumerError):
+    """Raise when the account kept changing under every try: retry the message later."""
+
+
+def _duplicate_suppressed() -> None:
+    # The one place a loyalty duplicate is counted (the DB-backed counter
+    # replaces this call, and only this call).
+    metrics.count("shop_duplicates_suppressed_total", mechanism="processed_id")
+
+
+def _ensure_account(user_id: int) -> None:
+    """Create the account if it is missing: insert first, the primary key decides."""
+    users = connection.ops.quote_name(get_user_model()._meta.db_table)
+    with connection.cursor() as cursor:
+        # An owner that is not a user inserts nothing (the FK is checked only
+        # at commit; this refuses at once) and `_read` then finds no account.
+        cursor.execute(
+            "INSERT INTO shop_loyaltyaccount "
+            "(user_id, balance, version, applied, created_at, updated_at) "
+            f"SELECT id, 0, 0, '[]'::jsonb, now(), now() FROM {users} WHERE id = %s "
+            "ON CONFLICT (user_id) DO NOTHING",
+            [user_id],
+        )
+
+
+def _read(user_id: int, event_id: str) -> tuple[int, int, bool]:
+    """Return (balance, version, already applied) of the account; poison if it has none."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT balance, version, "
+            "applied @> jsonb_build_array(jsonb_build_object('id', %s::text)) "
+            "FROM shop_loyaltyaccount WHERE user_id = %s",
+            [event_id, user_id],
+        )
+        row = cursor.fetchone()
+    if row is None:
+        raise events.PoisonMessage(f"owner {user_id} is not a user of this shop")
+    return row
+
+
+def _tally(user_id: int, order_id: str) -> tuple[int, int, str | None, bool]:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT earned, reversed, earned_by, cancelled FROM shop_loyaltyorder "
+            "WHERE account_id = %s AND order_id = %s",
+            [user_id, order_id],
+        )
+        return cursor.fetchone() or (0, 0, None, False)
+
+
+def _change(
+    fact: events.OrderFact, event_id: str, tally: tuple[int, int, str | None, bool]
+) -> tuple[int, tuple[int, int, str | None, bool]]:
+    """Return (points to add, the order's new tally) for this event, by the contract's rules."""
+    earned, reversed_, earned_by, cancelled = tally
+    if fact.event_type in events.CONFIRMED_TYPES:
+        if earned_by is not None or cancelled:
+            # Already earned (by another event id), or cancelled before this
+            # confirmation arrived (out of order): a cancelled order keeps nothing.
+            return 0, tally
+        points = sum(line.points for line in fact.lines)
+        return points, (points, reversed_, event_id, cancelled)
+    if fact.event_type == events.RETURN_COMPLETED:
+        # Not capped at what is left: a return delivered before its order's
+        # confirmation still nets to the right balance once both are applied.
+        points = sum(line.points for line in fact.lines)
+        return -points, (earned, reversed_ + points, earned_by, cancelled)
+    assert fact.event_type == events.ORDER_CANCELLED, fact.event_type
+    if cancelled:
+        return 0, tally
+    left = max(earned - reversed_, 0)
+    return -left, (earned, reversed_ + left, earned_by, True)
+
+
+def _update(*, user_id: int, version: int, points: int, event_id: str) -> int | None:
+    """Apply the change if the account is still at `version`; return the new version or None."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE shop_loyaltyaccount SET "
+            "balance = balance + %(points)s, "
+            "version = version + 1, "
+            "applied = COALESCE("
+            "  (SELECT jsonb_agg(entry ORDER BY ordinality) "
+            "   FROM jsonb_array_elements(applied) WITH ORDINALITY AS a(entry, ordinality) "
+            "   WHERE (entry->>'at')::timestamptz "
+            "         > now() - make_interval(secs => %(retention)s)), "
+            "  '[]'::jsonb"
+            ") || jsonb_build_array(jsonb_build_object('id', %(event_id)s::text, 'at', now())), "
+            "updated_at = now() "
+            "WHERE user_id = %(user_id)s AND version = %(version)s "
+            "RETURNING version",
+            {
+                "points": points,
+                "retention": float(settings.LOYALTY_APPLIED_IDS_RETENTION),
+                "event_id": event_id,
+                "user_id": user_id,
+                "version": version,
+            },
+        )
+        row = cursor.fetchone()
+    return None if row is None else row[0]
+
+
+def _write_tally(user_id: int, order_id: str, tally: tuple[int, int, str | None, bool]) -> None:
+    earned, reversed_, earned_by, cancelled = tally
+    with connection.cursor() as cursor:
+        # The account's row lock (taken by the UPDATE just made) serialises
+        # every writer of this tally, so plain values are safe here.
+        cursor.execute(
+            "INSERT INTO shop_loyaltyorder (account_id, order_id, earned, reversed, earned_by, "
+            "cancelled) VALUES (%s, %s, %s, %s, %s, %s) "
+            "ON CONFLICT (account_id, order_id) DO UPDATE SET earned = EXCLUDED.earned, "
+            "reversed = EXCLUDED.reversed, earned_by = EXCLUDED.earned_by, "
+            "cancelled = EXCLUDED.cancelled",
+            [user_id, order_id, earned, reversed_, earned_by, cancelled],
+        )
+
+
+def _try(fact: events.OrderFact, event_id: str) -> LoyaltyResult | None:
+    """Make one attempt in one transaction; None when the version moved under it."""
+    with transaction.atomic():
+        balance, version, seen = _read(fact.owner_id, event_id)
+        if seen:
+            return LoyaltyResult(Outcome.DUPLICATE, balance=balance, version=version)
+        tally = _tally(fact.owner_id, fact.order_id)
+        points, new_tally = _change(fact, event_id, tally)
+        new_version = _update(
+            user_id=fact.owner_id, version=version, points=points, event_id=event_id
+        )
+        if new_version is None:
+            return None
+        if new_tally != tally:
+            _write_tally(fact.owner_id, fact.order_id, new_tally)
+        return LoyaltyResult(
+            Outcome.APPLIED, points=points, balance=balance + points, version=new_version
+        )
+
+
+def loyalty_apply(*, event_id: str, event_type: str, payload: dict) -> LoyaltyResult:
+    """Apply one order or return event to its shopper's points, at most once per event id.
+
+    Call it outside a transaction (each try is its own). Return `applied`,
+    `duplicate` (the id is among the applied ones; counted) or `ignored` (a
+    type points do not depend on). Raise `PoisonMessage` for a payload that
+    cannot be read, `LoyaltyConflict` (retryable) when `MAX_TRIES` tries all
+    lost the race for the account.
+    """
+    if not isinstance(event_id, str) or not event_id or len(event_id) > 255:
+        raise events.PoisonMessage(f"event id must be a non-empty string: {event_id!r}")
+    fact = events.parse(event_type=event_type, payload=payload)
+    if fact is None:
+        return LoyaltyResult(Outcome.IGNORED)
+    _ensure_account(fact.owner_id)
+    for attempt in range(MAX_TRIES):
+        result = _try(fact, event_id)
+        if result is not None:
+            if result.outcome == Outcome.DUPLICATE:
+                _duplicate_suppressed()
+            return result
+        # Lost the race: back off a little, jittered, so the winners spread out.
+        time.sleep(random.uniform(0, 0.005 * (attempt + 1)))
+    raise LoyaltyConflict(
+        f"the points of user {fact.owner_id} changed under {MAX_TRIES} tries of event {event_id}"
+    )
+
+
+def loyalty_get(*, user) -> tuple[int, int]:
+    """Return (balance, version) of the shopper's points; (0, 0) before their first event."""
+    row = LoyaltyAccount.objects.filter(user_id=user.pk).values_list("balance", "version").first()
+    return row or (0, 0)
