@@ -20,9 +20,10 @@ from django.db import connection
 from rest_framework.authtoken.models import Token
 
 from config.celery import app
-from idempotency.models import FINISHED, IdempotencyKey, OutboxMessage, ProbeRecord
+from idempotency.models import FINISHED, IdempotencyKey, OutboxMessage
 from orders import tasks as order_tasks
 from payments import tasks as payment_tasks
+from tests.support.models import ProbeRecord
 from tests.support.servers import wait_until
 
 OUR_TASKS = (
