@@ -1,8 +1,8 @@
-"""Read-only admin views of request keys, the outbox and the inbox (for operators)."""
+"""Read-only admin views of request keys, the outbox and the inbox; outbox rows can be retried."""
 
 from django.contrib import admin
 
-from core.admin import ReadOnlyAdmin
+from core.admin import DueWorkAdmin, ReadOnlyAdmin
 
 from .models import IdempotencyKey, InboxMessage, OutboxMessage
 
@@ -26,17 +26,15 @@ class IdempotencyKeyAdmin(ReadOnlyAdmin):
 
 
 @admin.register(OutboxMessage)
-class OutboxMessageAdmin(ReadOnlyAdmin):
+class OutboxMessageAdmin(DueWorkAdmin):
     list_display = (
         "event_type",
         "aggregate_type",
         "aggregate_id",
         "created_at",
-        "published_at",
-        "attempts",
-        "next_attempt_at",
+        *DueWorkAdmin.due_list_display,
     )
-    list_filter = ("event_type", "aggregate_type")
+    list_filter = ("event_type", "aggregate_type", *DueWorkAdmin.list_filter)
     search_fields = ("aggregate_id",)
 
 

@@ -9,6 +9,8 @@ from django.db.models import Q
 from django.db.models.fields.json import KT
 from django.db.models.functions import Now
 
+from core.due import DuePolicy, DueWork, due_index
+
 STARTED = "started"
 FINISHED = "finished"
 
@@ -84,11 +86,13 @@ class IdempotencyKey(models.Model):
         return f"{self.operation} {self.key} ({self.recovery_point})"
 
 
-class OutboxMessage(models.Model):
+class OutboxMessage(DueWork):
     """An event to publish, written in the same transaction as the change it reports.
 
-    The relay (a later issue) publishes rows with `published_at` null whose
-    `next_attempt_at` has come, oldest first per aggregate.
+    Due work (`core.due`): the relay (a later issue) claims rows whose
+    `next_attempt_at` has come, oldest first per aggregate, publishes them
+    and marks them done (`done_at`, i.e. `published_at`); a message that
+    keeps failing past its attempt budget needs attention.
     """
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
@@ -97,18 +101,10 @@ class OutboxMessage(models.Model):
     event_type = models.CharField(max_length=100)
     payload = models.JSONField(encoder=DjangoJSONEncoder)
     created_at = models.DateTimeField(db_default=Now())
-    published_at = models.DateTimeField(null=True, blank=True)
-    attempts = models.PositiveIntegerField(default=0)
-    next_attempt_at = models.DateTimeField(db_default=Now())
-    last_error = models.TextField(blank=True, default="")
 
     class Meta:
         indexes = [
-            models.Index(
-                fields=["next_attempt_at"],
-                condition=Q(published_at__isnull=True),
-                name="idempotency_outbox_due_idx",
-            ),
+            due_index(name="idempotency_outbox_due_idx"),
             models.Index(
                 fields=["aggregate_type", "aggregate_id", "created_at"],
                 name="idempotency_outbox_agg_idx",
@@ -117,6 +113,21 @@ class OutboxMessage(models.Model):
 
     def __str__(self) -> str:
         return f"{self.event_type} {self.aggregate_type}:{self.aggregate_id}"
+
+    @property
+    def published_at(self):
+        """When the relay published the message (the due-work row's `done_at`)."""
+        return self.done_at
+
+    @classmethod
+    def due_policy(cls) -> DuePolicy:
+        return DuePolicy(
+            task=None,  # the relay's task arrives with the relay; until then nothing rings
+            max_attempts=settings.OUTBOX_RELAY_MAX_ATTEMPTS,
+            backoff_base=settings.OUTBOX_RELAY_BACKOFF_BASE,
+            backoff_max=settings.OUTBOX_RELAY_BACKOFF_MAX,
+            lease=settings.OUTBOX_RELAY_LEASE,
+        )
 
 
 class InboxMessage(models.Model):

@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-import random
-
 from celery import shared_task
 from django.conf import settings
 from django.db import OperationalError
 
+from core.due import retry_countdown
+
 from . import services
-
-
-def _backoff(retries: int) -> float:
-    """Return an exponential delay with jitter, never above CELERY_MAX_COUNTDOWN."""
-    return min(settings.CELERY_MAX_COUNTDOWN, 2**retries + random.uniform(0, 1))
 
 
 @shared_task(bind=True, name="orders.expire_reservations", max_retries=3)
@@ -24,4 +19,4 @@ def expire_reservations(self) -> int:
     except OperationalError as exc:
         # A lost connection or a failover: transient. Anything else is a bug
         # and the next beat tick tries again anyway.
-        raise self.retry(exc=exc, countdown=_backoff(self.request.retries)) from exc
+        raise self.retry(exc=exc, countdown=retry_countdown(self.request.retries)) from exc

@@ -1,8 +1,8 @@
 """Staff views of payments; settlements that need attention can be retried from here."""
 
-from django.contrib import admin, messages
+from django.contrib import admin
 
-from core.admin import ReadOnlyAdmin, ReadOnlyInline
+from core.admin import DueWorkAdmin, ReadOnlyAdmin, ReadOnlyInline
 
 from . import services
 from .models import Payment, PaymentEvent, PaymentSettlement, PaymentTransaction
@@ -36,21 +36,11 @@ class PaymentAdmin(ReadOnlyAdmin):
 
 
 @admin.register(PaymentSettlement)
-class PaymentSettlementAdmin(ReadOnlyAdmin):
-    list_display = [
-        "id",
-        "transaction",
-        "attempts",
-        "next_attempt_at",
-        "needs_attention",
-        "settled_at",
-        "last_error",
-    ]
-    list_filter = ["needs_attention", ("settled_at", admin.EmptyFieldListFilter)]
-    actions = ["retry_now"]
+class PaymentSettlementAdmin(DueWorkAdmin):
+    list_display = ["id", "transaction", *DueWorkAdmin.due_list_display]
 
-    @admin.action(description="Retry settlement now (fresh attempt budget)")
-    def retry_now(self, request, queryset):
-        for settlement_id in queryset.values_list("id", flat=True):
-            services.settlement_retry_now(settlement_id=settlement_id, by=request.user)
-        messages.success(request, "Settlements scheduled.")
+    def retry_one(self, request, pk) -> bool:
+        # The payment's history records who retried it (a PaymentEvent).
+        before = PaymentSettlement.objects.filter(pk=pk, done_at__isnull=True).exists()
+        services.settlement_retry_now(settlement_id=pk, by=request.user)
+        return before

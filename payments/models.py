@@ -7,6 +7,8 @@ from django.db import models
 from django.db.models import F, Q
 from django.db.models.functions import Now
 
+from core.due import DuePolicy, DueWork, due_index
+
 
 class PaymentInstallation(models.Model):
     """The one row naming this installation at the provider.
@@ -158,27 +160,20 @@ class PaymentTransaction(models.Model):
         return f"{self.kind} {self.provider_key} {self.status}"
 
 
-class PaymentSettlement(models.Model):
-    """A provider call whose outcome the shop must still learn.
+class PaymentSettlement(DueWork):
+    """A provider call whose outcome the shop must still learn (due work, `core.due`).
 
     Written in the same transaction that prepares the call, before the call
     is made, so a process that dies mid-call leaves this row behind. The
     beat sweeper finds it when `next_attempt_at` has passed; each attempt
     looks the call up at the provider by its key. After the attempt budget
-    it stops and waits for staff (`needs_attention`).
+    it stops and waits for staff (`needs_attention`). `done_at` is when the
+    outcome was recorded (`settled_at`).
     """
 
     transaction = models.ForeignKey(
         PaymentTransaction, on_delete=models.PROTECT, related_name="settlements"
     )
-    next_attempt_at = models.DateTimeField(db_default=Now())
-    attempts = models.PositiveIntegerField(default=0)
-    # Set by the sweeper when it enqueues the row, so that the next sweep does
-    # not enqueue it again while the task is still queued.
-    claimed_until = models.DateTimeField(null=True, blank=True)
-    needs_attention = models.BooleanField(default=False)
-    settled_at = models.DateTimeField(null=True, blank=True)
-    last_error = models.CharField(max_length=500, blank=True, default="")
     created_at = models.DateTimeField(db_default=Now())
     updated_at = models.DateTimeField(db_default=Now())
 
@@ -188,16 +183,25 @@ class PaymentSettlement(models.Model):
                 fields=["transaction"], name="payments_settlement_transaction_uniq"
             ),
         ]
-        indexes = [
-            models.Index(
-                fields=["next_attempt_at"],
-                name="payments_settlement_due_idx",
-                condition=Q(settled_at__isnull=True, needs_attention=False),
-            ),
-        ]
+        indexes = [due_index(name="payments_settlement_due_idx")]
 
     def __str__(self) -> str:
         return f"settlement of {self.transaction_id} (attempt {self.attempts})"
+
+    @property
+    def settled_at(self):
+        """When the outcome was recorded (the due-work row's `done_at`)."""
+        return self.done_at
+
+    @classmethod
+    def due_policy(cls) -> DuePolicy:
+        return DuePolicy(
+            task="payments.settle_payment",
+            max_attempts=settings.PAYMENTS_SETTLE_MAX_ATTEMPTS,
+            backoff_base=settings.PAYMENTS_SETTLE_BACKOFF_BASE,
+            backoff_max=settings.PAYMENTS_SETTLE_BACKOFF_MAX,
+            lease=settings.PAYMENTS_SETTLE_LEASE,
+        )
 
 
 class PaymentEvent(models.Model):

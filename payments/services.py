@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import logging
-import random
 import uuid
 from dataclasses import dataclass
 from datetime import timedelta
@@ -26,10 +25,10 @@ from decimal import Decimal
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Q
 from django.db.models.functions import Now
 from django.utils.module_loading import import_string
 
+from core import due
 from core.errors import ApplicationError, InvalidRequest
 from core.money import check_currency, minor_units
 from idempotency.failpoints import failpoint
@@ -350,36 +349,26 @@ def _notify_settled(*, payment: Payment, outcome: str) -> None:
         import_string(path)(payment=payment, outcome=outcome)
 
 
-def _ring_bell(settlement_id: int, delay: float) -> None:
-    """Enqueue the settle task sooner than the sweeper would (best effort: the row is the truth)."""
-    from .tasks import settle_payment
-
-    try:
-        settle_payment.apply_async(
-            args=[settlement_id], countdown=settle_countdown(delay), retry=False
-        )
-    except Exception:  # noqa: BLE001 - the broker being down must not fail a recorded outcome
-        logger.warning("could not enqueue settlement %s; the sweeper will", settlement_id)
-
-
-def settle_countdown(delay: float) -> float:
-    """Return a Celery countdown for `delay` seconds, never above CELERY_MAX_COUNTDOWN."""
-    return max(0.0, min(float(delay), float(settings.CELERY_MAX_COUNTDOWN)))
-
-
 def _flag_attention(*, payment: Payment, txn: PaymentTransaction, reason: str) -> None:
-    flagged = PaymentSettlement.objects.filter(
-        transaction=txn, settled_at__isnull=True, needs_attention=False
-    ).update(needs_attention=True, claimed_until=None, last_error=reason[:500], updated_at=Now())
-    if flagged:
-        PaymentEvent.objects.create(
-            payment_id=payment.id,
-            kind="needs_attention",
-            from_status=payment.status,
-            to_status=payment.status,
-            detail={"provider_key": txn.provider_key, "reason": reason},
-        )
-        logger.error("payment %s needs attention: %s", payment.reference, reason)
+    """Flag the call's settlement for staff and write the payment's event (payment locked)."""
+    settlement_id = (
+        PaymentSettlement.objects.filter(transaction=txn).values_list("id", flat=True).first()
+    )
+    if settlement_id is not None and due.flag_attention(
+        PaymentSettlement, pk=settlement_id, reason=reason
+    ):
+        _attention_event(payment=payment, txn=txn, reason=reason)
+
+
+def _attention_event(*, payment: Payment, txn: PaymentTransaction, reason: str) -> None:
+    PaymentEvent.objects.create(
+        payment_id=payment.id,
+        kind="needs_attention",
+        from_status=payment.status,
+        to_status=payment.status,
+        detail={"provider_key": txn.provider_key, "reason": reason},
+    )
+    logger.error("payment %s needs attention: %s", payment.reference, reason)
 
 
 def _transaction_close(*, txn: PaymentTransaction, status: str, operation_id: str, error: str):
@@ -388,9 +377,10 @@ def _transaction_close(*, txn: PaymentTransaction, status: str, operation_id: st
         f"WITH txn AS (UPDATE {_table(PaymentTransaction)} SET status = %s,"
         "  provider_operation_id = %s, last_error = %s, updated_at = statement_timestamp()"
         "  WHERE id = %s RETURNING id)"
-        f" UPDATE {_table(PaymentSettlement)} SET settled_at = statement_timestamp(),"
-        "  claimed_until = NULL, needs_attention = false, updated_at = statement_timestamp()"
-        " WHERE transaction_id IN (SELECT id FROM txn) AND settled_at IS NULL"
+        f" UPDATE {_table(PaymentSettlement)} SET done_at = statement_timestamp(),"
+        "  lease_owner = '', lease_expires_at = NULL, needs_attention = false,"
+        "  updated_at = statement_timestamp()"
+        " WHERE transaction_id IN (SELECT id FROM txn) AND done_at IS NULL"
     )
     with connection.cursor() as cursor:
         cursor.execute(sql, [status, operation_id, error, txn.id])
@@ -466,28 +456,29 @@ def _capture_record(
     PaymentTransaction.objects.filter(id=txn.id).update(
         last_error=result.describe(), updated_at=Now()
     )
-    settlements = PaymentSettlement.objects.filter(transaction=txn, settled_at__isnull=True)
+    settlements = PaymentSettlement.objects.filter(transaction=txn).pending()
     if mode == "inline":
         delay = settings.PAYMENTS_SETTLE_FIRST_DELAY
-        settlements.filter(needs_attention=False).update(
+        settlements.update(
             next_attempt_at=Now() + timedelta(seconds=delay),
-            last_error=result.describe(),
+            last_error=due.truncate_error(result.describe()),
             updated_at=Now(),
         )
-        for settlement_id in settlements.values_list("id", flat=True):
-            transaction.on_commit(lambda sid=settlement_id: _ring_bell(sid, delay + 0.5))
+        ids = list(settlements.values_list("id", flat=True))
+        due.ring_many_after_commit(PaymentSettlement, ids, delay=delay + 0.5)
     elif mode == "settlement":
-        settlements.update(claimed_until=None, last_error=result.describe(), updated_at=Now())
-        exhausted = settlements.filter(
-            needs_attention=False, attempts__gte=settings.PAYMENTS_SETTLE_MAX_ATTEMPTS
-        ).exists()
-        if exhausted:
-            _flag_attention(
-                payment=payment,
-                txn=txn,
-                reason=f"outcome still unknown after {settings.PAYMENTS_SETTLE_MAX_ATTEMPTS} "
-                f"settlement attempts: {result.describe()}",
-            )
+        reason = (
+            f"outcome still unknown after {settings.PAYMENTS_SETTLE_MAX_ATTEMPTS} "
+            f"settlement attempts: {result.describe()}"
+        )
+        for settlement_id in settlements.values_list("id", flat=True):
+            if due.attempt_failed(
+                PaymentSettlement,
+                pk=settlement_id,
+                error=result.describe(),
+                attention_reason=reason,
+            ):
+                _attention_event(payment=payment, txn=txn, reason=reason)
     return payment
 
 
@@ -497,45 +488,21 @@ _RECORDERS = {TransactionKind.CAPTURE: _capture_record}
 # -- settlement ------------------------------------------------------------------
 
 
-def settle_backoff(attempt: int) -> float:
-    """Seconds before attempt `attempt + 1`: exponential, capped, with equal jitter."""
-    ceiling = min(
-        settings.PAYMENTS_SETTLE_BACKOFF_BASE * 2 ** max(attempt - 1, 0),
-        settings.PAYMENTS_SETTLE_BACKOFF_MAX,
-    )
-    return ceiling / 2 + random.uniform(0, ceiling / 2)
-
-
 def _settlement_begin_attempt(*, settlement_id: int) -> PaymentSettlement | None:
     """Count one attempt and schedule the next before calling out; None if not due.
 
-    The conditional UPDATE (same attempt count, still due) lets exactly one of
-    several concurrent runners (sweeper, bell, redelivered message) take the
-    attempt. It commits before the provider call, so a runner killed mid-call
-    has already pushed `next_attempt_at` back by the backoff.
+    `core.due.attempt_begin`: exactly one of several concurrent runners
+    (sweeper, bell, redelivered message) takes the attempt, and it commits
+    before the provider call, so a runner killed mid-call has already pushed
+    `next_attempt_at` back by the backoff.
     """
-    row = PaymentSettlement.objects.filter(id=settlement_id).values("attempts").first()
-    if row is None:
-        return None
-    if row["attempts"] >= settings.PAYMENTS_SETTLE_MAX_ATTEMPTS:
+    attempt = due.attempt_begin(PaymentSettlement, pk=settlement_id)
+    if attempt.budget_spent:
         # The budget is spent whatever ended the earlier attempts (an unknown
         # answer, or a recorder or settled-handler that kept raising): staff
         # decide now, instead of an endless loop at the maximum backoff.
         _settlement_exhausted(settlement_id=settlement_id)
-        return None
-    attempt = row["attempts"] + 1
-    taken = PaymentSettlement.objects.filter(
-        id=settlement_id,
-        attempts=row["attempts"],
-        settled_at__isnull=True,
-        needs_attention=False,
-        next_attempt_at__lte=Now(),
-    ).update(
-        attempts=attempt,
-        next_attempt_at=Now() + timedelta(seconds=settle_backoff(attempt)),
-        updated_at=Now(),
-    )
-    if not taken:
+    if not attempt.taken:
         return None
     return PaymentSettlement.objects.select_related("transaction__payment").get(id=settlement_id)
 
@@ -543,7 +510,7 @@ def _settlement_begin_attempt(*, settlement_id: int) -> PaymentSettlement | None
 @transaction.atomic
 def _settlement_exhausted(*, settlement_id: int) -> None:
     settlement = PaymentSettlement.objects.select_related("transaction").get(id=settlement_id)
-    if settlement.settled_at is not None or settlement.needs_attention:
+    if settlement.done_at is not None or settlement.needs_attention:
         return
     txn = settlement.transaction
     payment = payment_lock(payment_id=txn.payment_id)
@@ -595,36 +562,16 @@ def payment_settle(*, settlement_id: int) -> PaymentSettlement:
     return settlement
 
 
-@transaction.atomic
 def settlements_claim_due(*, limit: int = 100) -> list[int]:
     """Return ids of due settlements and lease them so the next sweep skips them."""
-    due = (
-        PaymentSettlement.objects.select_for_update(skip_locked=True)
-        .filter(settled_at__isnull=True, needs_attention=False, next_attempt_at__lte=Now())
-        .filter(Q(claimed_until__isnull=True) | Q(claimed_until__lt=Now()))
-        .order_by("next_attempt_at", "id")
-        .values_list("id", flat=True)[:limit]
-    )
-    ids = list(due)
-    if ids:
-        PaymentSettlement.objects.filter(id__in=ids).update(
-            claimed_until=Now() + timedelta(seconds=settings.PAYMENTS_SETTLE_LEASE)
-        )
-    return ids
+    return due.claim_due(PaymentSettlement, limit=limit)
 
 
 @transaction.atomic
 def settlement_retry_now(*, settlement_id: int, by=None) -> PaymentSettlement:
     """Give a settlement that needs attention a fresh attempt budget, due now (staff action)."""
     settlement = PaymentSettlement.objects.select_related("transaction").get(id=settlement_id)
-    reopened = PaymentSettlement.objects.filter(id=settlement_id, settled_at__isnull=True).update(
-        needs_attention=False,
-        attempts=0,
-        next_attempt_at=Now(),
-        claimed_until=None,
-        updated_at=Now(),
-    )
-    if reopened:
+    if due.retry_now(PaymentSettlement, pk=settlement_id):
         payment = Payment.objects.get(id=settlement.transaction.payment_id)
         PaymentEvent.objects.create(
             payment=payment,
@@ -636,6 +583,5 @@ def settlement_retry_now(*, settlement_id: int, by=None) -> PaymentSettlement:
                 "by": getattr(by, "username", None),
             },
         )
-        transaction.on_commit(lambda: _ring_bell(settlement_id, 0))
     settlement.refresh_from_db()
     return settlement

@@ -218,6 +218,11 @@ IDEMPOTENCY_COMPLETER_BATCH = env.int("IDEMPOTENCY_COMPLETER_BATCH", default=50)
 IDEMPOTENCY_COMPLETER_BUDGET = env.float(
     "IDEMPOTENCY_COMPLETER_BUDGET", default=CELERY_VISIBILITY_TIMEOUT / 4
 )
+# The outbox is due work (core.due): the relay's attempt budget, backoff and lease.
+OUTBOX_RELAY_MAX_ATTEMPTS = env.int("OUTBOX_RELAY_MAX_ATTEMPTS", default=20)
+OUTBOX_RELAY_BACKOFF_BASE = env.float("OUTBOX_RELAY_BACKOFF_BASE", default=1.0)
+OUTBOX_RELAY_BACKOFF_MAX = env.float("OUTBOX_RELAY_BACKOFF_MAX", default=300.0)
+OUTBOX_RELAY_LEASE = env.float("OUTBOX_RELAY_LEASE", default=CELERY_VISIBILITY_TIMEOUT + 30)
 IDEMPOTENCY_COMPLETER_EVERY = env.float("IDEMPOTENCY_COMPLETER_EVERY", default=60.0)
 IDEMPOTENCY_PURGE_EVERY = env.float("IDEMPOTENCY_PURGE_EVERY", default=900.0)
 # Finished keys are kept at least this long (published retention: 24 h), then purged.

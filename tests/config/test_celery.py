@@ -69,9 +69,10 @@ def test_no_task_runs_into_the_visibility_timeout():
         assert task.max_retries is not None, name  # a poison message stops
 
 
+# The one backoff (core.due.retry_countdown), as each retried task uses it.
 BACKOFFS = {
-    "orders.expire_reservations": order_tasks._backoff,
-    "payments.settle_payment": payment_tasks._retry_countdown,
+    "orders.expire_reservations": order_tasks.retry_countdown,
+    "payments.settle_payment": payment_tasks.retry_countdown,
 }
 
 

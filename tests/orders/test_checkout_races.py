@@ -308,7 +308,7 @@ def test_settlement_racing_a_retrys_lookup(shopper, make_product, provider, seco
     assert pending.status_code == 202, pending.content
     assert pending.json()["status"] == "payment_pending"
     assert IdempotencyKey.objects.get(key="lost").recovery_point == "payment_unknown"
-    settlement = PaymentSettlement.objects.get(settled_at__isnull=True)
+    settlement = PaymentSettlement.objects.get(done_at__isnull=True)
     PaymentSettlement.objects.filter(id=settlement.id).update(next_attempt_at=Now())
 
     reached = threading.Event()

@@ -7,6 +7,7 @@ import pytest
 from django.db import connection, transaction
 from django.db.models.functions import Now
 
+from core.due import countdown
 from core.errors import ApplicationError
 from payments import services
 from payments.keys import install_id
@@ -18,8 +19,6 @@ from payments.services import (
     payment_create,
     payment_lookup_once,
     payment_settle,
-    settle_backoff,
-    settle_countdown,
     settlement_retry_now,
     settlements_claim_due,
 )
@@ -273,15 +272,15 @@ def test_backoff_grows_is_capped_and_jittered(settings):
     settings.PAYMENTS_SETTLE_BACKOFF_BASE = 2
     settings.PAYMENTS_SETTLE_BACKOFF_MAX = 60
     for attempt, ceiling in [(1, 2), (2, 4), (3, 8), (6, 60), (40, 60)]:
-        delays = {settle_backoff(attempt) for _ in range(50)}
+        delays = {PaymentSettlement.due_policy().backoff(attempt) for _ in range(50)}
         assert all(ceiling / 2 <= d <= ceiling for d in delays)
         assert len(delays) > 1  # jitter
 
 
 def test_countdowns_never_exceed_celery_max(settings):
-    assert settle_countdown(10_000) == settings.CELERY_MAX_COUNTDOWN
-    assert settle_countdown(settings.PAYMENTS_SETTLE_GRACE) <= settings.CELERY_MAX_COUNTDOWN
-    assert settle_countdown(-1) == 0
+    assert countdown(10_000) == settings.CELERY_MAX_COUNTDOWN
+    assert countdown(settings.PAYMENTS_SETTLE_GRACE) <= settings.CELERY_MAX_COUNTDOWN
+    assert countdown(-1) == 0
 
 
 def test_claim_due_leases_rows_so_a_second_sweep_skips_them(provider):

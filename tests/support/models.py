@@ -1,10 +1,12 @@
-"""The probe's table: rows written by the test-only probe operation."""
+"""Test-only tables: the probe's rows, and a minimal kind of due work."""
 
 import uuid
 
 from django.conf import settings
 from django.db import models
 from django.db.models.functions import Now
+
+from core.due import DuePolicy, DueWork, due_index
 
 
 class ProbeRecord(models.Model):
@@ -24,3 +26,25 @@ class ProbeRecord(models.Model):
 
     def __str__(self) -> str:
         return f"probe {self.label} ({self.status})"
+
+
+class DueChore(DueWork):
+    """A minimal kind of due work for the generic tests of `core.due` (tests/core/test_due.py)."""
+
+    label = models.CharField(max_length=100)
+
+    class Meta:
+        indexes = [due_index(name="testsupport_duechore_due_idx")]
+
+    def __str__(self) -> str:
+        return f"chore {self.label} (attempt {self.attempts})"
+
+    @classmethod
+    def due_policy(cls) -> DuePolicy:
+        return DuePolicy(
+            task="testsupport.work_chore",
+            max_attempts=3,
+            backoff_base=10.0,
+            backoff_max=60.0,
+            lease=30.0,
+        )

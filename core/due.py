@@ -1,0 +1,369 @@
+"""Due work: every piece of pending, retried work is a row (docs/architecture.md, "Due work").
+
+The broker is a doorbell, the database is the ledger. A kind of due work
+(settlements, outbox messages, refunds, compensation steps, webhook
+deliveries) is a concrete model inheriting `DueWork`, with a `due_policy()`
+naming its Celery task, attempt budget, backoff and lease. Everything below
+takes the model class and row ids, never instances, and judges time by the
+database's clock (`now()`), never the worker's.
+
+    claim_due          beat sweeper: lease due rows (FOR UPDATE SKIP LOCKED), return ids
+    sweep              claim_due + enqueue the task for each id
+    attempt_begin      count one attempt and push next_attempt_at back by the backoff,
+                       before the work calls out; exactly one of concurrent runners wins
+    attempt_failed     record the error, free the lease; spent budget -> needs_attention
+    mark_done          the work is done (done_at), nothing is due any more
+    flag_attention     stop retrying, staff decide (needs_attention + reason)
+    retry_now          staff: fresh budget, due now, ring the bell after commit
+    ring, ring_after_commit   the doorbell: enqueue the task by id (best effort)
+    backoff, countdown, retry_countdown   the one backoff (with jitter) and its Celery cap
+
+This module imports no other project app.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import socket
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from celery import current_app
+from django.conf import settings
+from django.db import connection, models, transaction
+from django.db.models import Q
+from django.db.models.functions import Now
+
+LAST_ERROR_MAX = 500
+# A task's own Celery retries (the database blinking) wait at most this long
+# before the cap below; longer waits are the row's `next_attempt_at`.
+RETRY_BACKOFF_CAP = 10.0
+
+logger = logging.getLogger(__name__)
+
+
+def truncate_error(error: object) -> str:
+    """Return `error` as text that fits `last_error` (CharField(500)), keeping its start."""
+    text = str(error)
+    return text if len(text) <= LAST_ERROR_MAX else text[: LAST_ERROR_MAX - 1] + "…"
+
+
+# -- backoff ---------------------------------------------------------------------------
+
+
+def backoff(attempt: int, *, base: float, cap: float) -> float:
+    """Return seconds to wait after attempt `attempt` (1-based): exponential, capped, jittered.
+
+    `min(base * 2**(attempt - 1), cap)` with equal jitter: half of it fixed,
+    half random, so runners that failed together do not return together.
+    """
+    ceiling = min(base * 2.0 ** min(max(attempt - 1, 0), 64), cap)
+    return ceiling / 2 + random.uniform(0, ceiling / 2)
+
+
+def max_countdown() -> float:
+    """Return the largest Celery countdown any task may use.
+
+    On Redis a message is unacked from its delivery (countdown included)
+    until its task ends; past the visibility timeout Redis hands it to a
+    second worker. So countdown + the hard time limit stays below the
+    visibility timeout, whatever the settings say about CELERY_MAX_COUNTDOWN.
+    """
+    visibility = float(settings.CELERY_BROKER_TRANSPORT_OPTIONS["visibility_timeout"])
+    by_limits = visibility - float(settings.CELERY_TASK_TIME_LIMIT) - 1
+    return max(0.0, min(float(settings.CELERY_MAX_COUNTDOWN), by_limits))
+
+
+def countdown(delay: float) -> float:
+    """Return a Celery countdown for `delay` seconds, clamped to [0, max_countdown()]."""
+    return max(0.0, min(float(delay), max_countdown()))
+
+
+def retry_countdown(retries: int) -> float:
+    """Return the countdown of a task's Celery retry number `retries + 1` (self.request.retries)."""
+    return countdown(backoff(retries + 1, base=1.0, cap=RETRY_BACKOFF_CAP))
+
+
+# -- the row ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DuePolicy:
+    """How one kind of due work is retried. Build it from settings at call time."""
+
+    task: str | None  # Celery task name, called with one row id; None: no bell (sweeper only)
+    max_attempts: int  # the attempt budget; then needs_attention
+    backoff_base: float  # seconds after attempt 1, doubling per attempt ...
+    backoff_max: float  # ... up to this
+    lease: float  # seconds a claimed row is not claimed again (longer than the queue wait)
+
+    def backoff(self, attempt: int) -> float:
+        """Return seconds to wait after attempt `attempt` of this kind."""
+        return backoff(attempt, base=self.backoff_base, cap=self.backoff_max)
+
+
+class DueWorkQuerySet(models.QuerySet):
+    def pending(self) -> DueWorkQuerySet:
+        """Rows not done and not waiting for staff (due now or later)."""
+        return self.filter(done_at__isnull=True, needs_attention=False)
+
+    def due(self) -> DueWorkQuerySet:
+        """Rows whose time has come by the database clock and whose lease is free."""
+        return (
+            self.pending()
+            .filter(next_attempt_at__lte=Now())
+            .filter(Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lte=Now()))
+        )
+
+
+class DueWork(models.Model):
+    """A row of pending work: when it is due, how often it was tried, who holds it, why it stopped.
+
+    Subclasses add their own columns and define `due_policy()`; they index
+    due rows with `due_index(name=...)`.
+    """
+
+    # Database defaults too, so a kind may insert its rows in raw SQL
+    # (`INSERT ... ON CONFLICT`) naming only the columns it cares about.
+    next_attempt_at = models.DateTimeField(db_default=Now())
+    attempts = models.PositiveIntegerField(default=0, db_default=0)
+    # The claimer that enqueued the row and until when (database clock); an
+    # expired lease makes the row claimable again.
+    lease_owner = models.CharField(max_length=100, blank=True, default="", db_default="")
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    needs_attention = models.BooleanField(default=False, db_default=False)
+    last_error = models.CharField(max_length=LAST_ERROR_MAX, blank=True, default="", db_default="")
+    done_at = models.DateTimeField(null=True, blank=True)
+
+    objects = DueWorkQuerySet.as_manager()
+
+    class Meta:
+        abstract = True
+
+    @classmethod
+    def due_policy(cls) -> DuePolicy:
+        raise NotImplementedError(f"{cls.__name__} must define due_policy()")
+
+
+def due_index(*, name: str) -> models.Index:
+    """Return the partial index the sweeper's claim uses: pending rows by `next_attempt_at`."""
+    return models.Index(
+        fields=["next_attempt_at"],
+        name=name,
+        condition=Q(done_at__isnull=True, needs_attention=False),
+    )
+
+
+def _touch(model: type[DueWork]) -> dict[str, Any]:
+    """Also move `updated_at` when the kind has one."""
+    names = {f.name for f in model._meta.concrete_fields}
+    return {"updated_at": Now()} if "updated_at" in names else {}
+
+
+def _free_lease() -> dict[str, Any]:
+    return {"lease_owner": "", "lease_expires_at": None}
+
+
+def default_owner() -> str:
+    """Name this process as a lease owner (host:pid)."""
+    return f"{socket.gethostname()}:{os.getpid()}"[:100]
+
+
+# -- claim -----------------------------------------------------------------------------
+
+
+def claim_due(
+    model: type[DueWork], *, limit: int = 100, owner: str | None = None, lease: float | None = None
+) -> list:
+    """Lease up to `limit` due rows and return their ids, oldest due first.
+
+    One statement: the due rows are selected `FOR UPDATE SKIP LOCKED` (a
+    concurrent claimer skips them instead of waiting or taking them too) and
+    leased for `lease` seconds (default: the policy's) past the database's
+    `now()`. A row whose lease has expired is due again.
+    """
+    meta = model._meta
+    table = connection.ops.quote_name(meta.db_table)
+    pk = connection.ops.quote_name(meta.pk.column)
+    seconds = model.due_policy().lease if lease is None else lease
+    sql = (
+        f"WITH due AS (SELECT {pk} FROM {table}"
+        "  WHERE done_at IS NULL AND NOT needs_attention AND next_attempt_at <= now()"
+        "   AND (lease_expires_at IS NULL OR lease_expires_at <= now())"
+        f"  ORDER BY next_attempt_at, {pk} LIMIT %s FOR UPDATE SKIP LOCKED)"
+        f" UPDATE {table} AS t SET lease_owner = %s,"
+        "  lease_expires_at = now() + make_interval(secs => %s)"
+        f" FROM due WHERE t.{pk} = due.{pk} RETURNING t.{pk}, t.next_attempt_at"
+    )
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(sql, [limit, (owner or default_owner())[:100], seconds])
+        rows = cursor.fetchall()
+    return [row[0] for row in sorted(rows, key=lambda r: (r[1], r[0]))]
+
+
+def sweep(model: type[DueWork], *, limit: int = 100, owner: str | None = None) -> list:
+    """Claim due rows and enqueue the kind's task for each id (a beat sweeper's whole body)."""
+    name = model.due_policy().task
+    if name is None:
+        raise ValueError(f"{model.__name__} has no task to enqueue")
+    ids = claim_due(model, limit=limit, owner=owner)
+    task = _task(name)
+    for pk in ids:
+        if task is not None:
+            task.delay(_wire(pk))
+        else:
+            current_app.send_task(name, args=[_wire(pk)])
+    return ids
+
+
+# -- one attempt -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """What `attempt_begin` came to: the attempt this runner took, or why none."""
+
+    number: int = 0  # 1-based attempt this runner took; 0: none taken
+    budget_spent: bool = False  # the row has used its attempts: flag it, do not work
+
+    @property
+    def taken(self) -> bool:
+        return self.number > 0
+
+
+def attempt_begin(model: type[DueWork], *, pk) -> Attempt:
+    """Count one attempt and schedule the next before the work calls out.
+
+    The conditional UPDATE (same attempt count, still due) lets exactly one
+    of several concurrent runners (sweeper, bell, redelivered message) take
+    the attempt. It commits before the work, so a runner killed mid-work
+    has already pushed `next_attempt_at` back by the backoff: that push is
+    the attempt's own lease. The sweeper's lease does not stop an attempt.
+    """
+    row = model.objects.filter(pk=pk).values("attempts", "done_at", "needs_attention").first()
+    if row is None or row["done_at"] is not None or row["needs_attention"]:
+        return Attempt()
+    policy = model.due_policy()
+    if row["attempts"] >= policy.max_attempts:
+        return Attempt(budget_spent=True)
+    number = row["attempts"] + 1
+    taken = (
+        model.objects.filter(pk=pk, attempts=row["attempts"], next_attempt_at__lte=Now())
+        .pending()
+        .update(
+            attempts=number,
+            next_attempt_at=Now() + timedelta(seconds=policy.backoff(number)),
+            **_touch(model),
+        )
+    )
+    return Attempt(number=number) if taken else Attempt()
+
+
+def attempt_failed(
+    model: type[DueWork], *, pk, error: object, attention_reason: str | None = None
+) -> bool:
+    """Record why an attempt failed and free the lease; return True if this spent the budget.
+
+    The next attempt is already scheduled (by `attempt_begin`). When the
+    attempts reach the budget the row gets `needs_attention`, with the reason
+    in `last_error` (`attention_reason`, or a generic one); the caller
+    writes its own event when this returns True.
+    """
+    model.objects.filter(pk=pk).pending().update(
+        last_error=truncate_error(error), **_free_lease(), **_touch(model)
+    )
+    budget = model.due_policy().max_attempts
+    return flag_attention(
+        model,
+        pk=pk,
+        reason=attention_reason or f"attempt budget spent ({budget} attempts): {error}",
+        only_if_attempts_at_least=budget,
+    )
+
+
+def flag_attention(
+    model: type[DueWork], *, pk, reason: str, only_if_attempts_at_least: int | None = None
+) -> bool:
+    """Stop retrying the row until staff retry it; return True if this call flagged it."""
+    rows = model.objects.filter(pk=pk).pending()
+    if only_if_attempts_at_least is not None:
+        rows = rows.filter(attempts__gte=only_if_attempts_at_least)
+    return bool(
+        rows.update(
+            needs_attention=True,
+            last_error=truncate_error(reason),
+            **_free_lease(),
+            **_touch(model),
+        )
+    )
+
+
+def mark_done(model: type[DueWork], *, pk) -> bool:
+    """Mark the row's work done (nothing more is due); return True if this call did it."""
+    return bool(
+        model.objects.filter(pk=pk, done_at__isnull=True).update(
+            done_at=Now(), needs_attention=False, **_free_lease(), **_touch(model)
+        )
+    )
+
+
+def retry_now(model: type[DueWork], *, pk) -> bool:
+    """Give a row a fresh attempt budget, due now, and ring its bell after commit (staff action).
+
+    Return True if the row was reopened (False when it is done already).
+    """
+    reopened = model.objects.filter(pk=pk, done_at__isnull=True).update(
+        needs_attention=False,
+        attempts=0,
+        next_attempt_at=Now(),
+        **_free_lease(),
+        **_touch(model),
+    )
+    if reopened:
+        ring_after_commit(model, pk)
+    return bool(reopened)
+
+
+# -- the doorbell ----------------------------------------------------------------------
+
+
+def _wire(pk):
+    """Ids travel as JSON: integers as they are, anything else (UUIDs) as text."""
+    return pk if isinstance(pk, int) else str(pk)
+
+
+def _task(name: str):
+    """The registered task object when this process has imported it (so tests can patch it)."""
+    return current_app.tasks.get(name)
+
+
+def ring(model: type[DueWork], pk, *, delay: float = 0.0) -> None:
+    """Enqueue the kind's task for row `pk` in `delay` seconds (capped), best effort.
+
+    The row is the truth: a broker that is down or loses the message costs
+    only time, because the sweeper finds the row when it is due.
+    """
+    name = model.due_policy().task
+    if name is None:
+        return
+    try:
+        current_app.send_task(
+            name, args=[_wire(pk)], countdown=countdown(delay) or None, retry=False
+        )
+    except Exception:  # noqa: BLE001 - a broker outage must not fail recorded work
+        logger.warning("could not ring %s for %s %s; the sweeper will", name, model.__name__, pk)
+
+
+def ring_after_commit(model: type[DueWork], pk, *, delay: float = 0.0) -> None:
+    """Ring the bell for row `pk` once the current transaction commits (now, outside one)."""
+    transaction.on_commit(lambda: ring(model, pk, delay=delay))
+
+
+def ring_many_after_commit(model: type[DueWork], pks: Sequence, *, delay: float = 0.0) -> None:
+    """Ring for several rows after commit."""
+    for pk in pks:
+        ring_after_commit(model, pk, delay=delay)
