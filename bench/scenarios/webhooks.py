@@ -140,8 +140,13 @@ def run(ctx) -> dict:
                     detail = f"{answer.status_code}: {answer.text[:200]}"
                     raise AssertionError(f"pre-sending a duplicate answered {detail}")
 
-        def fresh(worker: int, seq: int) -> Request:
-            return signed_request(event_body(f"{prefix}w{worker}_{seq}"), secret=secret)
+        def fresh_at(concurrency: int):
+            # Event ids unique over the whole run: worker and sequence restart per load.
+            def fresh(worker: int, seq: int) -> Request:
+                event_id = f"{prefix}c{concurrency}_w{worker}_{seq}"
+                return signed_request(event_body(event_id), secret=secret)
+
+            return fresh
 
         def duplicate(worker: int, seq: int) -> Request:
             return signed_request(stored[(worker * 37 + seq) % len(stored)], secret=secret)
@@ -152,7 +157,7 @@ def run(ctx) -> dict:
             first = shop.load(
                 label="fresh",
                 concurrency=concurrency,
-                factory=fresh,
+                factory=fresh_at(concurrency),
                 on_response=_expect("unmatched"),
             )
             rows_before = inbox.count()
