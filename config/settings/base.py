@@ -45,6 +45,9 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First: the request id and log context, and the request metrics (docs/operations.md).
+    "core.middleware.RequestIdMiddleware",
+    "core.middleware.RequestMetricsMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "core.problems.ProblemMiddleware",
@@ -304,6 +307,17 @@ SPECTACULAR_SETTINGS.setdefault("APPEND_PATHS", {})["/healthz"] = {
         "responses": {
             "200": {"description": '{"status": "ok", "checks": {"database", "broker"}}'},
             "503": {"description": "application/problem+json: a dependency is not answering"},
+        },
+    }
+}
+SPECTACULAR_SETTINGS["APPEND_PATHS"]["/metrics"] = {
+    "get": {
+        "operationId": "metrics",
+        "summary": "Prometheus text (names prefixed shop_); loopback and staff only.",
+        "tags": ["operations"],
+        "responses": {
+            "200": {"description": "text/plain Prometheus exposition (docs/operations.md)"},
+            "403": {"description": "application/problem+json: neither loopback nor staff"},
         },
     }
 }
