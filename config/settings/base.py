@@ -245,14 +245,25 @@ STORAGES = {
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
 }
 
+# Structured logs (core/logging.py, docs/operations.md): one JSON object per
+# line with the request id, user id, key hash and order id; `LOG_FORMAT=text`
+# renders the same fields for humans.
+LOG_FORMAT = env.str("LOG_FORMAT", default="json")
+if LOG_FORMAT not in ("json", "text"):
+    raise ValueError(f"LOG_FORMAT must be json or text, not {LOG_FORMAT!r}")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "formatters": {
+        "json": {"()": "core.logging.JsonFormatter"},
+        "text": {"()": "core.logging.TextFormatter"},
+    },
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT}},
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
     "loggers": {"django.request": {"level": "ERROR"}},
 }
+# Celery workers log through LOGGING above instead of their own root handler.
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 
 # --- Payments (see docs/payments.md) -----------------------------------------
 # The provider: the simulator (`python -m payments.simulator`) by default.
