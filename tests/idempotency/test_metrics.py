@@ -171,3 +171,66 @@ def test_the_read_modify_write_twin_loses_counts():
     _barrier.reset()
     _race(rounds)
     assert DuplicateCount.objects.get(mechanism="twin").count == ROUNDS  # not THREADS * ROUNDS
+
+
+# --- the admin's Duplicates page --------------------------------------------------
+
+
+@pytest.fixture
+def superuser_browser(client, make_user):
+    staff = make_user(staff=True)
+    staff.is_superuser = True
+    staff.save()
+    client.force_login(staff)
+    return client
+
+
+@pytest.mark.django_db
+def test_duplicates_page_has_a_chart_per_mechanism(superuser_browser):
+    import datetime
+
+    from django.utils import timezone
+
+    today = timezone.now().date()
+    DuplicateCount.objects.create(day=today, mechanism=metrics.KEY_REPLAY, count=7)
+    DuplicateCount.objects.create(
+        day=today - datetime.timedelta(days=3),
+        mechanism=metrics.KEY_REUSED,
+        suspicious=True,
+        count=2,
+    )
+    index = superuser_browser.get("/admin/").content.decode()
+    assert 'href="/admin/idempotency/duplicatecount/"' in index and "Duplicates" in index
+
+    response = superuser_browser.get("/admin/idempotency/duplicatecount/")
+    assert response.status_code == 200
+    page = response.content.decode()
+    charts = page.split('<div class="dup-charts">', 1)[1].split("</div>", 1)[0]
+    figures = charts.split('<figure class="dup-chart">')[1:]
+    assert len(figures) == len(metrics.MECHANISMS)
+    assert all("<svg" in figure and "</svg>" in figure for figure in figures)
+    assert "key_replay: 7" in page and "key_reused: 2 (2 suspicious)" in page
+    assert f"{today:%Y-%m-%d}: 7" in page  # the bar's tooltip
+    assert 'class="bad"' in page  # the suspicious bar, stacked apart
+    assert "<script" not in charts
+    assert "http://" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")
+    assert superuser_browser.get("/admin/idempotency/duplicatecount/add/").status_code == 403
+
+
+@pytest.mark.django_db
+def test_chart_scales_each_mechanism_to_its_peak():
+    import datetime
+
+    from idempotency.admin import duplicate_charts
+
+    day = datetime.date(2030, 1, 10)
+    DuplicateCount.objects.create(day=day, mechanism=metrics.INBOX_DUPLICATE, count=4)
+    DuplicateCount.objects.create(
+        day=day - datetime.timedelta(days=1), mechanism=metrics.INBOX_DUPLICATE, count=2
+    )
+    (chart,) = [
+        c for c in duplicate_charts(days=5, today=day) if c["mechanism"] == "inbox_duplicate"
+    ]
+    assert [b["ok"] for b in chart["bars"]] == [0, 0, 0, 2, 4]
+    assert chart["bars"][-1]["ok_h"] == chart["height"] and chart["bars"][-1]["ok_y"] == 0
+    assert chart["bars"][-2]["ok_h"] == chart["height"] / 2
