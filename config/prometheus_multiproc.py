@@ -34,8 +34,12 @@ def prepare(folder: str | os.PathLike) -> Path:
 
 
 def ensure_env() -> str | None:
-    """Make a fresh private folder and set the variable when it is unset; return it if made."""
+    """Make a fresh private folder and set the variable when it is unset; return it if made.
+
+    A folder already named is created if missing (and left as it is otherwise).
+    """
     if os.environ.get(ENV):
+        Path(os.environ[ENV]).mkdir(parents=True, exist_ok=True)
         return None
     folder = tempfile.mkdtemp(prefix="shop-prometheus-")
     os.environ[ENV] = folder

@@ -78,8 +78,11 @@ class RequestMetricsMiddleware:
         response = self.get_response(request)
         route = _route(request)
         method = request.method if request.method in instruments.METHODS else "other"
-        instruments.HTTP_REQUESTS.labels(
-            method=method, status=str(response.status_code), route=route
-        ).inc()
-        instruments.HTTP_DURATION.labels(route=route).observe(time.perf_counter() - started)
+        try:
+            instruments.HTTP_REQUESTS.labels(
+                method=method, status=str(response.status_code), route=route
+            ).inc()
+            instruments.HTTP_DURATION.labels(route=route).observe(time.perf_counter() - started)
+        except OSError:  # the multiprocess folder is gone or full: lose the sample, not the answer
+            logger.warning("request not counted in metrics", exc_info=True)
         return response

@@ -201,7 +201,9 @@ def test_a_scrape_sums_every_process_of_the_host(tmp_path, monkeypatch):
 
 def test_gunicorn_hooks(tmp_path, monkeypatch):
     """gunicorn.conf.py: a private folder when unset, child_exit marks the worker dead."""
-    monkeypatch.delenv(prometheus_multiproc.ENV, raising=False)
+    # Recorded so that teardown removes what on_starting sets behind monkeypatch's back.
+    monkeypatch.setenv(prometheus_multiproc.ENV, "placeholder")
+    monkeypatch.delenv(prometheus_multiproc.ENV)
     hooks = runpy.run_path(str(Path(settings.BASE_DIR) / "gunicorn.conf.py"))
     hooks["on_starting"](None)
     folder = os.environ[prometheus_multiproc.ENV]
@@ -216,3 +218,13 @@ def test_gunicorn_hooks(tmp_path, monkeypatch):
     monkeypatch.setenv(prometheus_multiproc.ENV, str(tmp_path))
     hooks["on_starting"](None)
     assert os.environ[prometheus_multiproc.ENV] == str(tmp_path)
+
+
+def test_a_broken_metrics_folder_never_fails_a_request(client, monkeypatch):
+    from core import instruments
+
+    def broken(**labels):
+        raise FileNotFoundError("the multiprocess folder is gone")
+
+    monkeypatch.setattr(instruments.HTTP_REQUESTS, "labels", broken)
+    assert client.get("/healthz").status_code in (200, 503)
