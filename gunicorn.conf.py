@@ -63,3 +63,32 @@ def _write_problem(sock, status_int, reason, mesg):
 
 
 util.write_error = _write_problem
+
+
+# --- Prometheus multiprocess mode (docs/operations.md) -------------------------
+# Every worker writes its request metrics to files in PROMETHEUS_MULTIPROC_DIR
+# and /metrics sums them. The run command sets (and empties) the folder for
+# web and Celery alike; without it gunicorn makes a private one for its workers.
+# The variable must be set before a worker imports prometheus_client: workers
+# load the application after the fork (no --preload), so on_starting is early
+# enough.
+_own_metrics_dir = None
+
+
+def on_starting(server):
+    global _own_metrics_dir
+    from config import prometheus_multiproc
+
+    _own_metrics_dir = prometheus_multiproc.ensure_env()
+
+
+def child_exit(server, worker):
+    from config import prometheus_multiproc
+
+    prometheus_multiproc.process_dead(worker.pid)
+
+
+def on_exit(server):
+    from config import prometheus_multiproc
+
+    prometheus_multiproc.remove(_own_metrics_dir)

@@ -1,4 +1,4 @@
-"""Operational endpoints: health."""
+"""Operational endpoints: health, and metrics (config/metrics.py)."""
 
 import redis
 from django.conf import settings
@@ -6,6 +6,8 @@ from django.db import connection
 from django.http import JsonResponse
 
 from core.problems import problem_response
+
+from .metrics import metrics_view  # noqa: F401 - routed in config/urls.py
 
 
 def _database_ok() -> tuple[bool, str]:

@@ -4,3 +4,7 @@ from django.apps import AppConfig
 class CoreConfig(AppConfig):
     name = "core"
     verbose_name = "Core"
+
+    def ready(self) -> None:
+        # Celery task retries and task log context (signals), in web and worker processes.
+        from . import instruments  # noqa: F401

@@ -1,10 +1,14 @@
-"""Read-only admin views of request keys, the outbox and the inbox; outbox rows can be retried."""
+"""Admin views of request keys, the outbox, the inbox and duplicates; outbox rows can be retried."""
+
+import datetime
 
 from django.contrib import admin
+from django.utils import timezone
 
 from core.admin import DueWorkAdmin, ReadOnlyAdmin
 
-from .models import IdempotencyKey, InboxMessage, OutboxMessage
+from . import metrics
+from .models import DuplicateCount, IdempotencyKey, InboxMessage, OutboxMessage
 
 
 @admin.register(IdempotencyKey)
@@ -43,3 +47,81 @@ class InboxMessageAdmin(ReadOnlyAdmin):
     list_display = ("consumer", "message_id", "message_type", "status", "received_at")
     list_filter = ("consumer", "status", "message_type")
     search_fields = ("message_id",)
+
+
+# --- Duplicates: counts per mechanism per day, with a chart each ----------------
+
+CHART_DAYS = 30
+_BAR, _GAP, _HEIGHT = 14, 2, 120
+
+
+def duplicate_charts(*, days: int = CHART_DAYS, today: datetime.date | None = None) -> list[dict]:
+    """One chart per mechanism: the last `days` days' bars (suspicious stacked on top).
+
+    Geometry is computed here so the template only draws SVG: nothing is
+    loaded from another host and no script runs.
+    """
+    today = today or timezone.now().date()
+    first = today - datetime.timedelta(days=days - 1)
+    counts: dict[tuple[str, datetime.date], list[int]] = {}
+    rows = DuplicateCount.objects.filter(day__gte=first, day__lte=today)
+    for row in rows.values("mechanism", "day", "suspicious", "count"):
+        pair = counts.setdefault((row["mechanism"], row["day"]), [0, 0])
+        pair[1 if row["suspicious"] else 0] += row["count"]
+    mechanisms = list(metrics.MECHANISMS) + sorted({m for m, _ in counts} - set(metrics.MECHANISMS))
+    charts = []
+    for mechanism in mechanisms:
+        series = [
+            (
+                first + datetime.timedelta(days=i),
+                *counts.get((mechanism, first + datetime.timedelta(days=i)), (0, 0)),
+            )
+            for i in range(days)
+        ]
+        peak = max((ok + bad for _, ok, bad in series), default=0)
+        bars = []
+        for i, (day, ok, bad) in enumerate(series):
+            scale = _HEIGHT / peak if peak else 0
+            ok_h, bad_h = round(ok * scale, 1), round(bad * scale, 1)
+            bars.append(
+                {
+                    "x": i * (_BAR + _GAP),
+                    "ok_y": round(_HEIGHT - ok_h, 1),
+                    "ok_h": ok_h,
+                    "bad_y": round(_HEIGHT - ok_h - bad_h, 1),
+                    "bad_h": bad_h,
+                    "day": day,
+                    "ok": ok,
+                    "bad": bad,
+                }
+            )
+        charts.append(
+            {
+                "mechanism": mechanism,
+                "total": sum(ok + bad for _, ok, bad in series),
+                "suspicious": sum(bad for _, _, bad in series),
+                "peak": peak,
+                "bars": bars,
+                "width": days * (_BAR + _GAP),
+                "height": _HEIGHT,
+                "first": first,
+                "last": today,
+            }
+        )
+    return charts
+
+
+@admin.register(DuplicateCount)
+class DuplicateCountAdmin(ReadOnlyAdmin):
+    """The "Duplicates" page: a chart per mechanism per day above the day rows."""
+
+    change_list_template = "admin/idempotency/duplicatecount/change_list.html"
+    list_display = ("day", "mechanism", "suspicious", "count")
+    list_filter = ("mechanism", "suspicious")
+    date_hierarchy = "day"
+    ordering = ("-day", "mechanism", "suspicious")
+
+    def changelist_view(self, request, extra_context=None):
+        extra_context = {**(extra_context or {}), "duplicate_charts": duplicate_charts()}
+        extra_context["chart_days"] = CHART_DAYS
+        return super().changelist_view(request, extra_context=extra_context)

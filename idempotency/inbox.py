@@ -29,6 +29,8 @@ def inbox_claim(*, consumer: str, message_id: str) -> bool:
     except IntegrityError as exc:
         if violated_constraint(exc) != INBOX_CONSTRAINT:
             raise
-        metrics.count("shop_duplicates_suppressed_total", mechanism="inbox")
+        metrics.duplicate_suppressed(
+            mechanism=metrics.INBOX_DUPLICATE, consumer=consumer, message_id=message_id
+        )
         return False
     return True

@@ -170,3 +170,35 @@ class InboxMessage(models.Model):
 
     def __str__(self) -> str:
         return f"{self.consumer}: {self.message_id}"
+
+
+class DuplicateCount(models.Model):
+    """How many duplicates one mechanism suppressed on one (UTC) day, across every process.
+
+    Written only by `idempotency.metrics.duplicate_suppressed`, one
+    `INSERT ... ON CONFLICT (day, mechanism, suspicious) DO UPDATE SET
+    count = count + n` per event, so concurrent processes never lose a count.
+    `suspicious` rows count duplicates whose payload differed from the first
+    one under the same id. Rows are never deleted: `/metrics` sums them into
+    monotonic counters.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    day = models.DateField()
+    mechanism = models.CharField(max_length=50)
+    suspicious = models.BooleanField(default=False)
+    count = models.BigIntegerField(default=0)
+
+    class Meta:
+        verbose_name = "duplicate count"
+        verbose_name_plural = "duplicates"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["day", "mechanism", "suspicious"],
+                name="idempotency_duplicatecount_day_mechanism_uniq",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        flag = " (suspicious)" if self.suspicious else ""
+        return f"{self.day} {self.mechanism}{flag}: {self.count}"

@@ -35,6 +35,8 @@ from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework.exceptions import NotAuthenticated
 
 from core.errors import ApplicationError
+from core.logging import bind as log_bind
+from core.logging import key_hash
 
 from .keys import (
     Answer,
@@ -87,6 +89,7 @@ class KeyRequest:
     ) -> None:
         self.owner_id = owner_id
         self.key = key
+        log_bind(idempotency_key_hash=key_hash(key))  # logs carry the hash, never the key
         self.operation = operation
         self.method = method
         self.path = path

@@ -235,8 +235,18 @@ def webhook_receive(*, body: bytes, signature: str | None) -> WebhookOutcome:
         # unique constraint means this event id was stored (and applied) before.
         if violated_constraint(exc) != INBOX_CONSTRAINT:
             raise
-        metrics.count("shop_duplicates_suppressed_total", mechanism="webhook")
-        logger.info("webhook %s (%s) again: duplicate, no effect", event.id, event.type)
+        first = (
+            InboxMessage.objects.filter(consumer=SOURCE, message_id=event.id)
+            .values_list("payload", flat=True)
+            .first()
+        )
+        # The same id with another payload is not a harmless redelivery: count it apart.
+        metrics.duplicate_suppressed(
+            mechanism=metrics.WEBHOOK_DUPLICATE,
+            suspicious=first is not None and first != event.raw,
+            event_id=event.id,
+            event_type=event.type,
+        )
         return WebhookOutcome(event_id=event.id, type=event.type, status=DUPLICATE)
 
 

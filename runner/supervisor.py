@@ -95,10 +95,16 @@ PROGRAMS: list[Program] = [
 
 # Environment for every program and setup step (placeholders allowed); a
 # variable already set in the caller's environment wins.
-ENV: dict[str, str] = {"PAYMENTS_PROVIDER_URL": "http://127.0.0.1:{sim_port}"}
+ENV: dict[str, str] = {
+    "PAYMENTS_PROVIDER_URL": "http://127.0.0.1:{sim_port}",
+    # Web and worker processes share their metrics files here (docs/operations.md).
+    "PROMETHEUS_MULTIPROC_DIR": "{var}/prometheus",
+}
 
 # One-off steps before the programs start, in order; a failure stops the run.
 SETUP: list[Program] = [
+    # Empty the metrics folder: a stale file would add an old run's counts.
+    Program("metrics-dir", ("{python}", "-m", "config.prometheus_multiproc", "{var}/prometheus")),
     Program("migrate", ("{python}", "manage.py", "migrate", "--noinput")),
     Program("collectstatic", ("{python}", "manage.py", "collectstatic", "--noinput", "-v0")),
     Program("seed_demo", ("{python}", "manage.py", "seed_demo")),

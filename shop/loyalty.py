@@ -53,9 +53,8 @@ class LoyaltyConflict(events.RetryableConsumerError):
 
 
 def _duplicate_suppressed() -> None:
-    # The one place a loyalty duplicate is counted (the DB-backed counter
-    # replaces this call, and only this call).
-    metrics.count("shop_duplicates_suppressed_total", mechanism="processed_id")
+    # The one place a loyalty duplicate is counted.
+    metrics.duplicate_suppressed(mechanism=metrics.PROCESSED_ID, consumer="loyalty")
 
 
 def _ensure_account(user_id: int) -> None:

@@ -47,6 +47,9 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First: the request id and log context, and the request metrics (docs/operations.md).
+    "core.middleware.RequestIdMiddleware",
+    "core.middleware.RequestMetricsMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "core.problems.ProblemMiddleware",
@@ -254,14 +257,25 @@ STORAGES = {
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
 }
 
+# Structured logs (core/logging.py, docs/operations.md): one JSON object per
+# line with the request id, user id, key hash and order id; `LOG_FORMAT=text`
+# renders the same fields for humans.
+LOG_FORMAT = env.str("LOG_FORMAT", default="json")
+if LOG_FORMAT not in ("json", "text"):
+    raise ValueError(f"LOG_FORMAT must be json or text, not {LOG_FORMAT!r}")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "formatters": {
+        "json": {"()": "core.logging.JsonFormatter"},
+        "text": {"()": "core.logging.TextFormatter"},
+    },
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT}},
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
     "loggers": {"django.request": {"level": "ERROR"}},
 }
+# Celery workers log through LOGGING above instead of their own root handler.
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 
 # --- Payments (see docs/payments.md) -----------------------------------------
 # The provider: the simulator (`python -m payments.simulator`) by default.
@@ -328,6 +342,17 @@ SPECTACULAR_SETTINGS.setdefault("APPEND_PATHS", {})["/healthz"] = {
         "responses": {
             "200": {"description": '{"status": "ok", "checks": {"database", "broker"}}'},
             "503": {"description": "application/problem+json: a dependency is not answering"},
+        },
+    }
+}
+SPECTACULAR_SETTINGS["APPEND_PATHS"]["/metrics"] = {
+    "get": {
+        "operationId": "metrics",
+        "summary": "Prometheus text (names prefixed shop_); loopback and staff only.",
+        "tags": ["operations"],
+        "responses": {
+            "200": {"description": "text/plain Prometheus exposition (docs/operations.md)"},
+            "403": {"description": "application/problem+json: neither loopback nor staff"},
         },
     }
 }

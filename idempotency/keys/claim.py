@@ -51,7 +51,7 @@ def key_stored_answer(
         row.request_fingerprint,
     ) != (method, path, fingerprint):
         return None
-    metrics.count("shop_duplicates_suppressed_total", mechanism="request_key")
+    metrics.duplicate_suppressed(mechanism=metrics.KEY_REPLAY, key=row.key)
     return _stored_answer(row)
 
 
@@ -89,7 +89,7 @@ def _in_use(row: IdempotencyKey | None = None) -> IdempotencyKeyInUse:
     if row is not None and row.locked_at is not None:
         remaining -= (row.db_now - row.locked_at).total_seconds()
     retry_after = max(1, min(int(settings.IDEMPOTENCY_RETRY_AFTER), math.ceil(remaining)))
-    metrics.count("shop_idempotency_key_conflicts_total", code=IdempotencyKeyInUse.code)
+    metrics.duplicate_suppressed(mechanism=metrics.KEY_IN_USE, key=row and row.key)
     return IdempotencyKeyInUse(
         "A request with this idempotency key is still being processed; retry shortly.",
         headers={"Retry-After": str(retry_after)},
@@ -111,13 +111,13 @@ def _match(row: IdempotencyKey, identity: KeyIdentity) -> Answer | None:
         identity.path,
         identity.fingerprint,
     ):
-        metrics.count("shop_idempotency_key_conflicts_total", code=IdempotencyKeyReused.code)
+        metrics.duplicate_suppressed(mechanism=metrics.KEY_REUSED, suspicious=True, key=row.key)
         raise IdempotencyKeyReused(
             "This idempotency key was used for a different request "
             "(method, path or body); use a new key for a new request."
         )
     if row.recovery_point == FINISHED:
-        metrics.count("shop_duplicates_suppressed_total", mechanism="request_key")
+        metrics.duplicate_suppressed(mechanism=metrics.KEY_REPLAY, key=row.key)
         return _stored_answer(row)
     return None
 

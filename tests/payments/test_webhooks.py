@@ -97,7 +97,7 @@ def post(event=None, *, body: bytes | None = None, t: int | None = None, signed_
 
 
 def duplicates() -> int:
-    return metrics.read("shop_duplicates_suppressed_total").get('mechanism="webhook"', 0)
+    return metrics.duplicate_totals()[metrics.WEBHOOK_DUPLICATE]
 
 
 def transitions(payment, to_status) -> int:

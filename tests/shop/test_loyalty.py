@@ -63,7 +63,7 @@ def balance_of(user) -> int:
 
 
 def duplicates_counted() -> int:
-    return metrics.read(DUPLICATES).get(PROCESSED_ID, 0)
+    return metrics.duplicate_totals()[metrics.PROCESSED_ID]
 
 
 # --- the contract's rules ------------------------------------------------------
