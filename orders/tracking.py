@@ -20,6 +20,8 @@ from datetime import datetime
 
 from django.db.models import Count, Q, QuerySet, Subquery
 
+from idempotency import metrics
+
 from .models import Shipment, TrackingEvent
 
 
@@ -34,8 +36,14 @@ def tracking_event_record(
     raw_body: str,
     received_by=None,
 ) -> TrackingEvent:
-    """Store one received tracking event as it came, duplicates included (no uniqueness check)."""
-    return TrackingEvent.objects.create(
+    """Store one received tracking event as it came, duplicates included (no uniqueness check).
+
+    A repeat of an `event_id` already stored for the shipment is counted as a
+    duplicate the read path will suppress (`on_read_dedup`), and as suspicious
+    when its payload differs from the first one's. The count is monitoring
+    only: two copies arriving in the same instant may not see each other.
+    """
+    event = TrackingEvent.objects.create(
         shipment=shipment,
         event_id=event_id,
         status=status,
@@ -45,6 +53,21 @@ def tracking_event_record(
         raw_body=raw_body,
         received_by=received_by,
     )
+    first = (
+        _raw(shipment_id=shipment.id)
+        .filter(event_id=event_id, id__lt=event.id)
+        .order_by("id")
+        .values_list("payload", flat=True)
+        .first()
+    )
+    if first is not None:
+        metrics.duplicate_suppressed(
+            mechanism=metrics.ON_READ_DEDUP,
+            suspicious=first != payload,
+            shipment_id=str(shipment.id),
+            event_id=event_id,
+        )
+    return event
 
 
 def tracking_events_record_many(*, shipment: Shipment, payloads: Iterable[dict]) -> int:

@@ -11,6 +11,7 @@ import pytest
 from django.db import connection
 from rest_framework.test import APIClient
 
+from idempotency import metrics
 from orders import tracking
 from orders.models import TrackingEvent
 from tests.concurrency import Workers
@@ -90,6 +91,9 @@ def test_first_received_wins_and_a_different_payload_is_suspicious(courier, staf
     summary = tracking.tracking_summary(shipment_id=shipment.id)
     assert (summary.received, summary.distinct, summary.suspicious) == (4, 2, 1)
     assert body["duplicates_received"] == 2
+    # Duplicate monitoring: two repeats suppressed on read, one of them suspicious.
+    assert metrics.duplicate_totals()[metrics.ON_READ_DEDUP] == 2
+    assert metrics.suspicious_totals()[metrics.ON_READ_DEDUP] == 1
 
 
 @pytest.mark.django_db
