@@ -39,7 +39,7 @@ from typing import Any
 from core.errors import ApplicationError
 
 from . import keys
-from .keys import JSON_CONTENT_TYPE, RELEASE_STATUSES, KeyRun
+from .keys import JSON_CONTENT_TYPE, UNSTORED_STATUSES, KeyRun
 from .models import STARTED
 
 
@@ -122,7 +122,7 @@ def _refusal_is_stored(run: KeyRun, exc: ApplicationError) -> bool:
         and not run.in_phase
         and run.recovery_point == STARTED
         and exc.status < 500
-        and exc.status not in RELEASE_STATUSES
+        and exc.status not in UNSTORED_STATUSES
     )
 
 

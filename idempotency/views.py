@@ -40,7 +40,7 @@ from core.logging import key_hash
 
 from .keys import (
     Answer,
-    KeyLockLost,
+    KeyLeaseLost,
     KeyRun,
     body_fingerprint,
     key_answer_existing,
@@ -175,7 +175,7 @@ def run_keyed(handle: KeyRequest, call: Callable[[], Any]) -> Any:
         result = call()
     except _Replay as replay:
         return answer_response(replay.answer, replayed=True)
-    except KeyLockLost:
+    except KeyLeaseLost:
         # Another request inserted the key first, or a retry took it over while
         # this one stalled: this request committed nothing more. Answer what
         # the key holds now (422 if it is another request, 409 while it runs).
@@ -186,7 +186,7 @@ def run_keyed(handle: KeyRequest, call: Callable[[], Any]) -> Any:
             raise
         try:
             stored = key_run_failed(run=run, exc=exc)
-        except KeyLockLost:
+        except KeyLeaseLost:
             return answer_response(handle.answer_existing(), replayed=True)
         if stored is None:
             raise
@@ -195,7 +195,7 @@ def run_keyed(handle: KeyRequest, call: Callable[[], Any]) -> Any:
     if run is None:
         return result  # answered before claiming (e.g. a re-rendered form)
     if run.answer is None:
-        run.unlock_quietly()
+        run.drop_lease_quietly()
         raise RuntimeError(f"{run!r} returned without finish() or leave_open()")
     return answer_response(run.answer, replayed=False)
 

@@ -133,7 +133,7 @@ def reservations_hold(*, requests: Mapping[int, int], partial: bool) -> dict[int
     return {reservation.stock_id: reservation for reservation in reservations}
 
 
-def _settle(*, reservation_ids: Iterable, state: str) -> list[tuple[int, int]]:
+def _resolve(*, reservation_ids: Iterable, state: str) -> list[tuple[int, int]]:
     """Move held flags to `state`; return (stock_id, quantity) of those that moved now."""
     ids = list(reservation_ids)
     if not ids:
@@ -168,7 +168,7 @@ def reservations_commit(*, reservation_ids: Iterable) -> int:
     Flags already committed, released or expired are left alone (a second
     call is harmless). Return how many flags this call committed.
     """
-    moved = _settle(reservation_ids=reservation_ids, state=Reservation.State.COMMITTED)
+    moved = _resolve(reservation_ids=reservation_ids, state=Reservation.State.COMMITTED)
     units = _per_stock(moved)
     _lock_if_several(units)
     for stock_id in sorted(units):
@@ -190,7 +190,7 @@ def reservations_release(
     this call reset.
     """
     assert state in (Reservation.State.RELEASED, Reservation.State.EXPIRED)
-    moved = _settle(reservation_ids=reservation_ids, state=state)
+    moved = _resolve(reservation_ids=reservation_ids, state=state)
     units = _per_stock(moved)
     _lock_if_several(units)
     for stock_id in sorted(units):

@@ -21,7 +21,7 @@ The design (docs/idempotency.md) in short:
 
 The package, one job a module (each imports only those above it):
 
-- `errors`: the key's refusals (400/409/422 problems), KeyLockLost, KeyClaimLost.
+- `errors`: the key's refusals (400/409/422 problems), KeyLeaseLost, KeyClaimLost.
 - `fingerprint`: the key's header value and the body's fingerprint.
 - `answers`: answers as stored and replayed.
 - `clock`: lock ages by the database clock.
@@ -34,7 +34,7 @@ The package, one job a module (each imports only those above it):
 
 from .answers import JSON_CONTENT_TYPE, Answer, answer_for_problem, answer_new
 from .claim import (
-    RELEASE_STATUSES,
+    UNSTORED_STATUSES,
     key_answer_existing,
     key_claim,
     key_lookup,
@@ -48,7 +48,7 @@ from .errors import (
     IdempotencyKeyMissing,
     IdempotencyKeyReused,
     KeyClaimLost,
-    KeyLockLost,
+    KeyLeaseLost,
 )
 from .fingerprint import MAX_KEY_LENGTH, body_fingerprint, canonical_json, key_validate
 from .purge import keys_purge
@@ -60,7 +60,7 @@ __all__ = [
     "LOCK_NOT_AVAILABLE",
     "MAX_KEY_LENGTH",
     "OWNER_KEY_CONSTRAINT",
-    "RELEASE_STATUSES",
+    "UNSTORED_STATUSES",
     "Answer",
     "IdempotencyKeyInUse",
     "IdempotencyKeyInvalid",
@@ -68,7 +68,7 @@ __all__ = [
     "IdempotencyKeyReused",
     "KeyClaimLost",
     "KeyIdentity",
-    "KeyLockLost",
+    "KeyLeaseLost",
     "KeyRun",
     "answer_for_problem",
     "answer_new",

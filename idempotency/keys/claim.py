@@ -17,7 +17,7 @@ from .. import metrics
 from ..failpoints import failpoint
 from ..models import FINISHED, STARTED, IdempotencyKey
 from .answers import Answer, _stored_answer
-from .clock import _db_ago, _lock_ttl, _unlocked_or_expired
+from .clock import _db_ago, _lease_free_or_expired, _lease_ttl
 from .errors import IdempotencyKeyInUse, IdempotencyKeyReused
 from .run import KeyIdentity, KeyRun
 
@@ -27,8 +27,8 @@ from .run import KeyIdentity, KeyRun
 # sent again, e.g. with a corrected body. Every other 4xx
 # ApplicationError raised before the first committed phase (402, 404, 409,
 # 410, 422, ...) is stored as the final answer and replayed; 5xx are not
-# stored (the key is unlocked and a retry runs again).
-RELEASE_STATUSES = frozenset({400, 401, 403, 405, 406, 413, 415, 429})
+# stored (the lease is dropped and a retry runs again).
+UNSTORED_STATUSES = frozenset({400, 401, 403, 405, 406, 413, 415, 429})
 
 
 def key_lookup(*, owner_id: int, key: str) -> IdempotencyKey | None:
@@ -59,7 +59,7 @@ def _key_take_over(*, key_id: int, abandoned: bool = False) -> KeyRun | None:
     """Lock an open key whose lock is free or expired with a fresh token; None if another won."""
     token = uuid.uuid4()
     candidates = IdempotencyKey.objects.filter(pk=key_id).exclude(recovery_point=FINISHED)
-    candidates = candidates.filter(_unlocked_or_expired())
+    candidates = candidates.filter(_lease_free_or_expired())
     if abandoned:
         candidates = candidates.filter(
             last_run_at__lt=_db_ago(float(settings.IDEMPOTENCY_ABANDON_AFTER))
@@ -85,7 +85,7 @@ def _key_take_over(*, key_id: int, abandoned: bool = False) -> KeyRun | None:
 
 
 def _in_use(row: IdempotencyKey | None = None) -> IdempotencyKeyInUse:
-    remaining = _lock_ttl()
+    remaining = _lease_ttl()
     if row is not None and row.locked_at is not None:
         remaining -= (row.db_now - row.locked_at).total_seconds()
     retry_after = max(1, min(int(settings.IDEMPOTENCY_RETRY_AFTER), math.ceil(remaining)))
@@ -96,11 +96,11 @@ def _in_use(row: IdempotencyKey | None = None) -> IdempotencyKeyInUse:
     )
 
 
-def _lock_live(row: IdempotencyKey) -> bool:
+def _lease_live(row: IdempotencyKey) -> bool:
     return (
         row.locked_by is not None
         and row.locked_at is not None
-        and row.locked_at > row.db_now - timedelta(seconds=_lock_ttl())
+        and row.locked_at > row.db_now - timedelta(seconds=_lease_ttl())
     )
 
 
@@ -127,7 +127,7 @@ def _after_takeover(run: KeyRun) -> None:
     try:
         failpoint("idempotency.claim.after_takeover")
     except BaseException:
-        run.unlock_quietly()
+        run.drop_lease_quietly()
         raise
 
 
@@ -178,7 +178,7 @@ def key_claim(
         answer = _match(row, identity)
         if answer is not None:
             return answer
-        if _lock_live(row):
+        if _lease_live(row):
             raise _in_use(row)
         run = _key_take_over(key_id=row.pk)
         if run is not None:
@@ -215,18 +215,18 @@ def key_run_failed(*, run: KeyRun, exc: BaseException) -> Answer | None:
 
     Before the first committed phase an ApplicationError is the domain's
     decision and is stored (402/404/409/422...), except input-like refusals
-    (RELEASE_STATUSES: nothing is kept, so a corrected retry may use the
-    key). Anything else unlocks the key at its recovery point: a retry
+    (UNSTORED_STATUSES: nothing is kept, so a corrected retry may use the
+    key). Anything else drops the lease at its recovery point: a retry
     resumes there. KeyClaimLost propagates when another request stored first.
     """
     if run.closed:
         return None
     if isinstance(exc, ApplicationError) and run.recovery_point == STARTED and not run.in_phase:
-        if exc.status in RELEASE_STATUSES:
+        if exc.status in UNSTORED_STATUSES:
             run.abandon()
             return None
         if exc.status < 500:
             run.finish_problem(exc)
             return run.answer
-    run.unlock_quietly()
+    run.drop_lease_quietly()
     return None

@@ -16,7 +16,7 @@ def _db_ago(seconds: float) -> ExpressionWrapper:
     )
 
 
-def _lock_ttl() -> float:
+def _lease_ttl() -> float:
     return float(settings.IDEMPOTENCY_LOCK_TTL)
 
 
@@ -25,5 +25,5 @@ def _claim_lock_timeout() -> str:
     return f"{max(1, round(float(settings.IDEMPOTENCY_CLAIM_WAIT) * 1000))}ms"
 
 
-def _unlocked_or_expired() -> Q:
-    return Q(locked_by__isnull=True) | Q(locked_at__lt=_db_ago(_lock_ttl()))
+def _lease_free_or_expired() -> Q:
+    return Q(locked_by__isnull=True) | Q(locked_at__lt=_db_ago(_lease_ttl()))

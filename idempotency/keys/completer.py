@@ -10,7 +10,7 @@ from django.conf import settings
 from ..models import FINISHED, IdempotencyKey
 from . import registry
 from .claim import _key_take_over
-from .clock import _db_ago, _unlocked_or_expired
+from .clock import _db_ago, _lease_free_or_expired
 
 logger = logging.getLogger(__name__)
 
@@ -35,7 +35,7 @@ def keys_complete_abandoned(*, limit: int | None = None, budget: float | None = 
     key_ids = list(
         IdempotencyKey.objects.exclude(recovery_point=FINISHED)
         .filter(operation__in=list(registry._registry))
-        .filter(_unlocked_or_expired())
+        .filter(_lease_free_or_expired())
         .filter(last_run_at__lt=_db_ago(float(settings.IDEMPOTENCY_ABANDON_AFTER)))
         .order_by("last_run_at")
         .values_list("pk", flat=True)[:limit]
@@ -54,10 +54,10 @@ def keys_complete_abandoned(*, limit: int | None = None, budget: float | None = 
             registry._registry[run.operation](run)
         except Exception:
             logger.exception("completer could not settle %r; it will try again", run)
-            run.unlock_quietly()
+            run.drop_lease_quietly()
             continue
         if not run.closed:
-            run.unlock_quietly()
+            run.drop_lease_quietly()
         settled += 1
         logger.info("completer settled %r", run)
     return settled

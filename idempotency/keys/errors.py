@@ -29,9 +29,9 @@ class IdempotencyKeyReused(ApplicationError):
     title = "Idempotency key reused"
 
 
-class KeyLockLost(Exception):
+class KeyLeaseLost(Exception):
     """Raised when a run's fencing token no longer holds its key: another run took it over."""
 
 
-class KeyClaimLost(KeyLockLost):
+class KeyClaimLost(KeyLeaseLost):
     """Raised when a fresh run's insert finds the key taken by another request."""

@@ -20,7 +20,7 @@ from ..failpoints import failpoint
 from ..models import FINISHED, STARTED, IdempotencyKey
 from .answers import JSON_CONTENT_TYPE, Answer, answer_for_problem, answer_new
 from .clock import _claim_lock_timeout
-from .errors import KeyClaimLost, KeyLockLost
+from .errors import KeyClaimLost, KeyLeaseLost
 
 logger = logging.getLogger(__name__)
 
@@ -98,7 +98,7 @@ class KeyRun:
 
     @property
     def closed(self) -> bool:
-        """True once the run has finished, left the key open, released or unlocked it."""
+        """True once the run has finished, left the key open, released or dropped its lease."""
         return self._closed
 
     @property
@@ -120,7 +120,7 @@ class KeyRun:
 
         Yields a copy of `data` to update. The phase commits only if this run's
         fencing token still holds the key; otherwise it rolls back and raises
-        KeyLockLost. A fresh run's first phase first inserts the key (insert
+        KeyLeaseLost. A fresh run's first phase first inserts the key (insert
         first; KeyClaimLost if another request holds it). Calling finish() or
         leave_open() inside the phase stores that answer in the same
         transaction (finish() makes the point "finished"). Must be called with
@@ -165,15 +165,15 @@ class KeyRun:
         headers: Mapping[str, str] | None = None,
         content_type: str = JSON_CONTENT_TYPE,
     ) -> None:
-        """Store the final answer and unlock; inside a phase, in that phase's transaction."""
-        self._settle(
+        """Store the final answer, drop the lease; inside a phase, in its transaction."""
+        self._close(
             "finish",
             answer_new(status=status, body=body, headers=headers, content_type=content_type),
         )
 
     def finish_problem(self, exc: ApplicationError) -> None:
         """Store a domain refusal as the final answer (rendered as its problem response)."""
-        self._settle("finish", answer_for_problem(exc))
+        self._close("finish", answer_for_problem(exc))
 
     def leave_open(
         self,
@@ -183,13 +183,13 @@ class KeyRun:
         headers: Mapping[str, str] | None = None,
         content_type: str = JSON_CONTENT_TYPE,
     ) -> None:
-        """Answer now without storing the answer; unlock; a retry resumes at the recovery point."""
-        self._settle(
+        """Answer without storing it, drop the lease; a retry resumes at the recovery point."""
+        self._close(
             "open",
             answer_new(status=status, body=body, headers=headers, content_type=content_type),
         )
 
-    def _settle(self, kind: str, answer: Answer) -> None:
+    def _close(self, kind: str, answer: Answer) -> None:
         self._require_open()
         if self._in_phase:
             if self._pending is not None:
@@ -288,7 +288,7 @@ class KeyRun:
             **fields
         )
         if updated != 1:
-            raise KeyLockLost(f"{self!r} lost its lock; its phase is rolled back")
+            raise KeyLeaseLost(f"{self!r} lost its lock; its phase is rolled back")
 
     def _committed(
         self, *, point: str, data: dict[str, Any], kind: str | None, answer: Answer | None
@@ -310,10 +310,10 @@ class KeyRun:
                 pk=self.key_id, locked_by=self.token, recovery_point=STARTED
             ).delete()
             if deleted != 1:
-                raise KeyLockLost(f"{self!r} lost its lock")
+                raise KeyLeaseLost(f"{self!r} lost its lock")
         self._closed = True
 
-    def unlock(self) -> None:
+    def drop_lease(self) -> None:
         """Give the key up at its current recovery point, so a retry may resume at once."""
         self._closed = True
         if self.key_id is not None:
@@ -321,9 +321,9 @@ class KeyRun:
                 locked_by=None, locked_at=None
             )
 
-    def unlock_quietly(self) -> None:
+    def drop_lease_quietly(self) -> None:
         """Unlock, logging instead of raising (the lock's TTL covers a failure here)."""
         try:
-            self.unlock()
+            self.drop_lease()
         except DatabaseError:
-            logger.warning("could not unlock %r; its lock will expire", self, exc_info=True)
+            logger.warning("could not drop the lease of %r; it will expire", self, exc_info=True)

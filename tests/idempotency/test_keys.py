@@ -18,7 +18,7 @@ from idempotency.keys import (
     IdempotencyKeyMissing,
     IdempotencyKeyReused,
     KeyClaimLost,
-    KeyLockLost,
+    KeyLeaseLost,
     KeyRun,
     body_fingerprint,
     key_claim,
@@ -267,13 +267,13 @@ def test_phase_of_a_run_taken_over_cannot_commit(shopper):
     age_lock(stalled.key_id, 3600)
     taker = claim(shopper)
     assert isinstance(taker, KeyRun)
-    with pytest.raises(KeyLockLost), stalled.phase(next_point="recorded") as data:
+    with pytest.raises(KeyLeaseLost), stalled.phase(next_point="recorded") as data:
         ProbeRecord.objects.create(owner=shopper, label="stalled", amount=1, status="r")
         data["probe_id"] = "stalled"
     assert not ProbeRecord.objects.exists()
     row = IdempotencyKey.objects.get(pk=stalled.key_id)
     assert row.recovery_point == "held" and row.locked_by == taker.token
-    with pytest.raises(KeyLockLost):
+    with pytest.raises(KeyLeaseLost):
         stalled.finish(status=201, body={})
 
 
