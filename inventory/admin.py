@@ -58,7 +58,7 @@ class ReservationAdmin(ReadOnlyAdmin):
         "state",
         "expires_at",
         "created_at",
-        "settled_at",
+        "resolved_at",
     )
     fields = (
         "id",
@@ -69,7 +69,7 @@ class ReservationAdmin(ReadOnlyAdmin):
         "state",
         "expires_at",
         "created_at",
-        "settled_at",
+        "resolved_at",
     )
     readonly_fields = ("id", "sku", "order_link")
     list_filter = ("state", "created_at")

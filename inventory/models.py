@@ -86,7 +86,7 @@ class Reservation(models.Model):
     state = models.CharField(max_length=16, choices=State.choices, default=State.HELD)
     expires_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(db_default=Now())
-    settled_at = models.DateTimeField(null=True, blank=True)
+    resolved_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         constraints = [
@@ -98,9 +98,9 @@ class Reservation(models.Model):
                 name="inventory_reservation_state_valid",
             ),
             models.CheckConstraint(
-                condition=Q(state="held", settled_at__isnull=True)
-                | (~Q(state="held") & Q(settled_at__isnull=False)),
-                name="inventory_reservation_settled_at_matches_state",
+                condition=Q(state="held", resolved_at__isnull=True)
+                | (~Q(state="held") & Q(resolved_at__isnull=False)),
+                name="inventory_reservation_resolved_at_matches_state",
             ),
         ]
 

@@ -141,7 +141,7 @@ def _resolve(*, reservation_ids: Iterable, state: str) -> list[tuple[int, int]]:
     table = Reservation._meta.db_table
     with connection.cursor() as cursor:
         cursor.execute(
-            f"UPDATE {table} SET state = %s, settled_at = now() "
+            f"UPDATE {table} SET state = %s, resolved_at = now() "
             "WHERE id = ANY(%s) AND state = 'held' RETURNING stock_id, quantity",
             [state, ids],
         )

@@ -33,7 +33,7 @@ class OrderLineInline(ReadOnlyInline):
         "reservation_state",
         "reservation_quantity",
         "reservation_expires_at",
-        "reservation_settled_at",
+        "reservation_resolved_at",
     ]
     readonly_fields = fields
     ordering = ["position"]
@@ -62,8 +62,8 @@ class OrderLineInline(ReadOnlyInline):
         return line.reservation.expires_at if line.reservation else None
 
     @admin.display(description="flag settled at")
-    def reservation_settled_at(self, line):
-        return line.reservation.settled_at if line.reservation else None
+    def reservation_resolved_at(self, line):
+        return line.reservation.resolved_at if line.reservation else None
 
 
 class OrderEventInline(ReadOnlyInline):

@@ -78,7 +78,7 @@ class TestCommitAndRelease:
         assert reservations_commit(reservation_ids=[flag.id]) == 0
         assert counters("A") == (3, 0)
         flag.refresh_from_db()
-        assert flag.state == "committed" and flag.settled_at is not None
+        assert flag.state == "committed" and flag.resolved_at is not None
 
     def test_release_resets_the_flag_once(self, make_product):
         make_product("A", stock=5)
@@ -118,12 +118,12 @@ class TestCommitAndRelease:
         held.refresh_from_db()
         assert held.expires_at is None
 
-    def test_settled_at_must_match_state(self, make_product):
+    def test_resolved_at_must_match_state(self, make_product):
         make_product("A", stock=5)
         flag = self.hold("A", 1)
         with pytest.raises(IntegrityError) as info, transaction.atomic():
             Reservation.objects.filter(id=flag.id).update(state="committed")
-        assert "inventory_reservation_settled_at_matches_state" in str(info.value)
+        assert "inventory_reservation_resolved_at_matches_state" in str(info.value)
 
     def test_drift_is_empty_when_books_balance(self, make_product):
         make_product("A", stock=5)
