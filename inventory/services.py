@@ -67,7 +67,7 @@ class StockLimitExceeded(ApplicationError):
     title = "Stock limit exceeded"
 
 
-def _stock_reserve(*, requests: Mapping[int, int], partial: bool) -> dict[int, int]:
+def _stock_hold(*, requests: Mapping[int, int], partial: bool) -> dict[int, int]:
     """Raise `reserved` of each stock item; return the units granted per stock id.
 
     All-or-nothing per item (`partial=False`): `reserved + q` only where
@@ -123,7 +123,7 @@ def reservations_hold(*, requests: Mapping[int, int], partial: bool) -> dict[int
     are absent from the result. With `partial`, an item grants what is
     available up to the request; otherwise all of it or nothing.
     """
-    granted = _stock_reserve(requests=requests, partial=partial)
+    granted = _stock_hold(requests=requests, partial=partial)
     reservations = [
         Reservation(stock_id=stock_id, quantity=units)
         for stock_id, units in granted.items()
