@@ -28,3 +28,8 @@ class OrdersConfig(AppConfig):
             resume=single_phase_resume,
             present=presenters.shipment_created,
         )
+        register_operation(
+            operations.REFUND_CREATE,
+            resume=single_phase_resume,
+            present=presenters.refund_created,
+        )
