@@ -35,6 +35,7 @@ from idempotency.models import OutboxMessage
 from inventory.models import Reservation
 from orders.models import Order
 from orders.states import OrderStatus
+from payments.models import Refund, RefundStatus
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
@@ -77,8 +78,11 @@ def orders_by_status() -> dict[str, int]:
 
 
 def refunds_by_status() -> dict[str, int]:
-    """Refunds in each status. No refund model exists yet: empty, the metric is present."""
-    return {}
+    """Refunds currently in each status (every status present, 0 when none)."""
+    counts = dict.fromkeys(RefundStatus.values, 0)
+    for row in Refund.objects.values("status").annotate(n=Count("pk")).order_by():
+        counts[row["status"]] = row["n"]
+    return counts
 
 
 class DatabaseCollector:

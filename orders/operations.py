@@ -98,7 +98,7 @@ def order_result(order: Order) -> Result:
     return Result.refused(refusal, value=order)
 
 
-def _charge(run: KeyRun, present: Presenter) -> None:
+def _capture(run: KeyRun, present: Presenter) -> None:
     """Take the payment (no transaction open), then record what it became (phase 3)."""
     data = run.data
     order_id = data["order_id"]
@@ -137,7 +137,7 @@ def order_place_keyed(
     """
     if run.recovery_point == STARTED:
         with refusals_presented(run, present), run.phase(next_point=RESERVED) as data:
-            order = services.order_reserve(
+            order = services.order_hold(
                 owner=user,
                 lines=lines,
                 on_shortage=on_shortage,
@@ -155,7 +155,7 @@ def order_place_keyed(
                 settle(run, order_result(order), present)
         if run.closed:
             return
-    _charge(run, present)
+    _capture(run, present)
 
 
 def order_confirm_keyed(*, run: KeyRun, present: Presenter, order_id) -> None:
@@ -172,7 +172,7 @@ def order_confirm_keyed(*, run: KeyRun, present: Presenter, order_id) -> None:
                 settle(run, order_result(order), present)
         if run.closed:
             return
-    _charge(run, present)
+    _capture(run, present)
 
 
 def order_cancel_keyed(*, run: KeyRun, present: Presenter, order_id) -> None:
@@ -248,4 +248,4 @@ def order_resume(run: KeyRun, present: Presenter) -> None:
             order = services.order_payment_apply(order_id=run.data["order_id"])
             settle(run, order_result(order), present)
         return
-    _charge(run, present)
+    _capture(run, present)

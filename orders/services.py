@@ -197,7 +197,7 @@ def _publish(*, order: Order, event_type: str, lines: Sequence[OrderLine] | None
 
 
 @transaction.atomic
-def order_reserve(
+def order_hold(
     *,
     owner,
     lines: Sequence[LineRequest],

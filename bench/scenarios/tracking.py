@@ -36,13 +36,13 @@ def seed(*, owner, events: int = EVENTS, duplicate_share: float = DUPLICATE_SHAR
     from inventory.services import product_create
     from orders import tracking
     from orders.models import Order
-    from orders.services import LineRequest, order_payment_record, order_reserve
+    from orders.services import LineRequest, order_payment_record, order_hold
     from orders.shipments import ShipmentLineRequest, shipment_create
 
     sku = f"BENCH-TRACK-{uuid.uuid4().hex[:8]}"
     product = product_create(sku=sku, name=sku, price=1, currency="EUR", stock=10)
     product = type(product).objects.select_related("stock").get(pk=product.pk)
-    order = order_reserve(
+    order = order_hold(
         owner=owner,
         lines=[LineRequest(product=product, quantity=2)],
         on_shortage="reject",

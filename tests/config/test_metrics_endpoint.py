@@ -18,7 +18,7 @@ from config import metrics as endpoint
 from config import prometheus_multiproc
 from idempotency import metrics as duplicates
 from idempotency.outbox import outbox_write
-from orders.services import order_reserve
+from orders.services import order_hold
 from tests.conftest import assert_problem
 from tests.orders.conftest import ADDRESS, line_requests
 
@@ -73,7 +73,7 @@ def test_database_figures(client, make_product, shopper):
         outbox_write(aggregate_type="t", aggregate_id="1", event_type="e", payload={})
         outbox_write(aggregate_type="t", aggregate_id="2", event_type="e", payload={})
     make_product("TEE-M", stock=5)
-    order_reserve(
+    order_hold(
         owner=shopper,
         lines=line_requests({"TEE-M": 2}),
         on_shortage="reject",

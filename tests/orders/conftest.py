@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from inventory.models import Product
-from orders.services import LineRequest, order_reserve
+from orders.services import LineRequest, order_hold
 
 ADDRESS = {
     "name": "Ada Lovelace",
@@ -26,7 +26,7 @@ def reserve(shopper):
     """Place an order's reservations (phase 1 without the payment) for `lines` {sku: qty}."""
 
     def place(lines: dict[str, int], *, on_shortage: str = "reject", owner=None, **kwargs):
-        return order_reserve(
+        return order_hold(
             owner=owner or shopper,
             lines=line_requests(lines),
             on_shortage=on_shortage,
