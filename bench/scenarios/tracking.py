@@ -36,7 +36,7 @@ def seed(*, owner, events: int = EVENTS, duplicate_share: float = DUPLICATE_SHAR
     from inventory.services import product_create
     from orders import tracking
     from orders.models import Order
-    from orders.services import LineRequest, order_payment_record, order_hold
+    from orders.services import LineRequest, order_hold, order_payment_record
     from orders.shipments import ShipmentLineRequest, shipment_create
 
     sku = f"BENCH-TRACK-{uuid.uuid4().hex[:8]}"
