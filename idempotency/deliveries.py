@@ -31,11 +31,9 @@ import enum
 import logging
 import uuid
 from collections.abc import Callable
-from datetime import timedelta
 from typing import Any
 
-from django.db import transaction
-from django.db.models.functions import Now
+from django.db import connection, transaction
 
 from core import due
 
@@ -51,23 +49,22 @@ class Result(enum.StrEnum):
     SKIPPED = "skipped"  # a dead letter already, or no such message / delivery
 
 
-def _attempt_count(pk: int) -> int | None:
-    """Count one attempt of a pending delivery and push it back by the backoff; None if done."""
-    row = Delivery.objects.filter(pk=pk).values("attempts").first()
-    if row is None:
-        return None
-    number = row["attempts"] + 1
-    delay = Delivery.due_policy().backoff(number)
-    updated = (
-        Delivery.objects.filter(pk=pk)
-        .pending()
-        .update(
-            attempts=number,
-            next_attempt_at=Now() + timedelta(seconds=delay),
-            updated_at=Now(),
+def _attempt_count(pk: int, *, seen: int) -> int | None:
+    """Count one attempt of a pending delivery and push it back by the backoff; None if done.
+
+    `attempts = attempts + 1` in the database: two copies running at once
+    count two attempts (`seen`, the count read before, only sizes the backoff).
+    """
+    delay = Delivery.due_policy().backoff(seen + 1)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE idempotency_delivery SET attempts = attempts + 1,"
+            " next_attempt_at = now() + make_interval(secs => %s), updated_at = now()"
+            " WHERE id = %s AND done_at IS NULL AND NOT needs_attention RETURNING attempts",
+            [delay, pk],
         )
-    )
-    return number if updated else None
+        row = cursor.fetchone()
+    return None if row is None else row[0]
 
 
 def delivery_consume(
@@ -99,7 +96,7 @@ def delivery_consume(
         if delivery["attempts"] >= budget:
             due.flag_attention(Delivery, pk=pk, reason=f"attempt budget spent ({budget} attempts)")
             return Result.DEAD_LETTER, None
-        if _attempt_count(pk) is None:
+        if _attempt_count(pk, seen=delivery["attempts"]) is None:
             # Done or dead-lettered by a concurrent copy since the read.
             done = Delivery.objects.filter(pk=pk, done_at__isnull=False).exists()
             if not done:
