@@ -15,7 +15,7 @@ from django.db import transaction
 from django.db.models.functions import Now
 
 from idempotency import metrics, relay
-from idempotency.deliveries import Result, dead_letter_requeue, dead_letters_count
+from idempotency.deliveries import dead_letter_requeue, dead_letters_count
 from idempotency.models import Delivery, OutboxMessage
 from idempotency.outbox import outbox_write
 from shop import events, history, loyalty
