@@ -31,6 +31,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 import core.instruments  # noqa: F401 - defines the per-process instruments
 from core.problems import problem_response
 from idempotency import metrics as duplicates
+from idempotency.deliveries import dead_letters_count
 from idempotency.models import OutboxMessage
 from inventory.models import Reservation
 from orders.models import Order
@@ -60,8 +61,8 @@ def outbox_backlog() -> tuple[int, float]:
 
 
 def dead_letters() -> int:
-    """Messages given up on. No dead-letter table exists yet: 0, the metric is present."""
-    return 0
+    """Deliveries given up on (dead letters, waiting for staff to requeue them)."""
+    return dead_letters_count()
 
 
 def reservations_held() -> int:

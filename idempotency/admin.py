@@ -1,4 +1,6 @@
-"""Admin views of request keys, the outbox, the inbox and duplicates; outbox rows can be retried."""
+"""Admin views of request keys, the outbox, deliveries, dead letters, the inbox and duplicates.
+
+Outbox rows can be retried; deliveries and dead letters requeued."""
 
 import datetime
 
@@ -8,7 +10,14 @@ from django.utils import timezone
 from core.admin import DueWorkAdmin, ReadOnlyAdmin
 
 from . import metrics
-from .models import DuplicateCount, IdempotencyKey, InboxMessage, OutboxMessage
+from .models import (
+    DeadLetter,
+    Delivery,
+    DuplicateCount,
+    IdempotencyKey,
+    InboxMessage,
+    OutboxMessage,
+)
 
 
 @admin.register(IdempotencyKey)
@@ -40,6 +49,50 @@ class OutboxMessageAdmin(DueWorkAdmin):
     )
     list_filter = ("event_type", "aggregate_type", *DueWorkAdmin.list_filter)
     search_fields = ("aggregate_id",)
+
+
+class _DeliveryAdmin(DueWorkAdmin):
+    list_display = (
+        "consumer",
+        "message_id",
+        "event_type",
+        "publishes",
+        "created_at",
+        *DueWorkAdmin.due_list_display,
+    )
+    list_filter = ("consumer", *DueWorkAdmin.list_filter)
+    search_fields = ("message__id",)
+    list_select_related = ("message",)
+    actions = ["retry_now"]
+
+    @admin.display(description="event type")
+    def event_type(self, obj) -> str:
+        return obj.message.event_type
+
+    def retry_one(self, request, pk) -> bool:
+        from .deliveries import dead_letter_requeue
+
+        return dead_letter_requeue(pk)
+
+    @admin.action(description="Requeue (fresh attempt budget, published now)")
+    def retry_now(self, request, queryset):
+        return super().retry_now(request, queryset)
+
+
+@admin.register(Delivery)
+class DeliveryAdmin(_DeliveryAdmin):
+    pass
+
+
+@admin.register(DeadLetter)
+class DeadLetterAdmin(_DeliveryAdmin):
+    """Deliveries that stopped (poison or budget spent), with the reason; "Requeue" once fixed."""
+
+    list_display = ("consumer", "message_id", "event_type", "attempts", "last_error", "updated_at")
+    list_filter = ("consumer",)
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).filter(needs_attention=True, done_at__isnull=True)
 
 
 @admin.register(InboxMessage)

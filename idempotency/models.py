@@ -122,12 +122,75 @@ class OutboxMessage(DueWork):
     @classmethod
     def due_policy(cls) -> DuePolicy:
         return DuePolicy(
-            task=None,  # the relay's task arrives with the relay; until then nothing rings
+            # The relay process (`manage.py relay_outbox`) polls; beat's
+            # `idempotency.relay_outbox` is the fallback. Nothing rings per row.
+            task=None,
             max_attempts=settings.OUTBOX_RELAY_MAX_ATTEMPTS,
             backoff_base=settings.OUTBOX_RELAY_BACKOFF_BASE,
             backoff_max=settings.OUTBOX_RELAY_BACKOFF_MAX,
             lease=settings.OUTBOX_RELAY_LEASE,
         )
+
+
+class Delivery(DueWork):
+    """One consumer's copy of one outbox message: written (committed) by the relay before it
+    publishes, marked done by the consumer in the transaction of its effect.
+
+    Due work (`core.due`): the relay leases the row for `OUTBOX_DELIVERY_TIMEOUT`
+    when it publishes; a delivery not done when the lease ends (the broker lost
+    the message, a worker died) is claimed by the delivery sweeper and rung
+    again. `attempts` counts every run of the consumer task (a redelivery
+    after a worker loss too); past the budget, or at once for a message the
+    consumer can never apply, it is a **dead letter** (`needs_attention`, the
+    reason in `last_error`) until staff requeue it. `publishes` counts how
+    often the relay or the sweeper put it on the broker.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    consumer = models.CharField(max_length=100)
+    message = models.ForeignKey(OutboxMessage, on_delete=models.CASCADE, related_name="deliveries")
+    publishes = models.PositiveIntegerField(default=0, db_default=0)
+    created_at = models.DateTimeField(db_default=Now())
+    updated_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        verbose_name_plural = "deliveries"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["consumer", "message"], name="idempotency_delivery_consumer_message_uniq"
+            ),
+        ]
+        indexes = [
+            due_index(name="idempotency_delivery_due_idx"),
+            models.Index(
+                fields=["updated_at"],
+                condition=Q(needs_attention=True, done_at__isnull=True),
+                name="idempotency_delivery_dead_idx",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.consumer}: {self.message_id}"
+
+    @classmethod
+    def due_policy(cls) -> DuePolicy:
+        return DuePolicy(
+            # The task depends on the consumer: rung through idempotency.relay's registry.
+            task=None,
+            max_attempts=settings.OUTBOX_DELIVERY_MAX_ATTEMPTS,
+            backoff_base=settings.OUTBOX_DELIVERY_BACKOFF_BASE,
+            backoff_max=settings.OUTBOX_DELIVERY_BACKOFF_MAX,
+            lease=settings.OUTBOX_DELIVERY_TIMEOUT,
+        )
+
+
+class DeadLetter(Delivery):
+    """The admin's "Dead letters" list: deliveries that need attention (a proxy, no table)."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "dead letter"
+        verbose_name_plural = "dead letters"
 
 
 class InboxMessage(models.Model):

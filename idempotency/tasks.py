@@ -15,3 +15,29 @@ def complete_abandoned_keys(self) -> int:
 def purge_finished_keys(self) -> int:
     """Delete finished keys past their retention, in bounded batches."""
     return keys.keys_purge()
+
+
+@shared_task(bind=True, name="idempotency.relay_outbox", max_retries=0)
+def relay_outbox(self) -> int:
+    """Beat's fallback relay: publish due outbox rows for a bounded time (the process is first)."""
+    from django.conf import settings
+
+    from . import relay
+
+    return relay.relay_for(settings.CELERY_TASK_SOFT_TIME_LIMIT / 2)
+
+
+@shared_task(bind=True, name="idempotency.sweep_deliveries", max_retries=0)
+def sweep_deliveries(self) -> int:
+    """Publish again the deliveries whose consumer has not marked them done in time."""
+    from . import relay
+
+    return relay.deliveries_sweep()
+
+
+@shared_task(bind=True, name="idempotency.purge_outbox", max_retries=0)
+def purge_outbox(self) -> int:
+    """Delete published messages past OUTBOX_RETENTION (all deliveries done), in bounded batches."""
+    from . import relay
+
+    return relay.outbox_purge()

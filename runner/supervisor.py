@@ -57,7 +57,7 @@ class Program:
 
 
 # The process table: one line per long-running process. Later areas add
-# theirs here (the payment simulator, the outbox relay).
+# theirs here.
 PROGRAMS: list[Program] = [
     Program(
         "web",
@@ -81,6 +81,12 @@ PROGRAMS: list[Program] = [
             "{python}", "-m", "celery", "--app", "config.celery:app", "beat",
             "--loglevel", "INFO", "--schedule", "{var}/celerybeat-schedule",
         ),
+    ),
+    Program(
+        # The outbox relay: publishes outbox rows (claim, deliveries, publish,
+        # mark) and re-publishes overdue deliveries; beat has a fallback task.
+        "relay",
+        ("{python}", "manage.py", "relay_outbox"),
     ),
     Program(
         # The simulated payment provider: an outside system with its own

@@ -4,3 +4,15 @@ from django.apps import AppConfig
 class ShopConfig(AppConfig):
     name = "shop"
     verbose_name = "Storefront and accounts"
+
+    def ready(self) -> None:
+        from idempotency.relay import register_consumer
+
+        from .events import HANDLED_TYPES
+
+        # Each consumer subscribes to the types it handles: the relay writes no
+        # delivery for another type (acknowledged and ignored at the relay).
+        register_consumer("loyalty", task="shop.consume_loyalty", event_types=HANDLED_TYPES)
+        register_consumer(
+            "purchase_history", task="shop.consume_history", event_types=HANDLED_TYPES
+        )

@@ -226,6 +226,46 @@ OUTBOX_RELAY_MAX_ATTEMPTS = env.int("OUTBOX_RELAY_MAX_ATTEMPTS", default=20)
 OUTBOX_RELAY_BACKOFF_BASE = env.float("OUTBOX_RELAY_BACKOFF_BASE", default=1.0)
 OUTBOX_RELAY_BACKOFF_MAX = env.float("OUTBOX_RELAY_BACKOFF_MAX", default=300.0)
 OUTBOX_RELAY_LEASE = env.float("OUTBOX_RELAY_LEASE", default=CELERY_VISIBILITY_TIMEOUT + 30)
+# The relay (docs/events.md): batch size, how long the relay process sleeps
+# when the outbox is empty, and the beat fallback's interval.
+OUTBOX_RELAY_BATCH = env.int("OUTBOX_RELAY_BATCH", default=500)
+OUTBOX_RELAY_POLL = env.float("OUTBOX_RELAY_POLL", default=0.1)
+OUTBOX_RELAY_EVERY = env.float("OUTBOX_RELAY_EVERY", default=10.0)
+# A published delivery not done after this long is published again (docs/celery.md):
+# the longest a live copy can still be on its way (visibility timeout + restore
+# sweep + one run of the task).
+OUTBOX_DELIVERY_TIMEOUT = env.float(
+    "OUTBOX_DELIVERY_TIMEOUT",
+    default=CELERY_VISIBILITY_TIMEOUT
+    + CELERY_BROKER_TRANSPORT_OPTIONS["unacked_restore_interval"]
+    + CELERY_TASK_TIME_LIMIT,
+)
+OUTBOX_DELIVERY_MAX_ATTEMPTS = env.int("OUTBOX_DELIVERY_MAX_ATTEMPTS", default=8)
+OUTBOX_DELIVERY_BACKOFF_BASE = env.float("OUTBOX_DELIVERY_BACKOFF_BASE", default=1.0)
+OUTBOX_DELIVERY_BACKOFF_MAX = env.float("OUTBOX_DELIVERY_BACKOFF_MAX", default=300.0)
+# The relay process sweeps overdue deliveries this often; beat does too (fallback).
+OUTBOX_DELIVERY_SWEEP_SECONDS = env.float("OUTBOX_DELIVERY_SWEEP_SECONDS", default=5.0)
+# Published messages whose deliveries are all done are purged after this long
+# (must stay below LOYALTY_APPLIED_IDS_RETENTION minus the redelivery window).
+OUTBOX_RETENTION = env.float("OUTBOX_RETENTION", default=7 * 24 * 3600.0)
+OUTBOX_PURGE_BATCH = env.int("OUTBOX_PURGE_BATCH", default=1000)
+OUTBOX_PURGE_MAX_BATCHES = env.int("OUTBOX_PURGE_MAX_BATCHES", default=50)
+OUTBOX_PURGE_EVERY = env.float("OUTBOX_PURGE_EVERY", default=3600.0)
+CELERY_BEAT_SCHEDULE["idempotency-relay-outbox"] = {
+    "task": "idempotency.relay_outbox",
+    "schedule": OUTBOX_RELAY_EVERY,
+    "options": {"expires": OUTBOX_RELAY_EVERY},
+}
+CELERY_BEAT_SCHEDULE["idempotency-sweep-deliveries"] = {
+    "task": "idempotency.sweep_deliveries",
+    "schedule": OUTBOX_RELAY_EVERY,
+    "options": {"expires": OUTBOX_RELAY_EVERY},
+}
+CELERY_BEAT_SCHEDULE["idempotency-purge-outbox"] = {
+    "task": "idempotency.purge_outbox",
+    "schedule": OUTBOX_PURGE_EVERY,
+    "options": {"expires": OUTBOX_PURGE_EVERY},
+}
 IDEMPOTENCY_COMPLETER_EVERY = env.float("IDEMPOTENCY_COMPLETER_EVERY", default=60.0)
 IDEMPOTENCY_PURGE_EVERY = env.float("IDEMPOTENCY_PURGE_EVERY", default=900.0)
 # Finished keys are kept at least this long (published retention: 24 h), then purged.

@@ -1,0 +1,243 @@
+"""The outbox relay: claim due outbox rows, write their deliveries, publish them, mark them.
+
+The broker is a doorbell, the database is the ledger (docs/events.md, "The relay"):
+
+    relay_once        one batch: claim_due (FOR UPDATE SKIP LOCKED) -> deliveries upserted and
+                      leased (committed) -> one Celery task per (consumer, message) on one
+                      producer connection -> failpoint `relay.published` -> rows marked done
+    deliveries_sweep  re-publish deliveries whose lease ran out before their consumer marked
+                      them done (the broker lost the message, a worker died, an attempt failed)
+    outbox_purge      delete published rows past OUTBOX_RETENTION whose deliveries are all done
+    register_consumer the apps name their consumers here in ready(); the relay never imports them
+
+A crash between publish and mark publishes the batch again (at least once, by
+design): the consumers suppress the copy. Several relays in parallel never
+hold one row at once: the claim is one `FOR UPDATE SKIP LOCKED` statement
+and the lease outlives it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from celery import current_app
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import F
+from django.db.models.functions import Now
+
+from core import due
+
+from .failpoints import failpoint
+from .models import Delivery, OutboxMessage
+
+logger = logging.getLogger(__name__)
+
+ALL_TYPES = "*"
+
+
+@dataclass(frozen=True)
+class Consumer:
+    name: str  # the delivery's `consumer` (and the inbox's, when it uses one)
+    task: str  # Celery task name, called with the outbox message id (text)
+    event_types: frozenset[str]  # the types it subscribes to; ALL_TYPES for every type
+
+    def wants(self, event_type: str) -> bool:
+        return ALL_TYPES in self.event_types or event_type in self.event_types
+
+
+_consumers: dict[str, Consumer] = {}
+
+
+def register_consumer(name: str, *, task: str, event_types: Iterable[str]) -> None:
+    """Subscribe consumer `name` (Celery task `task`) to `event_types` (call in AppConfig.ready)."""
+    consumer = Consumer(name=name, task=task, event_types=frozenset(event_types))
+    existing = _consumers.get(name)
+    if existing is not None and existing != consumer:
+        raise ValueError(f"consumer {name!r} is registered twice, differently")
+    _consumers[name] = consumer
+
+
+def consumers() -> dict[str, Consumer]:
+    """Return the registered consumers by name."""
+    return dict(_consumers)
+
+
+def consumers_for(event_type: str) -> list[Consumer]:
+    return [c for c in _consumers.values() if c.wants(event_type)]
+
+
+class PublishError(Exception):
+    """The broker refused or could not be reached: nothing was marked, the rows are due again."""
+
+
+# -- publishing -------------------------------------------------------------------------
+
+
+def publish(pairs: list[tuple[str, str]]) -> None:
+    """Enqueue one task per (task name, message id), all on one producer connection."""
+    if not pairs:
+        return
+    app = current_app
+    try:
+        with app.producer_or_acquire() as producer:
+            for task_name, message_id in pairs:
+                app.send_task(task_name, args=[message_id], producer=producer, retry=False)
+    except Exception as exc:  # noqa: BLE001 - any broker failure: publish again later
+        raise PublishError(str(exc)) from exc
+
+
+# The deliveries of a batch: inserted, or (a republish of a crashed batch) counted again.
+# Leased by the publisher for the delivery timeout; due at once, so the consumer's first
+# run is attempt 1. A delivery already done or dead-lettered is left alone.
+_UPSERT_DELIVERIES = (
+    "INSERT INTO idempotency_delivery AS d (consumer, message_id, publishes, lease_owner,"
+    " lease_expires_at, next_attempt_at, attempts, needs_attention, last_error, created_at,"
+    " updated_at)"
+    " SELECT c, m::uuid, 1, %(owner)s, now() + make_interval(secs => %(timeout)s), now(), 0,"
+    " false, '', now(), now() FROM unnest(%(consumers)s::text[], %(messages)s::text[]) AS u(c, m)"
+    " ON CONFLICT (consumer, message_id) DO UPDATE SET publishes = d.publishes + 1,"
+    "  lease_owner = EXCLUDED.lease_owner, lease_expires_at = EXCLUDED.lease_expires_at,"
+    "  updated_at = now()"
+    " WHERE d.done_at IS NULL AND NOT d.needs_attention"
+    " RETURNING d.consumer, d.message_id"
+)
+
+
+def _deliveries_write(rows: list[tuple[str, str]], *, owner: str) -> list[tuple[str, str]]:
+    """Upsert and lease the deliveries of (consumer, message id) pairs; return those to publish."""
+    if not rows:
+        return []
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            _UPSERT_DELIVERIES,
+            {
+                "owner": owner[:100],
+                "timeout": float(settings.OUTBOX_DELIVERY_TIMEOUT),
+                "consumers": [c for c, _ in rows],
+                "messages": [m for _, m in rows],
+            },
+        )
+        return [(c, str(m)) for c, m in cursor.fetchall()]
+
+
+def _pairs(deliveries: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    registered = _consumers
+    pairs = []
+    for consumer, message_id in deliveries:
+        found = registered.get(consumer)
+        if found is None:
+            logger.warning("delivery %s/%s: consumer not registered here", consumer, message_id)
+            continue
+        pairs.append((found.task, message_id))
+    return pairs
+
+
+def relay_once(*, limit: int | None = None, owner: str | None = None) -> int:
+    """Relay one batch of due outbox rows; return how many rows were published and marked.
+
+    Raise PublishError when the broker failed: the batch's leases are freed
+    (its rows are due again at once), nothing is marked, no attempt is spent
+    (a broker outage is not the message's fault; publishing is retried for ever).
+    """
+    owner = owner or f"relay:{due.default_owner()}"
+    ids = due.claim_due(OutboxMessage, limit=limit or settings.OUTBOX_RELAY_BATCH, owner=owner)
+    if not ids:
+        return 0
+    types = dict(OutboxMessage.objects.filter(pk__in=ids).values_list("pk", "event_type"))
+    wanted = [
+        (consumer.name, str(pk))
+        for pk in ids
+        if pk in types
+        for consumer in consumers_for(types[pk])
+    ]
+    try:
+        publish(_pairs(_deliveries_write(wanted, owner=owner)))
+    except PublishError as exc:
+        OutboxMessage.objects.filter(pk__in=ids, lease_owner=owner[:100]).update(
+            lease_owner="", lease_expires_at=None, last_error=due.truncate_error(exc)
+        )
+        raise
+    failpoint("relay.published")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE idempotency_outboxmessage SET done_at = now(), lease_owner = '',"
+            " lease_expires_at = NULL, last_error = '' WHERE id = ANY(%s::uuid[])"
+            " AND done_at IS NULL",
+            [[str(pk) for pk in ids]],
+        )
+    return len(ids)
+
+
+def deliveries_sweep(*, limit: int = 1000, owner: str | None = None) -> int:
+    """Publish again the deliveries whose lease ran out undone; return how many."""
+    owner = owner or f"sweep:{due.default_owner()}"
+    ids = due.claim_due(Delivery, limit=limit, owner=owner)
+    if not ids:
+        return 0
+    rows = list(Delivery.objects.filter(pk__in=ids).values_list("pk", "consumer", "message_id"))
+    Delivery.objects.filter(pk__in=ids).update(publishes=F("publishes") + 1, updated_at=Now())
+    try:
+        publish(_pairs([(c, str(m)) for _, c, m in rows]))
+    except PublishError as exc:
+        Delivery.objects.filter(pk__in=ids, lease_owner=owner[:100]).update(
+            lease_owner="", lease_expires_at=None
+        )
+        logger.warning("delivery sweep: broker unavailable (%s); due again", exc)
+        return 0
+    return len(rows)
+
+
+def deliveries_ring(pks: Iterable[int]) -> int:
+    """Publish the deliveries `pks` now (staff requeue), best effort; return how many."""
+    rows = list(Delivery.objects.filter(pk__in=list(pks)).values_list("consumer", "message_id"))
+    try:
+        publish(_pairs([(c, str(m)) for c, m in rows]))
+    except PublishError as exc:
+        logger.warning("requeue: broker unavailable (%s); the sweeper will publish", exc)
+        return 0
+    return len(rows)
+
+
+def outbox_purge(*, batch: int | None = None, max_batches: int | None = None) -> int:
+    """Delete published rows older than OUTBOX_RETENTION whose deliveries are all done.
+
+    Bounded batches (each its own short transaction); a message with a pending
+    delivery or a dead letter is kept so that staff can still requeue it.
+    """
+    batch = batch or settings.OUTBOX_PURGE_BATCH
+    max_batches = max_batches or settings.OUTBOX_PURGE_MAX_BATCHES
+    total = 0
+    for _ in range(max_batches):
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(
+                "WITH old AS (SELECT o.id FROM idempotency_outboxmessage o"
+                " WHERE o.done_at < now() - make_interval(secs => %s)"
+                " AND NOT EXISTS (SELECT 1 FROM idempotency_delivery d"
+                "   WHERE d.message_id = o.id AND d.done_at IS NULL)"
+                " ORDER BY o.done_at LIMIT %s FOR UPDATE SKIP LOCKED),"
+                " gone AS (DELETE FROM idempotency_delivery d USING old"
+                "   WHERE d.message_id = old.id)"
+                " DELETE FROM idempotency_outboxmessage o USING old WHERE o.id = old.id",
+                [float(settings.OUTBOX_RETENTION), batch],
+            )
+            deleted = cursor.rowcount
+        total += deleted
+        if deleted < batch:
+            break
+    return total
+
+
+def relay_for(seconds: float, *, owner: str | None = None) -> int:
+    """Relay batches until the outbox is empty or `seconds` have passed (the beat fallback)."""
+    deadline = time.monotonic() + seconds
+    total = 0
+    while time.monotonic() < deadline:
+        done = relay_once(owner=owner)
+        total += done
+        if done < settings.OUTBOX_RELAY_BATCH:
+            break
+    return total
