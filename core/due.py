@@ -7,8 +7,8 @@ naming its Celery task, attempt budget, backoff and lease. Everything below
 takes the model class and row ids, never instances, and judges time by the
 database's clock (`now()`), never the worker's.
 
-    claim_due          beat sweeper: lease due rows (FOR UPDATE SKIP LOCKED), return ids
-    sweep              claim_due + enqueue the task for each id
+    lease_due          beat sweeper: lease due rows (FOR UPDATE SKIP LOCKED), return ids
+    sweep              lease_due + enqueue the task for each id
     attempt_begin      count one attempt and push next_attempt_at back by the backoff,
                        before the work calls out; exactly one of concurrent runners wins
     attempt_failed     record the error, free the lease; spent budget -> needs_attention
@@ -99,7 +99,7 @@ class DuePolicy:
     max_attempts: int  # the attempt budget; then needs_attention
     backoff_base: float  # seconds after attempt 1, doubling per attempt ...
     backoff_max: float  # ... up to this
-    lease: float  # seconds a claimed row is not claimed again (longer than the queue wait)
+    lease: float  # seconds a leased row is not leased again (longer than the queue wait)
 
     def backoff(self, attempt: int) -> float:
         """Return seconds to wait after attempt `attempt` of this kind."""
@@ -131,8 +131,8 @@ class DueWork(models.Model):
     # (`INSERT ... ON CONFLICT`) naming only the columns it cares about.
     next_attempt_at = models.DateTimeField(db_default=Now())
     attempts = models.PositiveIntegerField(default=0, db_default=0)
-    # The claimer that enqueued the row and until when (database clock); an
-    # expired lease makes the row claimable again.
+    # The sweeper that enqueued the row and until when (database clock); an
+    # expired lease makes the row due again.
     lease_owner = models.CharField(max_length=100, blank=True, default="", db_default="")
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     needs_attention = models.BooleanField(default=False, db_default=False)
@@ -150,7 +150,7 @@ class DueWork(models.Model):
 
 
 def due_index(*, name: str) -> models.Index:
-    """Return the partial index the sweeper's claim uses: pending rows by `next_attempt_at`."""
+    """Return the partial index the sweeper's lease uses: pending rows by `next_attempt_at`."""
     return models.Index(
         fields=["next_attempt_at"],
         name=name,
@@ -173,16 +173,16 @@ def default_owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"[:100]
 
 
-# -- claim -----------------------------------------------------------------------------
+# -- lease -----------------------------------------------------------------------------
 
 
-def claim_due(
+def lease_due(
     model: type[DueWork], *, limit: int = 100, owner: str | None = None, lease: float | None = None
 ) -> list:
     """Lease up to `limit` due rows and return their ids, oldest due first.
 
     One statement: the due rows are selected `FOR UPDATE SKIP LOCKED` (a
-    concurrent claimer skips them instead of waiting or taking them too) and
+    concurrent sweeper skips them instead of waiting or taking them too) and
     leased for `lease` seconds (default: the policy's) past the database's
     `now()`. A row whose lease has expired is due again.
     """
@@ -210,7 +210,7 @@ def sweep(model: type[DueWork], *, limit: int = 100, owner: str | None = None) -
     name = model.due_policy().task
     if name is None:
         raise ValueError(f"{model.__name__} has no task to enqueue")
-    ids = claim_due(model, limit=limit, owner=owner)
+    ids = lease_due(model, limit=limit, owner=owner)
     task = _task(name)
     for pk in ids:
         if task is not None:

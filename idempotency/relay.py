@@ -2,7 +2,7 @@
 
 The broker is a doorbell, the database is the ledger (docs/events.md, "The relay"):
 
-    relay_once        one batch: claim_due (FOR UPDATE SKIP LOCKED) -> deliveries upserted and
+    relay_once        one batch: lease_due (FOR UPDATE SKIP LOCKED) -> deliveries upserted and
                       leased (committed) -> one Celery task per (consumer, message) on one
                       producer connection -> failpoint `relay.published` -> rows marked done
     deliveries_sweep  re-publish deliveries whose lease ran out before their consumer marked
@@ -144,7 +144,7 @@ def relay_once(*, limit: int | None = None, owner: str | None = None) -> int:
     (a broker outage is not the message's fault; publishing is retried for ever).
     """
     owner = owner or f"relay:{due.default_owner()}"
-    ids = due.claim_due(OutboxMessage, limit=limit or settings.OUTBOX_RELAY_BATCH, owner=owner)
+    ids = due.lease_due(OutboxMessage, limit=limit or settings.OUTBOX_RELAY_BATCH, owner=owner)
     if not ids:
         return 0
     types = dict(OutboxMessage.objects.filter(pk__in=ids).values_list("pk", "event_type"))
@@ -175,7 +175,7 @@ def relay_once(*, limit: int | None = None, owner: str | None = None) -> int:
 def deliveries_sweep(*, limit: int = 1000, owner: str | None = None) -> int:
     """Publish again the deliveries whose lease ran out undone; return how many."""
     owner = owner or f"sweep:{due.default_owner()}"
-    ids = due.claim_due(Delivery, limit=limit, owner=owner)
+    ids = due.lease_due(Delivery, limit=limit, owner=owner)
     if not ids:
         return 0
     rows = list(Delivery.objects.filter(pk__in=ids).values_list("pk", "consumer", "message_id"))

@@ -351,7 +351,7 @@ def _notify_settled(*, payment: Payment, outcome: str) -> None:
         import_string(path)(payment=payment, outcome=outcome)
 
 
-def _flag_attention(*, payment: Payment, txn: PaymentTransaction, reason: str) -> None:
+def _mark_needs_attention(*, payment: Payment, txn: PaymentTransaction, reason: str) -> None:
     """Flag the call's settlement for staff and write the payment's event (payment locked)."""
     settlement_id = (
         PaymentSettlement.objects.filter(transaction=txn).values_list("id", flat=True).first()
@@ -406,14 +406,14 @@ def _capture_record(
     """
     if txn is None or txn.id != transaction_id:
         txn = PaymentTransaction.objects.get(id=transaction_id)
-    final = {Outcome.SUCCESS: PaymentStatus.CAPTURED, Outcome.DECLINED: PaymentStatus.FAILED}
-    mismatch = result.outcome == Outcome.SUCCESS and (result.amount, result.currency) != (
+    final = {Outcome.SUCCEEDED: PaymentStatus.CAPTURED, Outcome.DECLINED: PaymentStatus.FAILED}
+    mismatch = result.outcome == Outcome.SUCCEEDED and (result.amount, result.currency) != (
         txn.amount,
         txn.currency,
     )
     if result.outcome in final and not mismatch:
         detail = {"provider_key": txn.provider_key, "via": mode, "answer": result.describe()}
-        captured = result.outcome == Outcome.SUCCESS
+        captured = result.outcome == Outcome.SUCCEEDED
         payment = _transition(
             payment=Payment(id=txn.payment_id, status=PaymentStatus.PENDING),
             to=final[result.outcome],
@@ -447,7 +447,7 @@ def _capture_record(
         if stored is not None:
             return _capture_record(transaction_id=txn.id, result=stored, mode=mode, txn=txn)
     if mismatch:
-        _flag_attention(
+        _mark_needs_attention(
             payment=payment,
             txn=txn,
             reason=f"provider captured {result.amount} {result.currency}, "
@@ -516,7 +516,7 @@ def _settlement_exhausted(*, settlement_id: int) -> None:
         return
     txn = settlement.transaction
     payment = payment_lock(payment_id=txn.payment_id)
-    _flag_attention(
+    _mark_needs_attention(
         payment=payment,
         txn=txn,
         reason=f"not settled after {settlement.attempts} attempts: {settlement.last_error}",
@@ -564,9 +564,9 @@ def payment_settle(*, settlement_id: int) -> PaymentSettlement:
     return settlement
 
 
-def settlements_claim_due(*, limit: int = 100) -> list[int]:
+def settlements_lease_due(*, limit: int = 100) -> list[int]:
     """Return ids of due settlements and lease them so the next sweep skips them."""
-    return due.claim_due(PaymentSettlement, limit=limit)
+    return due.lease_due(PaymentSettlement, limit=limit)
 
 
 @transaction.atomic
@@ -873,7 +873,7 @@ def _refund_record(*, refund, result: ProviderResult, mode: str) -> bool:
     if one came first, else the attempt failed (backoff, then attention).
     """
     describe = result.describe()
-    if result.outcome == Outcome.SUCCESS:
+    if result.outcome == Outcome.SUCCEEDED:
         if (result.amount, result.currency) != (refund.amount, refund.currency):
             return _refund_flag(
                 refund_id=refund.id,
@@ -968,7 +968,7 @@ def refund_run(*, refund_id) -> Refund | None:
         if result.outcome == Outcome.UNKNOWN:
             # The answer was lost (timeout): the provider's record under the key decides.
             looked_up = gateway.lookup(key=refund.provider_key)
-            if looked_up.outcome in (Outcome.SUCCESS, Outcome.DECLINED):
+            if looked_up.outcome in (Outcome.SUCCEEDED, Outcome.DECLINED):
                 result = looked_up
     _refund_record(refund=refund, result=result, mode="task")
     return Refund.objects.get(id=refund_id)

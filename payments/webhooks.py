@@ -308,7 +308,7 @@ def _result_of(event_type: str, data: dict) -> ProviderResult:
     """The event as a provider answer about the call under its key (what the recorder takes)."""
     captured = event_type == CHARGE_CAPTURED
     return ProviderResult(
-        outcome=Outcome.SUCCESS if captured else Outcome.DECLINED,
+        outcome=Outcome.SUCCEEDED if captured else Outcome.DECLINED,
         key=data["provider_key"],
         operation={
             "id": str(data.get("operation_id") or "")[:64],
@@ -360,7 +360,7 @@ def _refund_result_of(event_type: str, data: dict) -> ProviderResult:
     """A refund event as the provider's answer about the refund under its key."""
     succeeded = event_type == REFUND_SUCCEEDED
     return ProviderResult(
-        outcome=Outcome.SUCCESS if succeeded else Outcome.DECLINED,
+        outcome=Outcome.SUCCEEDED if succeeded else Outcome.DECLINED,
         key=data["provider_key"],
         operation={
             "id": str(data.get("operation_id") or "")[:64],

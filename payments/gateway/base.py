@@ -12,7 +12,7 @@ from enum import StrEnum
 class Outcome(StrEnum):
     """What the shop may conclude from one provider answer."""
 
-    SUCCESS = "success"  # the operation happened at the provider
+    SUCCEEDED = "succeeded"  # the operation happened at the provider
     DECLINED = "declined"  # final: the provider refused; nothing moved; never retried
     UNKNOWN = "unknown"  # timeout, connection error, 5xx, conflict: maybe it happened
     NOT_FOUND = "not_found"  # look-up only: the provider has no operation under this key
@@ -92,7 +92,7 @@ class PaymentGateway(abc.ABC):
 
     @abc.abstractmethod
     def lookup(self, *, key: str) -> ProviderResult:
-        """Ask what became of the call sent under `key` (SUCCESS/DECLINED/NOT_FOUND/UNKNOWN)."""
+        """Ask what became of the call sent under `key` (SUCCEEDED/DECLINED/NOT_FOUND/UNKNOWN)."""
 
     @abc.abstractmethod
     def operations(self, *, key_prefix: str) -> Iterator[dict]:

@@ -16,7 +16,7 @@ from .base import Outcome, PaymentGateway, ProviderResult, ProviderUnreachable
 # the shop and the provider (a proxy, a firewall, a rotated API key, a
 # misrouted path) can answer 4xx without the provider ever seeing the call,
 # and says nothing about a charge that may already stand under the key.
-OPERATION_STATUS = {"succeeded": Outcome.SUCCESS, "declined": Outcome.DECLINED}
+OPERATION_STATUS = {"succeeded": Outcome.SUCCEEDED, "declined": Outcome.DECLINED}
 CALL_ANSWERS = frozenset({200, 201, 402})  # replayed, new, declined
 LOOKUP_ANSWERS = frozenset({200})
 NOT_FOUND_CODE = "not_found"  # the provider's look-up answer for a key it never stored

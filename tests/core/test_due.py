@@ -91,14 +91,14 @@ def test_a_due_row_through_claim_failure_backoff_budget_and_admin_retry(staff_cl
     chore = DueChore.objects.create(label="fail")  # next_attempt_at = the database's now()
 
     # Claim: leased to its owner until now() + the policy's lease.
-    assert due.claim_due(DueChore, owner="sweeper-a") == [chore.pk]
+    assert due.lease_due(DueChore, owner="sweeper-a") == [chore.pk]
     chore.refresh_from_db()
     assert chore.lease_owner == "sweeper-a"
     assert timedelta(seconds=25) < chore.lease_expires_at - db_now() <= timedelta(seconds=30)
-    assert due.claim_due(DueChore) == []  # leased: the next sweep skips it
+    assert due.lease_due(DueChore) == []  # leased: the next sweep skips it
     # An expired lease (database clock) makes the row claimable again.
     DueChore.objects.filter(pk=chore.pk).update(lease_expires_at=Now() - timedelta(seconds=1))
-    assert due.claim_due(DueChore, owner="sweeper-b") == [chore.pk]
+    assert due.lease_due(DueChore, owner="sweeper-b") == [chore.pk]
 
     # Attempt 1 fails: counted, the next attempt pushed back by the backoff, lease freed.
     assert work_chore.apply(args=[chore.pk]).get() == "failed"
@@ -108,7 +108,7 @@ def test_a_due_row_through_claim_failure_backoff_budget_and_admin_retry(staff_cl
     # Attempt 1 waits between 5 and 10 s (base 10, equal jitter) past the database's now().
     assert timedelta(seconds=4) < chore.next_attempt_at - db_now() <= timedelta(seconds=10)
     # Not due yet: no claim, and a stray message (redelivery, bell) takes no attempt.
-    assert due.claim_due(DueChore) == []
+    assert due.lease_due(DueChore) == []
     assert work_chore.apply(args=[chore.pk]).get() == "not due"
     assert DueChore.objects.get(pk=chore.pk).attempts == 1
 
@@ -122,7 +122,7 @@ def test_a_due_row_through_claim_failure_backoff_budget_and_admin_retry(staff_cl
     assert "attempt budget spent (3 attempts)" in chore.last_error
     assert "chore failed" in chore.last_error
     make_due(chore)
-    assert due.claim_due(DueChore) == []  # staff decide now
+    assert due.lease_due(DueChore) == []  # staff decide now
     assert work_chore.apply(args=[chore.pk]).get() == "not due"
     assert DueChore.objects.get(pk=chore.pk).attempts == 3
     assert rang == []
@@ -143,7 +143,7 @@ def test_a_due_row_through_claim_failure_backoff_budget_and_admin_retry(staff_cl
     chore.refresh_from_db()
     assert chore.done_at is not None and chore.attempts == 1
     make_due(chore)
-    assert due.claim_due(DueChore) == []
+    assert due.lease_due(DueChore) == []
     assert due.retry_now(DueChore, pk=chore.pk) is False  # a done row stays done
     assert work_chore.apply(args=[chore.pk]).get() == "not due"
 
@@ -172,7 +172,7 @@ def test_the_bell_rings_only_after_commit_and_a_broker_outage_loses_nothing(rang
 
     monkeypatch.setattr(current_app, "send_task", broker_down)
     due.ring(DueChore, chore.pk)  # logged, not raised: the row is still due
-    assert due.claim_due(DueChore) == [chore.pk]
+    assert due.lease_due(DueChore) == [chore.pk]
 
 
 def test_every_due_work_kind_is_indexed_and_has_a_policy():
@@ -210,7 +210,7 @@ def _claim_together(claim, *, rows: int = 10) -> tuple[list, list]:
 
 def real_claim(barrier, *, owner):
     barrier.wait()
-    return due.claim_due(DueChore, owner=owner)
+    return due.lease_due(DueChore, owner=owner)
 
 
 def check_then_act_twin(barrier, *, owner):
@@ -248,7 +248,7 @@ def test_two_claimers_released_together_never_claim_the_same_row():
         a, b = _claim_together(real_claim)
         assert not set(a) & set(b)
         assert set(a) | set(b) == chores
-        assert due.claim_due(DueChore) == []
+        assert due.lease_due(DueChore) == []
 
 
 @pytest.mark.django_db(transaction=True)
@@ -260,7 +260,7 @@ def test_a_claimer_skips_rows_another_claimer_holds_instead_of_waiting():
 
     def first():
         with transaction.atomic():
-            ids = due.claim_due(DueChore, limit=5, owner="a")
+            ids = due.lease_due(DueChore, limit=5, owner="a")
             held.set()  # a's row locks are held (uncommitted) until release
             assert release.wait(BARRIER_TIMEOUT)
         return ids
@@ -270,7 +270,7 @@ def test_a_claimer_skips_rows_another_claimer_holds_instead_of_waiting():
     with connection.cursor() as cursor:
         cursor.execute("SET lock_timeout = '2s'")  # waiting would fail here
     try:
-        second = due.claim_due(DueChore, owner="b")
+        second = due.lease_due(DueChore, owner="b")
     finally:
         release.set()
     (first_ids,) = workers.join()
@@ -301,7 +301,7 @@ def test_wrong_twin_without_skip_locked_waits_for_the_other_claimer():
 
     def first():
         with transaction.atomic():
-            due.claim_due(DueChore, owner="a")
+            due.lease_due(DueChore, owner="a")
             held.set()
             assert release.wait(BARRIER_TIMEOUT)
 

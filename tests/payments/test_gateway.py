@@ -26,10 +26,10 @@ def test_configured_gateway_is_the_simulator_client(gateway, provider):
 
 def test_success_carries_the_provider_operation(gateway):
     result = capture(gateway, "k1")
-    assert result.outcome == Outcome.SUCCESS
+    assert result.outcome == Outcome.SUCCEEDED
     assert result.amount == Decimal("10.00") and result.currency == "EUR"
     assert result.operation_id.startswith("op_")
-    assert gateway.lookup(key="k1").outcome == Outcome.SUCCESS
+    assert gateway.lookup(key="k1").outcome == Outcome.SUCCEEDED
 
 
 def test_decline_is_final(gateway):
@@ -61,7 +61,7 @@ def test_refused_connection_is_unknown(gateway, provider):
 
 def test_key_reused_with_other_parameters_is_unknown(gateway):
     """The key already moved money under other parameters: not a decline."""
-    assert capture(gateway, "k1").outcome == Outcome.SUCCESS
+    assert capture(gateway, "k1").outcome == Outcome.SUCCEEDED
     result = capture(gateway, "k1", amount="11.00")
     assert result.outcome == Outcome.UNKNOWN
     assert result.http_status == 422
@@ -121,7 +121,8 @@ def test_lookup_not_found_needs_the_providers_code(gateway, provider):
 
 
 @pytest.mark.parametrize(
-    ("method", "outcome"), [("pm_card_ok", Outcome.SUCCESS), ("pm_card_declined", Outcome.DECLINED)]
+    ("method", "outcome"),
+    [("pm_card_ok", Outcome.SUCCEEDED), ("pm_card_declined", Outcome.DECLINED)],
 )
 def test_lookup_200_with_the_operations_status_is_that_status(gateway, provider, method, outcome):
     capture(gateway, "k1", method)
@@ -149,7 +150,7 @@ def test_authorize_capture_void_refund(gateway):
         payment_method="pm_card_ok",
         reference="order-2",
     )
-    assert auth.outcome == Outcome.SUCCESS
+    assert auth.outcome == Outcome.SUCCEEDED
     cap = gateway.capture(
         key="c1",
         amount=Decimal("7.00"),
@@ -157,13 +158,13 @@ def test_authorize_capture_void_refund(gateway):
         reference="order-2",
         authorization_key="a1",
     )
-    assert cap.outcome == Outcome.SUCCESS
+    assert cap.outcome == Outcome.SUCCEEDED
     void = gateway.void(key="v1", authorization_key="a1", reference="order-2")
-    assert void.outcome == Outcome.SUCCESS and void.amount == Decimal("3.00")
+    assert void.outcome == Outcome.SUCCEEDED and void.amount == Decimal("3.00")
     refund = gateway.refund(
         key="r1", capture_key="c1", amount=Decimal("2.00"), currency="EUR", reference="ret-1"
     )
-    assert refund.outcome == Outcome.SUCCESS
+    assert refund.outcome == Outcome.SUCCEEDED
 
 
 def test_operations_reads_the_whole_ledger(gateway):

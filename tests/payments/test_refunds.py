@@ -259,7 +259,7 @@ def _send_at_provider(payment, refund_id, amount: str) -> str:
         currency="EUR",
         reference=payment.reference,
     )
-    assert result.outcome == "success"
+    assert result.outcome == "succeeded"
     return key
 
 

@@ -20,7 +20,7 @@ from payments.services import (
     payment_lookup_once,
     payment_settle,
     settlement_retry_now,
-    settlements_claim_due,
+    settlements_lease_due,
 )
 
 from .conftest import assert_reconciled, settle_due
@@ -244,7 +244,7 @@ def test_settlement_gives_up_after_the_budget_and_needs_attention(provider, sett
     assert (second.attempts, second.needs_attention) == (2, True)
     assert settle_due(payment).attempts == 2  # no third attempt
     assert PaymentEvent.objects.filter(payment=payment, kind="needs_attention").count() == 1
-    assert settlements_claim_due() == []
+    assert settlements_lease_due() == []
     # Staff retry: a fresh budget, due now; the provider is back.
     provider.faults(refuse_connections=False)
     retried = settlement_retry_now(settlement_id=second.id)
@@ -283,13 +283,13 @@ def test_countdowns_never_exceed_celery_max(settings):
     assert countdown(-1) == 0
 
 
-def test_claim_due_leases_rows_so_a_second_sweep_skips_them(provider):
+def test_lease_due_leases_rows_so_a_second_sweep_skips_them(provider):
     payment = make_payment("pm_card_unavailable")
     payment_capture(payment_id=payment.id)
     settlement = settlement_of(payment)
-    assert settlements_claim_due() == []  # not due yet
+    assert settlements_lease_due() == []  # not due yet
     PaymentSettlement.objects.filter(id=settlement.id).update(next_attempt_at=Now())
-    assert settlements_claim_due() == [settlement.id]
-    assert settlements_claim_due() == []
+    assert settlements_lease_due() == [settlement.id]
+    assert settlements_lease_due() == []
     # The lease does not stop the attempt itself.
     assert payment_settle(settlement_id=settlement.id).attempts == 1
