@@ -165,6 +165,9 @@ def _posted_quantities(request: HttpRequest) -> dict[str, int]:
 # --- Checkout -----------------------------------------------------------------
 
 
+CHECKOUT_FIELDS = "shop.checkout_fields"
+
+
 def _last_address(user) -> dict:
     orders = order_selectors.order_list_for_user(user=user).filter(owner=user)
     last = orders.order_by("-number").values_list("shipping_address", flat=True).first()
@@ -181,7 +184,8 @@ def _checkout_page(request, *, form=None, problem=None, status=200) -> HttpRespo
         return see_other("/cart/")
     total = carts.cart_total(items)
     if form is None:
-        form = CheckoutForm(initial={**_last_address(request.user), "expected_total": total})
+        typed = request.session.pop(CHECKOUT_FIELDS, None) or _last_address(request.user)
+        form = CheckoutForm(initial={**typed, "expected_total": total})
     context = {
         "cart": cart,
         "items": items,
@@ -203,6 +207,11 @@ def checkout_page(request: HttpRequest) -> HttpResponse:
     response = _checkout_submit(request)
     # The cart follows the outcome (emptied, or moved on after a final failure): once.
     checkout.checkout_follow_up(cart=carts.cart_for(user=request.user))
+    if response.status_code == 303 and response["Location"].startswith("/checkout/"):
+        # Refused (stock, price): the form comes back with what the shopper typed.
+        request.session[CHECKOUT_FIELDS] = {
+            name: request.POST.get(name, "") for name in CheckoutForm.base_fields
+        }
     return response
 
 
@@ -294,7 +303,11 @@ def _order_context(request: HttpRequest, order) -> dict:
         "payment": payment,
         "refunded": Decimal(payment["amount_refunded"]) > 0,
         "method_label": dict(PAYMENT_METHODS).get(order.payment_method, order.payment_method),
-        "hint": words.ORDER_STATUS_HINT.get(order.status, ""),
+        "hint": (
+            "Your items are on their way."
+            if order.fulfillment == "shipped" and order.status in checkout.KEPT
+            else words.ORDER_STATUS_HINT.get(order.status, "")
+        ),
         "shipments": shipments,
         "problem_text": _problem_text(request.GET.get("problem")),
         "pending": order.status == OrderStatus.PAYMENT_PENDING,
