@@ -16,3 +16,8 @@ class ShopConfig(AppConfig):
         register_consumer(
             "purchase_history", task="shop.consume_history", event_types=HANDLED_TYPES
         )
+
+        # The storefront forms' operation names, for the completer (shop/checkout.py).
+        from .checkout import register_operations
+
+        register_operations()
