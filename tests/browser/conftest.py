@@ -110,7 +110,7 @@ def new_context(browser, request):
     def make(shop: LiveShop, **options):
         options.setdefault("viewport", DESKTOP)
         context = browser.new_context(base_url=shop.url, **options)
-        context.set_default_timeout(15_000)
+        context.set_default_timeout(10_000)
         context.set_default_navigation_timeout(30_000)
         log = RequestLog(origin_of(shop.url))
         context.on("request", log)

@@ -77,7 +77,7 @@ def test_staff_log_in_to_the_admin_and_see_an_order(
     order = place_order_by_api(shop, make_user(), {"MUG": 1})
     ui.staff_login(page, staff_user.username, password=staff_user.plain_password)
     ui.screenshot(page, "admin-index")
-    page.goto(f"/admin/orders/order/{order.id}/change/")
+    ui.visit(page, f"/admin/orders/order/{order.id}/change/")
     assert str(order.number) in page.locator("body").inner_text()
     ui.screenshot(page, "admin-order")
 
@@ -98,7 +98,7 @@ def test_return_requested_in_the_storefront_and_marked_received_twice_is_refunde
     order = place_order_by_api(shop, owner, {"MUG": 2})
     shipment_create(order_id=order.id, lines=None, carrier="dhl", tracking_number="T1")
 
-    shopper.goto(f"/orders/{order.id}/return/")
+    ui.visit(shopper, f"/orders/{order.id}/return/")
     shopper.get_by_label("Quantity", exact=True).first.fill("1")
     shopper.get_by_role("button", name="Request return").click()
     shopper.wait_for_load_state()
@@ -107,7 +107,7 @@ def test_return_requested_in_the_storefront_and_marked_received_twice_is_refunde
     staff = new_context(shop).new_page()
     ui.staff_login(staff, staff_user.username, password=staff_user.plain_password)
     opts = Return._meta
-    staff.goto(f"/admin/{opts.app_label}/{opts.model_name}/{requested.pk}/change/")
+    ui.visit(staff, f"/admin/{opts.app_label}/{opts.model_name}/{requested.pk}/change/")
     staff.get_by_role("button", name="Mark received").dblclick()
     staff.wait_for_load_state()
 
@@ -117,7 +117,7 @@ def test_return_requested_in_the_storefront_and_marked_received_twice_is_refunde
         message="the compensation run to complete",
     )
     assert len(refunds_at_provider(shop, order)) == 1
-    shopper.goto(f"/orders/{order.id}/")
+    ui.visit(shopper, f"/orders/{order.id}/")
     text = shopper.locator("body").inner_text()
     assert re.search(r"refund", text, re.I) and "8.50" in text, text
 
@@ -134,7 +134,7 @@ def test_staff_refund_sent_from_two_tabs_refunds_once(
     tabs = [context.new_page(), context.new_page()]
     ui.staff_login(tabs[0], staff_user.username, password=staff_user.plain_password)
     for tab in tabs:
-        tab.goto(f"/admin/orders/order/{order.id}/change/")
+        ui.visit(tab, f"/admin/orders/order/{order.id}/change/")
         refund = tab.get_by_role("button", name="Refund")
         if not refund.count():
             tab.get_by_role("link", name="Refund").click()

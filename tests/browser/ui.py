@@ -143,6 +143,16 @@ def fill_field(locator, value: str) -> None:
         locator.fill(value)
 
 
+def visit(page, path: str):
+    """Open `path` and fail unless the shop answered it (status below 400)."""
+    response = page.goto(path)
+    assert response is not None, f"no response for {path}"
+    assert response.status < 400, (
+        f"GET {path} answered {response.status}:\n{page.locator('body').inner_text()[:1000]}"
+    )
+    return response
+
+
 def _field(page, name: str):
     return page.get_by_label(name, exact=True)
 
@@ -150,7 +160,7 @@ def _field(page, name: str):
 def signup(page, username: str | None = None, *, password: str = PASSWORD) -> str:
     """Create a shopper with the sign-up form; leave them logged in. Returns the username."""
     username = username or unique_name()
-    page.goto("/accounts/signup/")
+    visit(page, "/accounts/signup/")
     _field(page, "Username").fill(username)
     _field(page, "Email").fill(f"{username}@example.com")
     _field(page, "Password").fill(password)
@@ -163,7 +173,7 @@ def signup(page, username: str | None = None, *, password: str = PASSWORD) -> st
 
 
 def login(page, username: str, *, password: str = PASSWORD) -> None:
-    page.goto("/accounts/login/")
+    visit(page, "/accounts/login/")
     _field(page, "Username").fill(username)
     _field(page, "Password").fill(password)
     page.get_by_role("button", name="Log in").click()
@@ -175,7 +185,7 @@ def login(page, username: str, *, password: str = PASSWORD) -> None:
 
 def staff_login(page, username: str, *, password: str) -> None:
     """Log in to Django's admin with its own form."""
-    page.goto("/admin/login/?next=/admin/")
+    visit(page, "/admin/login/?next=/admin/")
     page.get_by_label("Username").fill(username)
     page.get_by_label("Password").fill(password)
     page.get_by_role("button", name="Log in").click()
