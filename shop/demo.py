@@ -1,4 +1,5 @@
-"""Demo data for the run command: a small catalog with stock and one user per role.
+"""Demo data for the run command: a small catalog with stock, one user per role, and
+the demo shopper's orders in each state the storefront shows (`demo_orders`).
 
 Seeding is idempotent the way everything in this shop is: each row is
 inserted first and the unique constraint (product sku, username) says
@@ -8,16 +9,34 @@ levels and passwords that were changed since stay as they are.
 
 from __future__ import annotations
 
+import json
+import os
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import timedelta
 from decimal import Decimal
+from pathlib import Path
+from urllib.parse import urlsplit
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.db import IntegrityError, transaction
+from django.test import override_settings
+from django.utils import timezone
 
 from core.money import minor_units, shop_currency
 from core.permissions import COURIERS_GROUP
+from inventory import selectors as inventory_selectors
 from inventory.services import SkuExists, product_create
+from orders import selectors as order_selectors
+from orders import services as order_services
+from orders import shipments, tracking
+from orders.services import LineRequest
+from orders.states import OrderStatus
+from payments.services import payment_capture
 
 User = get_user_model()
 
@@ -119,5 +138,139 @@ def _user_create(demo_user: DemoUser) -> bool:
             return False
         raise
     if demo_user.courier:
-        user.groups.add(Group.objects.get(name=COURIERS_GROUP))
+        user.groups.add(Group.objects.get_or_create(name=COURIERS_GROUP)[0])
     return True
+
+
+# --- Demo orders --------------------------------------------------------------
+# The demo shopper gets one order in each state the storefront shows, placed
+# through the same services as a checkout (and the real provider protocol), so
+# every page has something to show. They are placed once: a shopper who has any
+# order already is left alone (a second run creates nothing).
+
+DEMO_ADDRESS = {
+    "name": "Demo Shopper",
+    "line1": "1 Example Street",
+    "city": "Berlin",
+    "postal_code": "10115",
+    "country": "DE",
+}
+
+
+@dataclass(frozen=True)
+class DemoOrder:
+    label: str
+    lines: dict[str, int]
+    on_shortage: str = "reject"
+    payment_method: str = "pm_card_ok"
+    ship: bool = False
+
+
+DEMO_ORDERS = (
+    DemoOrder("shipped, with tracking events (one sent twice)", {"TEE-L": 1, "CAP": 1}, ship=True),
+    DemoOrder("confirmed", {"TEE-S": 2, "CAP": 1}),
+    DemoOrder("partially_confirmed", {"TEE-L": 1, "SOCKS": 1}, on_shortage="partial"),
+    DemoOrder("payment_failed", {"TEE-S": 1}, payment_method="pm_card_declined"),
+    DemoOrder("awaiting_decision", {"CAP": 2, "SOCKS": 2}, on_shortage="ask"),
+)
+
+DEMO_TRACKING = (
+    ("demo-1", "label_created", "Berlin warehouse", 0),
+    ("demo-2", "picked_up", "Berlin", 3),
+    ("demo-2", "picked_up", "Berlin", 3),  # the courier's duplicate: shown once
+    ("demo-3", "in_transit", "Leipzig hub", 9),
+    ("demo-4", "out_for_delivery", "Berlin", 20),
+)
+
+
+def _provider_answers(url: str) -> bool:
+    parts = urlsplit(url)
+    try:
+        with socket.create_connection((parts.hostname, parts.port or 80), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+@contextmanager
+def _demo_provider() -> Iterator[None]:
+    """The configured provider if it answers; else the simulator in this process, on the
+    ledger file `make run`'s simulator uses (var/), so that its books hold these charges."""
+    if _provider_answers(settings.PAYMENTS_PROVIDER_URL):
+        yield
+        return
+    from payments.simulator.server import Simulator
+
+    folder = Path(os.environ.get("SHOP_VAR_DIR") or settings.BASE_DIR / "var")
+    folder.mkdir(parents=True, exist_ok=True)
+    simulator = Simulator(db_path=str(folder / "payments-simulator.sqlite3"))
+    simulator.start(port=0)
+    try:
+        with override_settings(PAYMENTS_PROVIDER_URL=f"http://127.0.0.1:{simulator.api_port}"):
+            yield
+    finally:
+        simulator.stop()
+
+
+def _place(shopper, demo: DemoOrder):
+    products = {
+        p.sku: p for p in inventory_selectors.product_list().filter(sku__in=list(demo.lines))
+    }
+    with transaction.atomic():
+        order = order_services.order_reserve(
+            owner=shopper,
+            lines=[LineRequest(product=products[sku], quantity=q) for sku, q in demo.lines.items()],
+            on_shortage=demo.on_shortage,
+            payment_method=demo.payment_method,
+            shipping_address=DEMO_ADDRESS,
+        )
+        if order.status == OrderStatus.PAYMENT_PENDING:
+            order = order_services.order_payment_start(order=order)
+    if order.status == OrderStatus.PAYMENT_PENDING and order.payment_id is not None:
+        payment_capture(payment_id=order.payment_id)
+        order = order_services.order_payment_apply(order_id=order.id)
+    return order
+
+
+def _ship_with_tracking(order) -> None:
+    with transaction.atomic():
+        shipment = shipments.shipment_create(
+            order_id=order.id, lines=None, carrier="DemoPost", tracking_number="DP-0001-DEMO"
+        )
+    start = timezone.now() - timedelta(days=2)
+    for event_id, status, location, hours in DEMO_TRACKING:
+        occurred_at = start + timedelta(hours=hours)
+        payload = {
+            "event_id": event_id,
+            "status": status,
+            "occurred_at": occurred_at.isoformat(),
+            "location": location,
+        }
+        tracking.tracking_event_record(
+            shipment=shipment,
+            event_id=event_id,
+            status=status,
+            occurred_at=occurred_at,
+            location=location,
+            payload=payload,
+            raw_body=json.dumps(payload),
+        )
+
+
+def demo_orders() -> list[str]:
+    """Give the demo shopper one order per state shown by the storefront, once.
+
+    Runs outside any transaction (each payment is a provider call). Returns the
+    labels of the orders placed; empty when the shopper has orders already.
+    """
+    shopper = User.objects.filter(username="shopper").first()
+    if shopper is None or order_selectors.order_list_for_user(user=shopper).exists():
+        return []
+    placed = []
+    with _demo_provider():
+        for demo in DEMO_ORDERS:
+            order = _place(shopper, demo)
+            if demo.ship and order.status == OrderStatus.CONFIRMED:
+                _ship_with_tracking(order)
+            placed.append(f"{demo.label}: order {order.number} {order.status}")
+    return placed

@@ -100,3 +100,42 @@ class PurchaseHistoryLine(models.Model):
 
     def __str__(self) -> str:
         return f"#{self.order_number} {self.sku} × {self.quantity}"
+
+
+class Cart(models.Model):
+    """One shopper's cart. `version` moves on with every change (a conditional UPDATE).
+
+    The checkout form's request key is `checkout:<cart id>:<version>` (shop.checkout):
+    one version of the cart is one order, whichever tab, back button or resubmitted
+    form sends it. Lines change only in the transaction that moved the version.
+    """
+
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="cart"
+    )
+    version = models.BigIntegerField(default=0)
+    updated_at = models.DateTimeField(db_default=Now())
+
+    def __str__(self) -> str:
+        return f"cart of {self.user_id} (v{self.version})"
+
+
+class CartLine(models.Model):
+    """One sku in a cart and the units wanted (1..1000, as an order line)."""
+
+    cart = models.ForeignKey(Cart, on_delete=models.CASCADE, related_name="lines")
+    sku = models.CharField(max_length=64)
+    quantity = models.PositiveIntegerField()
+    added_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["cart", "sku"], name="shop_cartline_cart_sku_uniq"),
+            models.CheckConstraint(
+                condition=models.Q(quantity__gte=1, quantity__lte=1000),
+                name="shop_cartline_quantity_range",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.sku} × {self.quantity}"

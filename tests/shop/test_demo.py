@@ -5,11 +5,21 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 
 from inventory.models import Product, StockItem
-from shop.demo import DEMO_PRODUCTS, DEMO_USERS
+from orders import tracking
+from orders.models import Order, Shipment
+from shop.demo import DEMO_ORDERS, DEMO_PRODUCTS, DEMO_USERS
 
-pytestmark = [pytest.mark.embedded, pytest.mark.django_db]
+# transaction=True: the demo orders' payments are provider calls, made outside any transaction.
+pytestmark = [pytest.mark.embedded, pytest.mark.django_db(transaction=True)]
 
 User = get_user_model()
+
+
+@pytest.fixture(autouse=True)
+def _demo_provider(tmp_path, monkeypatch, settings):
+    """No provider answers: seeding runs the simulator in-process on a ledger under var/."""
+    monkeypatch.setenv("SHOP_VAR_DIR", str(tmp_path))
+    settings.PAYMENTS_PROVIDER_URL = "http://127.0.0.1:9"  # discard: nothing listens
 
 
 def _seed(capsys) -> str:
@@ -70,3 +80,28 @@ def test_seed_leaves_existing_rows_alone(capsys, make_user, make_product):
     assert StockItem.objects.get(product__sku="MUG").on_hand == 1
     assert "existing user, left as is" in out
     assert Product.objects.count() == len(DEMO_PRODUCTS)
+
+
+def test_seed_gives_the_shopper_an_order_in_each_state_once(capsys, tmp_path):
+    out = _seed(capsys)
+
+    statuses = sorted(
+        Order.objects.filter(owner__username="shopper").values_list("status", flat=True)
+    )
+    assert statuses == sorted(
+        ["confirmed", "confirmed", "partially_confirmed", "payment_failed", "awaiting_decision"]
+    )
+    assert "Demo orders of the shopper:" in out
+    shipment = Shipment.objects.get()
+    assert shipment.order.fulfillment == "shipped"
+    summary = tracking.tracking_summary(shipment_id=shipment.id)
+    assert summary.duplicates_received == 1
+    assert len(tracking.tracking_events(shipment_id=shipment.id)) == 4
+    # The charges are in the simulator's ledger under var/ (where `make run`'s reads it).
+    assert (tmp_path / "payments-simulator.sqlite3").exists()
+
+    before = set(Order.objects.values_list("id", "status"))
+    out = _seed(capsys)
+    assert set(Order.objects.values_list("id", "status")) == before
+    assert "created nothing new" in out and "Demo orders" not in out
+    assert len(DEMO_ORDERS) == len(before)

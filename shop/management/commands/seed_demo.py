@@ -1,6 +1,6 @@
 from django.core.management.base import BaseCommand
 
-from shop.demo import DEMO_USERS, demo_seed
+from shop.demo import DEMO_USERS, demo_orders, demo_seed
 
 
 class Command(BaseCommand):
@@ -16,6 +16,11 @@ class Command(BaseCommand):
             )
         else:
             self.stdout.write("Demo data: already there, created nothing new.")
+        placed = demo_orders()
+        if placed:
+            self.stdout.write("Demo orders of the shopper:")
+            for line in placed:
+                self.stdout.write(f"  {line}")
         self.stdout.write("Demo users (username / password):")
         for user in DEMO_USERS:
             note = "" if user.username in seed.users_created else "  (existing user, left as is)"

@@ -1,0 +1,46 @@
+"""`{% load shop %}`: statuses in words and money with its currency."""
+
+from decimal import Decimal
+
+from django import template
+
+from core.money import format_money, shop_currency
+
+from .. import words
+
+register = template.Library()
+
+_TABLES = {
+    "order": words.ORDER_STATUS,
+    "line": words.LINE_STATUS,
+    "payment": words.PAYMENT_STATUS,
+    "fulfillment": words.FULFILLMENT,
+    "tracking": words.TRACKING_STATUS,
+}
+
+
+@register.filter
+def in_words(value: str, kind: str) -> str:
+    """`{{ order.status|in_words:"order" }}` → "Payment declined"."""
+    return words.words(_TABLES[kind], str(value))
+
+
+@register.filter
+def money(amount, currency: str | None = None) -> str:
+    """`{{ product.price|money }}` → "19.99 EUR"."""
+    currency = currency or shop_currency()
+    return f"{format_money(Decimal(amount), currency)} {currency}"
+
+
+@register.simple_tag(takes_context=True)
+def cart_count(context) -> int:
+    """Units in the logged-in shopper's cart (0 without a cart)."""
+    from django.db.models import Sum
+
+    from ..models import CartLine
+
+    request = context.get("request")
+    if request is None or not request.user.is_authenticated:
+        return 0
+    total = CartLine.objects.filter(cart__user=request.user).aggregate(n=Sum("quantity"))["n"]
+    return total or 0
