@@ -217,7 +217,7 @@ def _place(shopper, demo: DemoOrder):
         p.sku: p for p in inventory_selectors.product_list().filter(sku__in=list(demo.lines))
     }
     with transaction.atomic():
-        order = order_services.order_reserve(
+        order = order_services.order_hold(
             owner=shopper,
             lines=[LineRequest(product=products[sku], quantity=q) for sku, q in demo.lines.items()],
             on_shortage=demo.on_shortage,
