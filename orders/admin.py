@@ -6,14 +6,78 @@ UPDATEs that write their event and outbox rows in the same transaction
 shows them and changes nothing.
 """
 
+import functools
+import hashlib
+
+from django import forms
 from django.contrib import admin
-from django.urls import reverse
+from django.http import HttpResponseRedirect
+from django.shortcuts import get_object_or_404
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
+from django.utils.http import urlencode
 
 from core.admin import ReadOnlyAdmin, ReadOnlyInline
+from core.money import format_money, shop_currency
+from idempotency.operations import Reply, Result
+from idempotency.views import FORM_FIELD, idempotent_form
+from payments.models import Refund
 
-from . import tracking
+from . import operations, tracking
 from .models import Order, OrderEvent, OrderLine, Shipment, ShipmentLine
+
+# The admin's refund form: its own operation name, so an abandoned key is
+# completed (forgotten: one phase) with the form's redirect, never the API's JSON.
+ADMIN_REFUND_CREATE = "admin.refund.create"
+
+
+def refund_form_key(order, *, after: str = "") -> str:
+    """The refund form's key: the order and its refunds as they are when the form is rendered.
+
+    Not random: two tabs (or two renders) of the same order's form in the same
+    state carry the same key, so submitting both is one refund (the second is
+    a replay, or 422 `idempotency_key_reused` with other values). A refund made
+    moves the state, so the next form gets a new key; `after` (a refused
+    submission's key) gives the form shown after a refusal a fresh one.
+    """
+    refunds = Refund.objects.filter(payment_id=order.payment_id) if order.payment_id else None
+    count = refunds.count() if refunds is not None else 0
+    reserved = order.payment.refund_reserved if order.payment_id else 0
+    seed = f"{order.id}:{count}:{reserved}:{after}"
+    return "admin-refund-" + hashlib.sha256(seed.encode()).hexdigest()[:32]
+
+
+def refund_redirect(result: Result, *, order_id=None, form_key: str = "") -> Reply:
+    """The admin form's answer: 303 to the order page; a refusal back to the form, with its code."""
+    if result.refusal is None:
+        order_id = result.value.order_id
+        return Reply(
+            status=303, headers={"Location": reverse("admin:orders_order_change", args=[order_id])}
+        )
+    query = urlencode({"problem": result.refusal.detail, "after": form_key})
+    url = reverse("admin:orders_order_refund", args=[order_id]) if order_id else "/admin/"
+    return Reply(status=303, headers={"Location": f"{url}?{query}"})
+
+
+class RefundForm(forms.Form):
+    amount = forms.DecimalField(max_digits=12, decimal_places=2, min_value=0.01)
+    reason = forms.CharField(max_length=500)
+
+
+@idempotent_form(operation=ADMIN_REFUND_CREATE)
+def _refund_submit(request, order, *, key):
+    form = RefundForm(request.POST)
+    if key is None or not form.is_valid():
+        return None  # re-rendered by the caller: nothing claimed
+    operations.refund_create_keyed(
+        run=key.claim(),
+        present=functools.partial(refund_redirect, order_id=order.id, form_key=key.key),
+        order_id=order.id,
+        amount=form.cleaned_data["amount"],
+        reason=form.cleaned_data["reason"],
+        requested_by=request.user,
+    )
 
 
 class OrderLineInline(ReadOnlyInline):
@@ -154,6 +218,94 @@ class OrderAdmin(ReadOnlyAdmin):
         "payment_amount_refunded",
     ]
     inlines = [OrderLineInline, OrderEventInline, ShipmentInline]
+    actions = ["refund"]
+
+    def get_fieldsets(self, request, obj=None):
+        return [*super().get_fieldsets(request, obj), ("Refunds", {"fields": ["refunds"]})]
+
+    def get_readonly_fields(self, request, obj=None):
+        return [*super().get_readonly_fields(request, obj), "refunds"]
+
+    # Refunds hang off the payment, not the order: shown as a read-only table.
+    @admin.display(description="refunds (whatever started them)")
+    def refunds(self, order):
+        if order.payment_id is None:
+            return "-"
+        rows = list(Refund.objects.filter(payment_id=order.payment_id).order_by("created_at", "id"))
+        if not rows:
+            return "-"
+        body = format_html_join(
+            "",
+            '<tr class="refund"><td><a href="{}">{}</a></td><td>{}</td><td>{}</td><td>{}</td>'
+            "<td>{}</td><td>{}</td><td>{}</td></tr>",
+            (
+                (
+                    reverse("admin:payments_refund_change", args=[r.pk]),
+                    r.pk,
+                    f"{r.amount} {r.currency}",
+                    r.status,
+                    r.origin,
+                    r.reason,
+                    r.attempts,
+                    r.last_error,
+                )
+                for r in rows
+            ),
+        )
+        return format_html(
+            "<table><thead><tr><th>refund</th><th>amount</th><th>status</th><th>origin</th>"
+            "<th>reason</th><th>attempts</th><th>last error</th></tr></thead><tbody>{}</tbody>"
+            "</table>",
+            body,
+        )
+
+    @admin.action(description="Refund (amount and reason)")
+    def refund(self, request, queryset):
+        orders = list(queryset.values_list("id", flat=True)[:2])
+        if len(orders) != 1:
+            self.message_user(request, "Select exactly one order to refund.", level="warning")
+            return None
+        return HttpResponseRedirect(reverse("admin:orders_order_refund", args=[orders[0]]))
+
+    def get_urls(self):
+        view = self.admin_site.admin_view(self.refund_view)
+        return [
+            path("<path:object_id>/refund/", view, name="orders_order_refund"),
+            *super().get_urls(),
+        ]
+
+    def refund_view(self, request, object_id):
+        """The refund form: GET renders it with a fresh key; POST is keyed (one refund per key)."""
+        if not request.user.is_staff:
+            return HttpResponseRedirect(reverse("admin:login"))
+        order = get_object_or_404(Order.objects.select_related("payment"), pk=object_id)
+        form = RefundForm(request.POST or None) if request.method == "POST" else RefundForm()
+        if request.method == "POST":
+            answer = _refund_submit(request, order)
+            if answer is not None:
+                return answer
+        payment = order.payment
+        captured = payment.amount_captured if payment else 0
+        reserved = payment.refund_reserved if payment else 0
+        return TemplateResponse(
+            request,
+            "admin/orders/order/refund.html",
+            {
+                **self.admin_site.each_context(request),
+                "title": f"Refund order {order.number}",
+                "opts": self.model._meta,
+                "order": order,
+                "form": form,
+                "key": request.POST.get(FORM_FIELD)
+                if request.method == "POST"
+                else refund_form_key(order, after=request.GET.get("after", "")),
+                "problem": request.GET.get("problem"),
+                "currency": shop_currency(),
+                "captured": format_money(captured),
+                "reserved": format_money(reserved),
+                "refundable": format_money(captured - reserved),
+            },
+        )
 
     # None until the order goes to payment ("none" in the API's body).
     @admin.display(description="payment status")

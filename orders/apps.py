@@ -28,3 +28,16 @@ class OrdersConfig(AppConfig):
             resume=single_phase_resume,
             present=presenters.shipment_created,
         )
+        register_operation(
+            operations.REFUND_CREATE,
+            resume=single_phase_resume,
+            present=presenters.refund_created,
+        )
+        # The admin's refund form (orders/admin.py) answers with redirects.
+        from . import admin as orders_admin
+
+        register_operation(
+            orders_admin.ADMIN_REFUND_CREATE,
+            resume=single_phase_resume,
+            present=orders_admin.refund_redirect,
+        )

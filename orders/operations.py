@@ -35,13 +35,20 @@ Failpoints: every phase has `<operation>.<point>.before_commit` and
 
 from __future__ import annotations
 
+import uuid
 from decimal import Decimal
 
 from idempotency.failpoints import failpoint
 from idempotency.keys import KeyRun
 from idempotency.models import STARTED
 from idempotency.operations import Presenter, Result, refusals_presented, settle
-from payments.services import payment_capture, payment_lookup_once
+from payments.models import RefundOrigin
+from payments.services import (
+    RefundInvalidState,
+    payment_capture,
+    payment_lookup_once,
+    refund_request,
+)
 
 from . import selectors, services, shipments
 from .models import Order
@@ -52,11 +59,13 @@ CREATE = "order.create"
 CONFIRM = "order.confirm"
 CANCEL = "order.cancel"
 SHIPMENT_CREATE = "shipment.create"
+REFUND_CREATE = "refund.create"
 
 RESERVED = "reserved"
 PAYMENT_UNKNOWN = "payment_unknown"
 CANCELLED = "cancelled"
 SHIPPED = "shipped"
+REFUNDED = "refund_requested"
 
 
 def order_result(order: Order) -> Result:
@@ -188,6 +197,37 @@ def shipment_create_keyed(
             order_id=order_id, lines=lines, carrier=carrier, tracking_number=tracking_number
         )
         settle(run, Result.done(shipment), present)
+
+
+def refund_create_keyed(
+    *, run: KeyRun, present: Presenter, order_id, amount: Decimal, reason: str, requested_by
+) -> None:
+    """Ask for a staff (goodwill) refund of an order's payment under a request key.
+
+    One phase: the refund id is minted HERE (uuid4) and committed with the
+    refund row, its reservation and the stored answer, so a retry of the key
+    replays that answer and never mints a second refund; a refusal (409
+    nothing captured, 422 more than refundable) is stored like an answer.
+    The value handed to the presenter is the refund with its `order_id`.
+    """
+    with refusals_presented(run, present), run.phase(next_point=REFUNDED) as data:
+        refund_id = uuid.uuid4()
+        data["refund_id"] = str(refund_id)
+        payment_id = Order.objects.values_list("payment_id", flat=True).get(id=order_id)
+        if payment_id is None:
+            raise RefundInvalidState(
+                "Nothing to refund: the order has no payment.", extra={"order_id": str(order_id)}
+            )
+        refund = refund_request(
+            refund_id=refund_id,
+            payment_id=payment_id,
+            amount=amount,
+            reason=reason,
+            origin=RefundOrigin.GOODWILL,
+            requested_by=requested_by,
+        )
+        refund.order_id = order_id
+        settle(run, Result.done(refund), present)
 
 
 def order_resume(run: KeyRun, present: Presenter) -> None:

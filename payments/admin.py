@@ -1,11 +1,12 @@
-"""Staff views of payments; settlements that need attention can be retried from here."""
+"""Staff views of payments; settlements and refunds that need attention are decided here."""
 
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.template.response import TemplateResponse
 
 from core.admin import DueWorkAdmin, ReadOnlyAdmin, ReadOnlyInline
 
 from . import services
-from .models import Payment, PaymentEvent, PaymentSettlement, PaymentTransaction
+from .models import Payment, PaymentEvent, PaymentSettlement, PaymentTransaction, Refund
 
 
 class TransactionInline(ReadOnlyInline):
@@ -44,3 +45,84 @@ class PaymentSettlementAdmin(DueWorkAdmin):
         before = PaymentSettlement.objects.filter(pk=pk, done_at__isnull=True).exists()
         services.settlement_retry_now(settlement_id=pk, by=request.user)
         return before
+
+
+@admin.register(Refund)
+class RefundAdmin(DueWorkAdmin):
+    """Refunds, read-only; staff decide the ones that need attention.
+
+    "Refunded outside the shop" and "Record as failed" ask for confirmation
+    and are conditional transitions (`needs_attention` → succeeded / failed):
+    a second click, a second tab or a race with the provider's late answer
+    changes nothing. "Retry now" sends the same provider key again.
+    """
+
+    list_display = [
+        "id",
+        "payment",
+        "amount",
+        "currency",
+        "status",
+        "origin",
+        "outside_shop",
+        "reason",
+        "created_at",
+        *DueWorkAdmin.due_list_display,
+    ]
+    list_filter = ["status", "origin", *DueWorkAdmin.list_filter]
+    list_select_related = ["payment"]
+    search_fields = ["=id", "payment__reference", "=provider_key"]
+    ordering = ["-created_at"]
+    actions = ["retry_now", "refunded_outside_shop", "record_failed"]
+
+    def retry_one(self, request, pk) -> bool:
+        return services.refund_retry_now(refund_id=pk, by=request.user)
+
+    def _decide(self, request, queryset, *, action: str, title: str, explanation: str, decide):
+        if request.POST.get("confirm") != "yes":
+            return TemplateResponse(
+                request,
+                "admin/payments/refund/confirm_outcome.html",
+                {
+                    **self.admin_site.each_context(request),
+                    "title": title,
+                    "explanation": explanation,
+                    "refunds": list(queryset),
+                    "action": action,
+                    "opts": self.model._meta,
+                },
+            )
+        changed = sum(
+            bool(decide(refund_id=pk, by=request.user))
+            for pk in queryset.values_list("pk", flat=True)
+        )
+        skipped = queryset.count() - changed
+        messages.success(
+            request, f"{changed} recorded; {skipped} unchanged (not needing attention)."
+        )
+        return None
+
+    @admin.action(description="Refunded outside the shop")
+    def refunded_outside_shop(self, request, queryset):
+        return self._decide(
+            request,
+            queryset,
+            action="refunded_outside_shop",
+            title="Refunded outside the shop",
+            explanation="Record these refunds as given back outside the provider (bank transfer, "
+            "the provider's dashboard). The payment's refunded amount moves; the provider is not "
+            "called. Only refunds that need attention change.",
+            decide=services.refund_record_outside,
+        )
+
+    @admin.action(description="Record as failed (release the reserved amount)")
+    def record_failed(self, request, queryset):
+        return self._decide(
+            request,
+            queryset,
+            action="record_failed",
+            title="Record as failed",
+            explanation="Record that these refunds will not happen. Their reserved amounts become "
+            "refundable again. Only refunds that need attention change.",
+            decide=services.refund_record_failed,
+        )

@@ -58,7 +58,8 @@ class Payment(models.Model):
 
     The amounts only grow, by `F()` updates conditional on the status, and
     the database refuses `0 <= refunded <= captured <= authorized <= amount`
-    being broken whatever the code does.
+    and `refunded <= refund_reserved <= captured` being broken whatever the
+    code does.
     """
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
@@ -79,12 +80,23 @@ class Payment(models.Model):
     amount_authorized = models.DecimalField(max_digits=12, decimal_places=2, default=0)
     amount_captured = models.DecimalField(max_digits=12, decimal_places=2, default=0)
     amount_refunded = models.DecimalField(max_digits=12, decimal_places=2, default=0)
+    # What refunds asked for and still hold (pending, needing attention, or
+    # succeeded): reserved in the transaction that creates the refund row,
+    # before any provider call, by one conditional UPDATE
+    # (`refund_reserved + amount <= amount_captured`); released only by a
+    # refund staff record as failed.
+    refund_reserved = models.DecimalField(max_digits=12, decimal_places=2, default=0, db_default=0)
     created_at = models.DateTimeField(db_default=Now())
     updated_at = models.DateTimeField(db_default=Now())
 
     class Meta:
         constraints = [
             models.UniqueConstraint(fields=["reference"], name="payments_payment_reference_uniq"),
+            models.CheckConstraint(
+                condition=Q(amount_refunded__lte=F("refund_reserved"))
+                & Q(refund_reserved__lte=F("amount_captured")),
+                name="payments_payment_refunded_le_reserved_le_captured",
+            ),
             models.CheckConstraint(
                 condition=Q(amount__gt=0), name="payments_payment_amount_positive"
             ),
@@ -219,3 +231,88 @@ class PaymentEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.payment_id} {self.kind} {self.from_status}->{self.to_status}"
+
+
+class RefundOrigin(models.TextChoices):
+    GOODWILL = "goodwill"  # a staff refund (API or admin)
+    RETURN = "return"  # a return's refund step
+    CANCELLATION = "cancellation"  # a cancelled order's refund
+
+
+class RefundStatus(models.TextChoices):
+    PENDING = "pending"  # reserved; the provider call is due (or its answer unknown)
+    SUCCEEDED = "succeeded"  # the money went back (amount_refunded moved)
+    FAILED = "failed"  # staff recorded that it will not happen; the reservation is released
+    NEEDS_ATTENTION = "needs_attention"  # refused by the provider, or budget spent: staff decide
+
+
+class Refund(DueWork):
+    """One refund of a payment, by its refund id, whatever asked for it (due work, `core.due`).
+
+    The id is the caller's refund id (minted once by the keyed API request,
+    derived from a return or a cancellation): inserting it twice is one
+    refund. Its amount is reserved on the payment in the transaction that
+    inserts it; the provider key is `<install id>:refund-<id>:refund`, so
+    every attempt, redelivery and sweep sends the same key. `status` moves
+    only by conditional UPDATEs (payments.services): pending → succeeded |
+    needs_attention; needs_attention → succeeded | failed (staff, or the
+    provider's late answer).
+    """
+
+    id = models.UUIDField(primary_key=True, editable=False)
+    payment = models.ForeignKey(Payment, on_delete=models.PROTECT, related_name="refunds")
+    transaction = models.OneToOneField(
+        PaymentTransaction, on_delete=models.PROTECT, related_name="refund"
+    )
+    amount = models.DecimalField(max_digits=12, decimal_places=2)
+    currency = models.CharField(max_length=3)
+    reason = models.CharField(max_length=500)
+    origin = models.CharField(max_length=16, choices=RefundOrigin.choices)
+    status = models.CharField(
+        max_length=20, choices=RefundStatus.choices, default=RefundStatus.PENDING
+    )
+    provider_key = models.CharField(max_length=255)
+    # Staff recorded the money as given back outside the provider (no provider refund).
+    outside_shop = models.BooleanField(default=False, db_default=False)
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+    )
+    resolved_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+    )
+    created_at = models.DateTimeField(db_default=Now())
+    updated_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["provider_key"], name="payments_refund_key_uniq"),
+            models.CheckConstraint(condition=Q(amount__gt=0), name="payments_refund_positive"),
+            models.CheckConstraint(
+                condition=Q(status__in=RefundStatus.values), name="payments_refund_status_valid"
+            ),
+        ]
+        indexes = [
+            due_index(name="payments_refund_due_idx"),
+            models.Index(fields=["payment", "created_at"], name="payments_refund_payment_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"refund {self.id} {self.amount} {self.currency} {self.status}"
+
+    @classmethod
+    def due_policy(cls) -> DuePolicy:
+        return DuePolicy(
+            task="payments.refund",
+            max_attempts=settings.PAYMENTS_REFUND_MAX_ATTEMPTS,
+            backoff_base=settings.PAYMENTS_REFUND_BACKOFF_BASE,
+            backoff_max=settings.PAYMENTS_REFUND_BACKOFF_MAX,
+            lease=settings.PAYMENTS_REFUND_LEASE,
+        )

@@ -3,7 +3,10 @@
 The provider side comes only from the provider (its ledger over HTTP); the
 shop side only from the shop's tables. Every money movement must appear on
 both sides with the same kind, amount and currency, and every payment's
-captured and refunded totals must equal what the provider moved for it.
+captured and refunded totals must equal what the provider moved for it
+(refunds staff recorded as made outside the shop excepted). Every refund at
+the provider matches one refund row with the same amount, and the other way
+round.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from decimal import Decimal
 
 from .gateway import PaymentGateway, get_gateway
-from .models import Payment, TransactionStatus
+from .models import Payment, Refund, RefundStatus, TransactionStatus
 from .selectors import install_id_or_none, transactions_with_key_prefix
 
 MISSING_AT_PROVIDER = "missing_at_provider"  # the shop booked money the provider never moved
@@ -21,6 +24,8 @@ EXTRA_AT_PROVIDER = "extra_at_provider"  # the provider moved money the shop has
 UNRECORDED = "unrecorded"  # the provider moved money; the shop's call is still pending
 DIFFERENT_AMOUNT = "different_amount"  # both moved money, not the same amount/currency/kind
 DIFFERENT_TOTAL = "different_total"  # a payment's captured/refunded total differs
+REFUND_UNMATCHED = "refund_unmatched"  # a provider refund with no refund row, or the other way
+REFUND_DIFFERENT = "refund_different"  # a refund row and its provider refund disagree
 
 
 @dataclass(frozen=True)
@@ -104,6 +109,72 @@ def reconcile_payments(*, gateway: PaymentGateway | None = None) -> Reconciliati
                     )
                 )
 
+    # Refunds: every refund at the provider is one refund row with the same
+    # amount and currency, and every refund the shop booked as given back by
+    # the provider is a succeeded refund there. Refunds staff recorded as
+    # made outside the shop have no provider refund (and must not have one).
+    refunds = {
+        r.provider_key: r
+        for r in Refund.objects.filter(provider_key__startswith=prefix).select_related("payment")
+    }
+    outside: dict[str, Decimal] = defaultdict(Decimal)
+    for key in sorted(set(refunds) | {k for k, op in ops.items() if op["kind"] == "refund"}):
+        op, refund = ops.get(key), refunds.get(key)
+        provider_moved = op is not None and op["status"] == "succeeded"
+        if refund is None:
+            if provider_moved:
+                diffs.append(
+                    Difference(
+                        REFUND_UNMATCHED,
+                        key,
+                        f"provider refunded {_money(op['amount'], op['currency'])}; no refund row",
+                    )
+                )
+            continue
+        if refund.outside_shop:
+            outside[refund.payment.reference] += refund.amount
+            if provider_moved:
+                diffs.append(
+                    Difference(
+                        REFUND_DIFFERENT,
+                        key,
+                        f"refunded outside the shop ({_money(refund.amount, refund.currency)}) "
+                        f"and by the provider ({_money(op['amount'], op['currency'])})",
+                    )
+                )
+            continue
+        booked = refund.status == RefundStatus.SUCCEEDED
+        if booked and not provider_moved:
+            diffs.append(
+                Difference(
+                    REFUND_UNMATCHED,
+                    key,
+                    f"shop booked refund {_money(refund.amount, refund.currency)}; provider: "
+                    f"{op['status'] if op else 'no operation'}",
+                )
+            )
+        elif provider_moved and (Decimal(op["amount"]), op["currency"]) != (
+            refund.amount,
+            refund.currency,
+        ):
+            diffs.append(
+                Difference(
+                    REFUND_DIFFERENT,
+                    key,
+                    f"provider refunded {_money(op['amount'], op['currency'])}, "
+                    f"refund row {_money(refund.amount, refund.currency)}",
+                )
+            )
+        elif provider_moved and not booked:
+            diffs.append(
+                Difference(
+                    UNRECORDED if refund.status == RefundStatus.PENDING else REFUND_DIFFERENT,
+                    key,
+                    f"provider refunded {_money(op['amount'], op['currency'])}; "
+                    f"refund row {refund.status}",
+                )
+            )
+
     # Per payment: what the provider moved (grouped by the provider's own
     # references and parent keys) against the payment's booked totals.
     captured: dict[str, Decimal] = defaultdict(Decimal)
@@ -121,7 +192,9 @@ def reconcile_payments(*, gateway: PaymentGateway | None = None) -> Reconciliati
     for reference in sorted(references):
         payment = payments.get(reference)
         booked = (
-            (payment.amount_captured, payment.amount_refunded) if payment else (Decimal(0),) * 2
+            (payment.amount_captured, payment.amount_refunded - outside.get(reference, 0))
+            if payment
+            else (Decimal(0),) * 2
         )
         moved = (captured.get(reference, Decimal(0)), refunded.get(reference, Decimal(0)))
         if booked != moved:

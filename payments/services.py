@@ -25,12 +25,13 @@ from decimal import Decimal
 
 from django.conf import settings
 from django.db import connection, transaction
+from django.db.models import F
 from django.db.models.functions import Now
 from django.utils.module_loading import import_string
 
 from core import due
 from core.errors import ApplicationError, InvalidRequest
-from core.money import check_currency, minor_units
+from core.money import check_currency, format_money, minor_units
 from idempotency.failpoints import failpoint
 
 from .gateway import Outcome, ProviderResult, get_gateway
@@ -43,6 +44,7 @@ from .models import (
     PaymentSettlement,
     PaymentStatus,
     PaymentTransaction,
+    Refund,
     TransactionKind,
     TransactionStatus,
 )
@@ -585,3 +587,453 @@ def settlement_retry_now(*, settlement_id: int, by=None) -> PaymentSettlement:
         )
     settlement.refresh_from_db()
     return settlement
+
+
+# -- refunds ---------------------------------------------------------------------
+#
+# A refund is a due row (`Refund`, core.due) inserted with its amount reserved
+# on the payment, in one transaction, before any provider call; the call runs
+# in the `payments.refund` task with no transaction open; its answer (or a
+# webhook's, or staff's) is recorded by ONE conditional transition of the
+# refund row, so whoever records first wins and every later recorder changes
+# nothing. docs/payments.md, "Refunds".
+
+_REFUNDABLE_STATUSES = (PaymentStatus.CAPTURED, PaymentStatus.PARTIALLY_REFUNDED)
+# The statuses a provider's answer may still settle: a refund flagged for staff
+# (budget spent on unknown answers) is settled by the provider's late word too.
+_OPEN_REFUND_STATUSES = ("pending", "needs_attention")
+
+
+class RefundExceedsCaptured(ApplicationError):
+    status = 422
+    code = "refund_exceeds_captured"
+    title = "Refund exceeds captured"
+
+
+class RefundInvalidState(ApplicationError):
+    status = 409
+    code = "invalid_state"
+    title = "Invalid state"
+
+
+class RefundConflict(ApplicationError):
+    status = 409
+    code = "refund_conflict"
+    title = "Refund conflict"
+
+
+def refund_provider_key(*, refund_id: uuid.UUID, install: str | None = None) -> str:
+    """The provider key of one refund: `<install id>:refund-<refund id>:refund`."""
+    return provider_key(
+        install=install or install_id(), reference=f"refund-{refund_id}", kind="refund"
+    )
+
+
+def _refund_amount_check(*, amount: Decimal, currency: str) -> None:
+    if (
+        not isinstance(amount, Decimal)
+        or not amount.is_finite()
+        or amount <= 0
+        or -amount.as_tuple().exponent > minor_units(currency)
+    ):
+        raise InvalidRequest(
+            f"Invalid refund amount {amount}.",
+            errors={
+                "amount": [f"Must be positive, with at most {minor_units(currency)} decimals."]
+            },
+        )
+
+
+def refund_request(
+    *,
+    refund_id: uuid.UUID,
+    payment_id,
+    amount: Decimal,
+    reason: str,
+    origin: str,
+    requested_by=None,
+) -> Refund:
+    """Ask for a refund of `amount` of the payment, once per `refund_id`; return the refund row.
+
+    One transaction (a savepoint inside the caller's): the refund row and its
+    provider call's transaction row are inserted first (the refund id's
+    primary key and the derived key's unique constraint: the same refund id
+    again is "already requested" and returns the existing row, whatever its
+    amount), then ONE conditional UPDATE reserves the amount on the payment
+    (`refund_reserved + amount <= amount_captured`, row count checked). A
+    refusal rolls the insert back: nothing reserved, nothing sent. The
+    provider call is the `payments.refund` task's, rung after commit and
+    swept by beat.
+
+    Refusals: nothing captured → 409 `invalid_state`; more than still
+    refundable → 422 `refund_exceeds_captured` (with `refundable`).
+    """
+    install = install_id()
+    key = refund_provider_key(refund_id=refund_id, install=install)
+    with transaction.atomic():
+        payment = Payment.objects.get(id=payment_id)
+        _refund_amount_check(amount=amount, currency=payment.currency)
+        sql = (
+            f"WITH txn AS (INSERT INTO {_table(PaymentTransaction)}"
+            "  (payment_id, kind, provider_key, amount, currency, status, provider_operation_id,"
+            "   last_error) VALUES (%s, %s, %s, %s, %s, %s, '', '')"
+            "  ON CONFLICT ON CONSTRAINT payments_transaction_payment_kind_key_uniq DO NOTHING"
+            "  RETURNING id)"
+            f" INSERT INTO {_table(Refund)} (id, payment_id, transaction_id, amount, currency,"
+            "  reason, origin, status, provider_key, requested_by_id)"
+            " SELECT %s, %s, txn.id, %s, %s, %s, %s, %s, %s, %s FROM txn"
+            " ON CONFLICT DO NOTHING RETURNING id"
+        )
+        params = [
+            payment.id,
+            TransactionKind.REFUND,
+            key,
+            amount,
+            payment.currency,
+            TransactionStatus.PENDING,
+            refund_id,
+            payment.id,
+            amount,
+            payment.currency,
+            reason[:500],
+            origin,
+            "pending",
+            key,
+            getattr(requested_by, "pk", None),
+        ]
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            inserted = cursor.fetchone() is not None
+        if not inserted:
+            existing = Refund.objects.filter(id=refund_id).first()
+            if existing is None or existing.payment_id != payment.id:
+                raise RefundConflict(f"Refund {refund_id} exists for another payment.")
+            return existing  # already requested: one refund per refund id
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"UPDATE {_table(Payment)} SET refund_reserved = refund_reserved + %s,"
+                " updated_at = statement_timestamp()"
+                " WHERE id = %s AND status = ANY(%s) AND refund_reserved + %s <= amount_captured",
+                [amount, payment.id, list(_REFUNDABLE_STATUSES), amount],
+            )
+            reserved = cursor.rowcount == 1
+        if not reserved:
+            _refund_refused(payment_id=payment.id, amount=amount)
+        PaymentEvent.objects.create(
+            payment_id=payment.id,
+            kind="refund_requested",
+            from_status=payment.status,
+            to_status=payment.status,
+            detail={
+                "refund_id": str(refund_id),
+                "provider_key": key,
+                "amount": str(amount),
+                "origin": origin,
+            },
+        )
+        due.ring_after_commit(Refund, refund_id)
+    return Refund.objects.get(id=refund_id)
+
+
+def _refund_refused(*, payment_id, amount: Decimal):
+    """Raise the refusal of a reservation that did not fit (the payment as it is now)."""
+    payment = Payment.objects.get(id=payment_id)
+    if payment.status not in _REFUNDABLE_STATUSES or payment.amount_captured <= 0:
+        raise RefundInvalidState(
+            f"Nothing to refund: the payment is {payment.status}.",
+            extra={"payment_status": payment.status},
+        )
+    refundable = payment.amount_captured - payment.refund_reserved
+    text = format_money(refundable, payment.currency)
+    raise RefundExceedsCaptured(
+        f"At most {text} {payment.currency} can still be refunded (captured "
+        f"{format_money(payment.amount_captured, payment.currency)}, refunded or being "
+        f"refunded {format_money(payment.refund_reserved, payment.currency)}); "
+        f"asked {format_money(amount, payment.currency)}.",
+        errors={"amount": [f"At most {text} {payment.currency}."]},
+        extra={"refundable": text, "currency": payment.currency},
+    )
+
+
+def _refund_event(*, payment_id, kind: str, detail: dict) -> None:
+    status = Payment.objects.values_list("status", flat=True).get(id=payment_id)
+    PaymentEvent.objects.create(
+        payment_id=payment_id, kind=kind, from_status=status, to_status=status, detail=detail
+    )
+
+
+def _refund_succeed(
+    *,
+    refund_id,
+    via: str,
+    operation_id: str = "",
+    outside: bool = False,
+    by=None,
+    from_statuses: tuple[str, ...] = _OPEN_REFUND_STATUSES,
+) -> bool:
+    """THE transition of a refund to succeeded; return True if this call made it.
+
+    Conditional on the refund's status (first recorder wins, every other
+    one updates nothing); the winner moves `amount_refunded += amount` (in
+    SQL) and the payment's status with its event, and closes the call's
+    transaction row, all in this transaction. The refund row is locked
+    before the payment (the order `refund_request` takes them in).
+    """
+    with transaction.atomic():
+        won = Refund.objects.filter(id=refund_id, status__in=from_statuses).update(
+            status="succeeded",
+            done_at=Now(),
+            needs_attention=False,
+            lease_owner="",
+            lease_expires_at=None,
+            outside_shop=outside,
+            resolved_by=by if outside else None,
+            updated_at=Now(),
+        )
+        if not won:
+            return False
+        refund = Refund.objects.select_related("transaction").get(id=refund_id)
+        payment = payment_lock(payment_id=refund.payment_id)
+        refunded = payment.amount_refunded + refund.amount
+        to = (
+            PaymentStatus.REFUNDED
+            if refunded >= payment.amount_captured
+            else PaymentStatus.PARTIALLY_REFUNDED
+        )
+        moved = _transition(
+            payment=payment,
+            to=to,
+            detail={
+                "refund_id": str(refund.id),
+                "provider_key": refund.provider_key,
+                "amount": str(refund.amount),
+                "via": via,
+                **({"by": getattr(by, "username", None)} if outside else {}),
+            },
+            increments={"amount_refunded": refund.amount},
+        )
+        if moved is None:  # cannot happen: the payment is locked
+            raise InvalidPaymentTransition(f"payment {payment.id} moved under its lock")
+        txn = refund.transaction
+        if outside:
+            PaymentTransaction.objects.filter(id=txn.id).update(
+                last_error="refunded outside the shop (staff)", updated_at=Now()
+            )
+        else:
+            PaymentTransaction.objects.filter(id=txn.id).update(
+                status=TransactionStatus.SUCCEEDED,
+                provider_operation_id=operation_id[:64],
+                last_error="",
+                updated_at=Now(),
+            )
+    return True
+
+
+def _refund_flag(
+    *, refund_id, reason: str, txn_status: str | None = None, operation_id: str = ""
+) -> bool:
+    """Stop a pending refund for staff (`needs_attention`), keeping its reservation."""
+    with transaction.atomic():
+        flagged = Refund.objects.filter(id=refund_id, status="pending").update(
+            status="needs_attention",
+            needs_attention=True,
+            last_error=due.truncate_error(reason),
+            lease_owner="",
+            lease_expires_at=None,
+            updated_at=Now(),
+        )
+        if not flagged:
+            return False
+        refund = Refund.objects.get(id=refund_id)
+        if txn_status is not None:
+            PaymentTransaction.objects.filter(id=refund.transaction_id).update(
+                status=txn_status,
+                provider_operation_id=operation_id[:64],
+                last_error=due.truncate_error(reason),
+                updated_at=Now(),
+            )
+        _refund_event(
+            payment_id=refund.payment_id,
+            kind="needs_attention",
+            detail={
+                "refund_id": str(refund.id),
+                "provider_key": refund.provider_key,
+                "reason": reason,
+            },
+        )
+        logger.error("refund %s needs attention: %s", refund.id, reason)
+    return True
+
+
+def _refund_record(*, refund, result: ProviderResult, mode: str) -> bool:
+    """Record one provider answer about a refund (mode: task | webhook); True if it changed it.
+
+    Success → the one transition to succeeded; decline (final) or another
+    amount → needs attention; unknown → a stored webhook event for the key,
+    if one came first, else the attempt failed (backoff, then attention).
+    """
+    describe = result.describe()
+    if result.outcome == Outcome.SUCCESS:
+        if (result.amount, result.currency) != (refund.amount, refund.currency):
+            return _refund_flag(
+                refund_id=refund.id,
+                reason=f"provider refunded {result.amount} {result.currency}, "
+                f"shop asked {refund.amount} {refund.currency}",
+            )
+        return _refund_succeed(refund_id=refund.id, via=mode, operation_id=result.operation_id)
+    if result.outcome == Outcome.DECLINED:
+        return _refund_flag(
+            refund_id=refund.id,
+            reason=f"the provider refused the refund: {describe}",
+            txn_status=TransactionStatus.DECLINED,
+            operation_id=result.operation_id,
+        )
+    with transaction.atomic():
+        # Locked, so a webhook being applied right now is either seen or waits.
+        current = Refund.objects.select_for_update().get(id=refund.id)
+        if current.status not in _OPEN_REFUND_STATUSES:
+            return False
+        from .webhooks import stored_refund_result
+
+        stored = stored_refund_result(refund=current)
+        if stored is not None:
+            return _refund_record(refund=current, result=stored, mode=mode)
+        PaymentTransaction.objects.filter(id=current.transaction_id).update(
+            last_error=describe, updated_at=Now()
+        )
+        if mode != "task" or current.status != "pending":
+            return False
+        budget = settings.PAYMENTS_REFUND_MAX_ATTEMPTS
+        reason = f"refund outcome still unknown after {budget} attempts: {describe}"
+        if due.attempt_failed(Refund, pk=current.id, error=describe, attention_reason=reason):
+            Refund.objects.filter(id=current.id, status="pending").update(
+                needs_attention=False
+            )  # let _refund_flag make the one status change with its event
+            _refund_flag(refund_id=current.id, reason=reason)
+    return False
+
+
+def _refund_capture_key(*, payment_id) -> str:
+    key = (
+        PaymentTransaction.objects.filter(
+            payment_id=payment_id,
+            kind=TransactionKind.CAPTURE,
+            status=TransactionStatus.SUCCEEDED,
+        )
+        .values_list("provider_key", flat=True)
+        .first()
+    )
+    if key is None:
+        raise RefundInvalidState("The payment has no succeeded capture to refund.")
+    return key
+
+
+def refund_run(*, refund_id) -> Refund | None:
+    """Make one attempt at a refund if it is due (the `payments.refund` task's body).
+
+    Must be called with no transaction open. `core.due.attempt_begin` lets one
+    runner take the attempt and pushes the next one back before calling out,
+    so a runner killed mid-call leaves the row due later for the sweeper. A
+    retried attempt looks the key up first (a lost answer is settled by the
+    provider's record; unknown stays pending); a key the provider never got
+    is sent again, under the same key.
+    """
+    _require_no_transaction("refund_run")
+    attempt = due.attempt_begin(Refund, pk=refund_id)
+    if attempt.budget_spent:
+        _refund_flag(
+            refund_id=refund_id,
+            reason=f"not refunded after {settings.PAYMENTS_REFUND_MAX_ATTEMPTS} attempts",
+        )
+    if not attempt.taken:
+        return Refund.objects.filter(id=refund_id).first()  # None: no such row (a stale bell)
+    refund = Refund.objects.select_related("payment").get(id=refund_id)
+    gateway = get_gateway()
+    result: ProviderResult | None = None
+    if attempt.number > 1:
+        result = gateway.lookup(key=refund.provider_key)
+        if result.outcome == Outcome.NOT_FOUND:
+            result = None
+    if result is None:
+        capture_key = _refund_capture_key(payment_id=refund.payment_id)
+        failpoint("payments.refund.before_provider")
+        result = gateway.refund(
+            key=refund.provider_key,
+            capture_key=capture_key,
+            amount=refund.amount,
+            currency=refund.currency,
+            reference=refund.payment.reference,
+        )
+        failpoint("payments.refund.after_provider")
+        if result.outcome == Outcome.UNKNOWN:
+            # The answer was lost (timeout): the provider's record under the key decides.
+            looked_up = gateway.lookup(key=refund.provider_key)
+            if looked_up.outcome in (Outcome.SUCCESS, Outcome.DECLINED):
+                result = looked_up
+    _refund_record(refund=refund, result=result, mode="task")
+    return Refund.objects.get(id=refund_id)
+
+
+def refund_record_outside(*, refund_id, by=None) -> bool:
+    """Staff: the money went back outside the shop; record the refund as succeeded, once.
+
+    Only a refund in `needs_attention`; the same conditional transition as
+    the provider's answer (`amount_refunded` moves), without calling the
+    provider. A second click finds it succeeded and changes nothing (False).
+    """
+    return _refund_succeed(
+        refund_id=refund_id, via="staff", outside=True, by=by, from_statuses=("needs_attention",)
+    )
+
+
+def refund_record_failed(*, refund_id, by=None) -> bool:
+    """Staff: this refund will not happen; `failed`, and its reserved amount is released, once.
+
+    Only a refund in `needs_attention` (conditional transition; a second
+    click changes nothing). The released amount is refundable again (by a
+    new refund id).
+    """
+    with transaction.atomic():
+        changed = Refund.objects.filter(id=refund_id, status="needs_attention").update(
+            status="failed",
+            done_at=Now(),
+            needs_attention=False,
+            resolved_by=by,
+            lease_owner="",
+            lease_expires_at=None,
+            updated_at=Now(),
+        )
+        if not changed:
+            return False
+        refund = Refund.objects.get(id=refund_id)
+        payment_lock(payment_id=refund.payment_id)
+        Payment.objects.filter(id=refund.payment_id).update(
+            refund_reserved=F("refund_reserved") - refund.amount, updated_at=Now()
+        )
+        _refund_event(
+            payment_id=refund.payment_id,
+            kind="refund_failed",
+            detail={
+                "refund_id": str(refund.id),
+                "amount": str(refund.amount),
+                "by": getattr(by, "username", None),
+            },
+        )
+    return True
+
+
+def refund_retry_now(*, refund_id, by=None) -> bool:
+    """Staff: put a refund that needs attention back to pending, due now (fresh budget)."""
+    with transaction.atomic():
+        reopened = Refund.objects.filter(id=refund_id, status="needs_attention").update(
+            status="pending"
+        )
+        if not reopened or not due.retry_now(Refund, pk=refund_id):
+            return False
+        refund = Refund.objects.get(id=refund_id)
+        _refund_event(
+            payment_id=refund.payment_id,
+            kind="retry",
+            detail={"refund_id": str(refund.id), "by": getattr(by, "username", None)},
+        )
+    return True

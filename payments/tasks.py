@@ -19,7 +19,7 @@ from core import due
 from core.due import retry_countdown
 
 from . import services
-from .models import PaymentSettlement
+from .models import PaymentSettlement, Refund
 
 MAX_TASK_RETRIES = 3
 
@@ -37,3 +37,22 @@ def settle_payment(self, settlement_id: int) -> None:
 def sweep_settlements(self) -> int:
     """Enqueue every due settlement (run by beat every PAYMENTS_SWEEP_INTERVAL seconds)."""
     return len(due.sweep(PaymentSettlement, limit=settings.PAYMENTS_SWEEP_BATCH))
+
+
+@shared_task(bind=True, name="payments.refund", max_retries=MAX_TASK_RETRIES, acks_late=True)
+def refund(self, refund_id: str) -> None:
+    """Make one attempt at a refund row, if it is due (idempotent: acks late).
+
+    The row decides (core.due.attempt_begin): a redelivered message, the
+    bell and the sweeper's ring make at most one attempt between them.
+    """
+    try:
+        services.refund_run(refund_id=refund_id)
+    except (OperationalError, InterfaceError) as exc:
+        raise self.retry(exc=exc, countdown=retry_countdown(self.request.retries)) from exc
+
+
+@shared_task(bind=True, name="payments.sweep_refunds", max_retries=0)
+def sweep_refunds(self) -> int:
+    """Enqueue every due refund (run by beat every PAYMENTS_SWEEP_INTERVAL seconds)."""
+    return len(due.sweep(Refund, limit=settings.PAYMENTS_SWEEP_BATCH))

@@ -23,6 +23,11 @@ wins, every other one finds the payment no longer `pending` and changes
 nothing. So a webhook racing settlement, the inline call or its own
 duplicate makes one effect.
 
+Refund events (`refund.succeeded` / `refund.failed`) go through the refund's
+one conditional transition (`apply_refund_event`), the same one the
+`payments.refund` task uses; unmatched ones are applied when the task meets
+their key (`stored_refund_result`).
+
 An event for a capture the shop does not know (no payment with the event's
 reference, or no capture transaction under its provider key) is stored
 `unmatched`; when the shop's capture recorder later gets no final answer
@@ -52,7 +57,14 @@ from idempotency.models import InboxMessage
 
 from .gateway import Outcome, ProviderResult
 from .lock_objects import payment_lock
-from .models import Payment, PaymentStatus, PaymentTransaction, TransactionKind
+from .models import (
+    Payment,
+    PaymentStatus,
+    PaymentTransaction,
+    Refund,
+    RefundStatus,
+    TransactionKind,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -344,15 +356,60 @@ def _apply_charge(event: WebhookEvent) -> tuple[str, str]:
     return SUSPICIOUS, detail
 
 
-def apply_refund_event(event: WebhookEvent) -> tuple[str, str]:
-    """HOOK, NOT A FEATURE YET: apply a `refund.succeeded` / `refund.failed` event.
+def _refund_result_of(event_type: str, data: dict) -> ProviderResult:
+    """A refund event as the provider's answer about the refund under its key."""
+    succeeded = event_type == REFUND_SUCCEEDED
+    return ProviderResult(
+        outcome=Outcome.SUCCESS if succeeded else Outcome.DECLINED,
+        key=data["provider_key"],
+        operation={
+            "id": str(data.get("operation_id") or "")[:64],
+            "key": data["provider_key"],
+            "status": "succeeded" if succeeded else "declined",
+            "amount": data["amount"],
+            "currency": data["currency"],
+        },
+        code="webhook",
+        detail=event_type,
+    )
 
-    The refund model arrives with the refunds work. Until then every refund
-    event is stored `unmatched` with its type (InboxMessage.message_type) and
-    payload, so the refunds code can apply the stored events when it meets
-    their provider keys, exactly as `stored_capture_result` does for captures.
+
+def apply_refund_event(event: WebhookEvent) -> tuple[str, str]:
+    """Apply a `refund.succeeded` / `refund.failed` event through the refund's one transition.
+
+    The refund is found by its provider key. The effect is the SAME
+    conditional transition the `payments.refund` task uses
+    (`payments.services._refund_record`): whichever records first wins, the
+    other finds the refund no longer open and changes nothing. A key the
+    shop does not know (yet) is stored `unmatched`; the task applies it when
+    it meets the key with no final answer of its own (`stored_refund_result`).
     """
-    return UNMATCHED, "refund events are stored until the refund model exists"
+    from .services import _refund_record  # services imports this module lazily too
+
+    data = event.data
+    refund = Refund.objects.filter(provider_key=data.get("provider_key")).first()
+    if refund is None:
+        detail = "no refund with this provider key (yet)"
+        logger.info("webhook %s (%s) stored unmatched: %s", event.id, event.type, detail)
+        return UNMATCHED, detail
+    if (Decimal(data["amount"]), data["currency"]) != (refund.amount, refund.currency):
+        detail = (
+            f"provider says {data['amount']} {data['currency']}, "
+            f"shop asked {refund.amount} {refund.currency}: not applied"
+        )
+        logger.warning("webhook %s (%s) suspicious: %s", event.id, event.type, detail)
+        return SUSPICIOUS, detail
+    succeeded = event.type == REFUND_SUCCEEDED
+    if _refund_record(refund=refund, result=_refund_result_of(event.type, data), mode="webhook"):
+        return APPLIED, f"refund {refund.id} {'succeeded' if succeeded else 'refused'}"
+    status = Refund.objects.values_list("status", flat=True).get(id=refund.id)
+    if (succeeded and status == RefundStatus.SUCCEEDED) or (
+        not succeeded and status in (RefundStatus.NEEDS_ATTENTION, RefundStatus.FAILED)
+    ):
+        return NO_EFFECT, f"refund {refund.id} was already {status}"
+    detail = f"{event.type} for refund {refund.id}, which the shop has {status}"
+    logger.warning("webhook %s suspicious: %s", event.id, detail)
+    return SUSPICIOUS, detail
 
 
 # -- settlement meets a stored event ------------------------------------------------
@@ -397,4 +454,44 @@ def stored_capture_result(*, txn: PaymentTransaction) -> ProviderResult | None:
             status=APPLIED, detail="applied when the shop's capture met it", processed_at=Now()
         )
         return _result_of(row.message_type, data)
+    return None
+
+
+def stored_refund_result(*, refund: Refund) -> ProviderResult | None:
+    """A stored `unmatched` refund event for this refund's key, as a provider answer; or None.
+
+    Called by the refund recorder (refund row locked, no final answer of its
+    own). The row is marked `applied` in the caller's transaction; events
+    with another amount or currency are marked `suspicious` and skipped.
+    """
+    rows = (
+        InboxMessage.objects.select_for_update()
+        .filter(
+            consumer=SOURCE,
+            status=UNMATCHED,
+            message_type__in=REFUND_TYPES,
+            payload__data__provider_key=refund.provider_key,
+        )
+        .order_by("received_at", "id")
+    )
+    for row in rows:
+        data = row.payload.get("data") or {}
+        try:
+            same = (Decimal(data.get("amount")), data.get("currency")) == (
+                refund.amount,
+                refund.currency,
+            )
+        except (InvalidOperation, TypeError):
+            same = False
+        if not same:
+            InboxMessage.objects.filter(id=row.id).update(
+                status=SUSPICIOUS,
+                detail=f"amount/currency differ from the shop's refund {refund.amount} "
+                f"{refund.currency}: not applied",
+            )
+            continue
+        InboxMessage.objects.filter(id=row.id).update(
+            status=APPLIED, detail="applied when the shop's refund met it", processed_at=Now()
+        )
+        return _refund_result_of(row.message_type, data)
     return None

@@ -308,6 +308,16 @@ CELERY_BEAT_SCHEDULE["payments.sweep_settlements"] = {
     "schedule": PAYMENTS_SWEEP_INTERVAL,
     "options": {"expires": PAYMENTS_SWEEP_INTERVAL},
 }
+# Refunds (docs/payments.md, "Refunds"): due rows rung after commit, swept by beat.
+PAYMENTS_REFUND_BACKOFF_BASE = env.float("PAYMENTS_REFUND_BACKOFF_BASE", default=2.0)
+PAYMENTS_REFUND_BACKOFF_MAX = env.float("PAYMENTS_REFUND_BACKOFF_MAX", default=300.0)
+PAYMENTS_REFUND_MAX_ATTEMPTS = env.int("PAYMENTS_REFUND_MAX_ATTEMPTS", default=12)
+PAYMENTS_REFUND_LEASE = env.float("PAYMENTS_REFUND_LEASE", default=CELERY_VISIBILITY_TIMEOUT + 30)
+CELERY_BEAT_SCHEDULE["payments.sweep_refunds"] = {
+    "task": "payments.sweep_refunds",
+    "schedule": PAYMENTS_SWEEP_INTERVAL,
+    "options": {"expires": PAYMENTS_SWEEP_INTERVAL},
+}
 
 # --- Checkout: orders and reservation flags (issue 6) --------------------------
 # How long an `ask` order's flags are held while the shopper decides.

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from idempotency.operations import Reply, Result
 
-from .serializers import order_body, shipment_body
+from .serializers import order_body, refund_body, shipment_body
 
 PENDING_STATUS = 202
 
@@ -43,3 +43,10 @@ def shipment_created(result: Result) -> Reply:
     if result.refusal is not None:
         return Reply.for_problem(result.refusal)
     return Reply(status=201, body=shipment_body(result.value))
+
+
+def refund_created(result: Result) -> Reply:
+    """POST /orders/{id}/refunds/: 201 with the refund, or the problem (409, 422)."""
+    if result.refusal is not None:
+        return Reply.for_problem(result.refusal)
+    return Reply(status=201, body=refund_body(result.value, order_id=result.value.order_id))

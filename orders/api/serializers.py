@@ -138,3 +138,41 @@ class ShipmentOut(serializers.Serializer):
 def shipment_body(shipment) -> dict:
     """Render the contract's shipment body."""
     return dict(ShipmentOut(shipment).data)
+
+
+class RefundIn(ClosedSerializer):
+    """POST /orders/{id}/refunds/ body: a positive decimal string in the shop's currency."""
+
+    amount = MoneyField()
+    currency = StrictCharField(min_length=3, max_length=3)
+    reason = StrictCharField(max_length=500)
+
+    def validate_amount(self, value):
+        if value <= 0:
+            raise serializers.ValidationError("Must be positive.")
+        return value
+
+    def validate(self, attrs: dict) -> dict:
+        check_currency(attrs.pop("currency"))
+        return attrs
+
+
+class RefundOut(serializers.Serializer):
+    id = serializers.UUIDField()
+    order_id = serializers.UUIDField()
+    amount = MoneyField()
+    currency = serializers.CharField()
+    status = serializers.CharField()
+    reason = serializers.CharField()
+
+
+def refund_body(refund, *, order_id) -> dict:
+    """Render the contract's refund body."""
+    return {
+        "id": str(refund.id),
+        "order_id": str(order_id),
+        "amount": MoneyField().to_representation(refund.amount),
+        "currency": refund.currency,
+        "status": refund.status,
+        "reason": refund.reason,
+    }

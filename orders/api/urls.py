@@ -1,6 +1,6 @@
 from django.urls import path
 
-from . import shipments, views
+from . import refunds, shipments, views
 
 urlpatterns = [
     path("orders/", views.OrderListView.as_view(), name="order-list"),
@@ -21,4 +21,9 @@ urlpatterns += [
         shipments.TrackingEventsView.as_view(),
         name="shipment-tracking-events",
     ),
+]
+
+# Refunds (orders/api/refunds.py).
+urlpatterns += [
+    path("orders/<str:order_id>/refunds/", refunds.RefundsView.as_view(), name="order-refunds"),
 ]

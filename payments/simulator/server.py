@@ -26,7 +26,10 @@ API port refuses connections):
                             reject_lookups: 400|401|403|404|null,
                             reject_calls: 400|401|403|404|null,
                             webhook_duplicate_rate: 0..1, webhook_max_delay_ms: int,
-                            webhooks_paused: bool}                   (any subset)
+                            webhooks_paused: bool,
+                            decline_refunds: bool}                   (any subset)
+                           decline_refunds: every new refund is declined
+                           (402, decline_code `refund_declined`), stored like one
     GET  /_control/webhooks every stored webhook event and its delivery state
     POST /_control/release  wake every paused request and clear `pause`
     POST /_control/reset    clear faults and counters (never the ledger)
@@ -136,6 +139,7 @@ class Simulator:
         self.pause: str | None = None
         self.reject_lookups: int | None = None
         self.reject_calls: int | None = None
+        self.decline_refunds = False
         self.paused = 0
         self.delayed = 0  # calls sleeping in injected latency right now
         self.stats: Counter[str] = Counter()
@@ -210,6 +214,11 @@ class Simulator:
             self.webhooks.set_policy(body)
         except ValueError as exc:
             raise RequestError(400, "invalid_request", str(exc)) from exc
+        if "decline_refunds" in body:
+            if not isinstance(body["decline_refunds"], bool):
+                raise RequestError(400, "invalid_request", "decline_refunds must be a boolean")
+            with self._lock:
+                self.decline_refunds = body["decline_refunds"]
         if "refuse_connections" in body:
             if body["refuse_connections"]:
                 self.stop_api()
@@ -230,6 +239,7 @@ class Simulator:
         with self._lock:
             self.reject_lookups = None
             self.reject_calls = None
+            self.decline_refunds = False
             self.stats.clear()
         self.webhooks.reset()
         return self.state()
@@ -245,6 +255,7 @@ class Simulator:
                 "pause": self.pause,
                 "reject_lookups": self.reject_lookups,
                 "reject_calls": self.reject_calls,
+                "decline_refunds": self.decline_refunds,
                 "paused": self.paused,
                 "delayed": self.delayed,
                 "refusing": self.api_server is None,
@@ -359,6 +370,9 @@ class Simulator:
                     return error(503, "unavailable", "the provider is unavailable, try again")
             self._maybe_pause("before_apply")
             declined = method == "pm_card_declined" and parent_key is None
+            decline_code = "card_declined" if declined else None
+            if kind == "refund" and self.decline_refunds:
+                declined, decline_code = True, "refund_declined"
             op, new = self.ledger.apply(
                 key=key,
                 kind=kind,
@@ -369,7 +383,7 @@ class Simulator:
                 payment_method=method,
                 reference=params["reference"],
                 parent_key=parent_key,
-                decline_code="card_declined" if declined else None,
+                decline_code=decline_code,
             )
         finally:
             with self._lock:
