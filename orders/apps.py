@@ -41,3 +41,14 @@ class OrdersConfig(AppConfig):
             resume=single_phase_resume,
             present=orders_admin.refund_redirect,
         )
+        # Returns (orders/returns.py): one-phase keyed runs, the API's answers.
+        register_operation(
+            operations.RETURN_CREATE,
+            resume=single_phase_resume,
+            present=presenters.return_created,
+        )
+        register_operation(
+            operations.RETURN_RECEIVE,
+            resume=single_phase_resume,
+            present=presenters.return_received,
+        )

@@ -104,3 +104,44 @@ class TrackingStatus(models.TextChoices):
     OUT_FOR_DELIVERY = "out_for_delivery"
     DELIVERED = "delivered"
     EXCEPTION = "exception"
+
+
+class ReturnStatus(models.TextChoices):
+    """A return's statuses (contract: "Returns")."""
+
+    REQUESTED = "requested"  # the shopper asked; the units are not back yet (an open return)
+    PROCESSING = "processing"  # received: its compensation steps are running
+    COMPLETED = "completed"  # every step done
+    NEEDS_ATTENTION = "needs_attention"  # a step used its budget or met a refusal: staff decide
+
+
+RETURN_TRANSITIONS: dict[str | None, frozenset[str]] = {
+    None: frozenset({ReturnStatus.REQUESTED}),
+    ReturnStatus.REQUESTED: frozenset({ReturnStatus.PROCESSING}),
+    ReturnStatus.PROCESSING: frozenset({ReturnStatus.COMPLETED, ReturnStatus.NEEDS_ATTENTION}),
+    # "Retry failed steps" puts it back to processing; a late step finishing completes it.
+    ReturnStatus.NEEDS_ATTENTION: frozenset({ReturnStatus.PROCESSING, ReturnStatus.COMPLETED}),
+    ReturnStatus.COMPLETED: frozenset(),
+}
+
+
+class StepName(models.TextChoices):
+    """The compensation steps (contract: the return body's `steps`); cancellations use them too."""
+
+    RESTOCK = "restock"
+    REFUND = "refund"
+    HISTORY = "history"
+    LOYALTY = "loyalty"
+    NOTIFY = "notify"
+
+
+class StepStatus(models.TextChoices):
+    PENDING = "pending"  # due now or later (not tried yet, waiting, or failed and backing off)
+    RUNNING = "running"  # an attempt was taken and has not reported (a killed one looks so too)
+    DONE = "done"  # its effect is recorded; nothing is due
+    FAILED = "failed"  # needs attention: budget spent or a refusal; staff "Retry failed steps"
+
+
+class CompensationKind(models.TextChoices):
+    RETURN = "return"  # a received return's steps
+    CANCELLATION = "cancellation"  # a confirmed order's cancellation
