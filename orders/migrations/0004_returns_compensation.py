@@ -8,118 +8,312 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('orders', '0003_shipments_tracking'),
+        ("orders", "0003_shipments_tracking"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='ReturnRequest',
+            name="ReturnRequest",
             fields=[
-                ('id', models.UUIDField(default=uuid.uuid4, editable=False, primary_key=True, serialize=False)),
-                ('status', models.CharField(choices=[('requested', 'Requested'), ('processing', 'Processing'), ('completed', 'Completed'), ('needs_attention', 'Needs Attention')], default='requested', max_length=20)),
-                ('reason', models.CharField(blank=True, default='', max_length=500)),
-                ('refund_amount', models.DecimalField(decimal_places=2, max_digits=14)),
-                ('currency', models.CharField(max_length=3)),
-                ('received_at', models.DateTimeField(blank=True, null=True)),
-                ('completed_at', models.DateTimeField(blank=True, null=True)),
-                ('created_at', models.DateTimeField(db_default=django.db.models.functions.datetime.Now())),
-                ('updated_at', models.DateTimeField(db_default=django.db.models.functions.datetime.Now())),
-                ('order', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='returns', to='orders.order')),
-                ('received_by', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
-                ('requested_by', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
+                (
+                    "id",
+                    models.UUIDField(
+                        default=uuid.uuid4, editable=False, primary_key=True, serialize=False
+                    ),
+                ),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[
+                            ("requested", "Requested"),
+                            ("processing", "Processing"),
+                            ("completed", "Completed"),
+                            ("needs_attention", "Needs Attention"),
+                        ],
+                        default="requested",
+                        max_length=20,
+                    ),
+                ),
+                ("reason", models.CharField(blank=True, default="", max_length=500)),
+                ("refund_amount", models.DecimalField(decimal_places=2, max_digits=14)),
+                ("currency", models.CharField(max_length=3)),
+                ("received_at", models.DateTimeField(blank=True, null=True)),
+                ("completed_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "created_at",
+                    models.DateTimeField(db_default=django.db.models.functions.datetime.Now()),
+                ),
+                (
+                    "updated_at",
+                    models.DateTimeField(db_default=django.db.models.functions.datetime.Now()),
+                ),
+                (
+                    "order",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="returns",
+                        to="orders.order",
+                    ),
+                ),
+                (
+                    "received_by",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    "requested_by",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
             ],
         ),
         migrations.CreateModel(
-            name='ReturnLine',
+            name="ReturnLine",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('sku', models.CharField(max_length=64)),
-                ('quantity', models.IntegerField()),
-                ('order_line', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='+', to='orders.orderline')),
-                ('order_return', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='lines', to='orders.returnrequest')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("sku", models.CharField(max_length=64)),
+                ("quantity", models.IntegerField()),
+                (
+                    "order_line",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="+",
+                        to="orders.orderline",
+                    ),
+                ),
+                (
+                    "order_return",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="lines",
+                        to="orders.returnrequest",
+                    ),
+                ),
             ],
         ),
         migrations.CreateModel(
-            name='CompensationStep',
+            name="CompensationStep",
             fields=[
-                ('next_attempt_at', models.DateTimeField(db_default=django.db.models.functions.datetime.Now())),
-                ('attempts', models.PositiveIntegerField(db_default=0, default=0)),
-                ('lease_owner', models.CharField(blank=True, db_default='', default='', max_length=100)),
-                ('lease_expires_at', models.DateTimeField(blank=True, null=True)),
-                ('needs_attention', models.BooleanField(db_default=False, default=False)),
-                ('last_error', models.CharField(blank=True, db_default='', default='', max_length=500)),
-                ('done_at', models.DateTimeField(blank=True, null=True)),
-                ('id', models.BigAutoField(primary_key=True, serialize=False)),
-                ('kind', models.CharField(choices=[('return', 'Return'), ('cancellation', 'Cancellation')], max_length=16)),
-                ('name', models.CharField(choices=[('restock', 'Restock'), ('refund', 'Refund'), ('history', 'History'), ('loyalty', 'Loyalty'), ('notify', 'Notify')], max_length=16)),
-                ('position', models.PositiveSmallIntegerField()),
-                ('status', models.CharField(choices=[('pending', 'Pending'), ('running', 'Running'), ('done', 'Done'), ('failed', 'Failed')], default='pending', max_length=16)),
-                ('after', models.CharField(blank=True, choices=[('restock', 'Restock'), ('refund', 'Refund'), ('history', 'History'), ('loyalty', 'Loyalty'), ('notify', 'Notify')], default='', max_length=16)),
-                ('refund_id', models.UUIDField(blank=True, null=True)),
-                ('detail', models.JSONField(blank=True, default=dict)),
-                ('created_at', models.DateTimeField(db_default=django.db.models.functions.datetime.Now())),
-                ('updated_at', models.DateTimeField(db_default=django.db.models.functions.datetime.Now())),
-                ('order', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='compensation_steps', to='orders.order')),
-                ('order_return', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='steps', to='orders.returnrequest')),
+                (
+                    "next_attempt_at",
+                    models.DateTimeField(db_default=django.db.models.functions.datetime.Now()),
+                ),
+                ("attempts", models.PositiveIntegerField(db_default=0, default=0)),
+                (
+                    "lease_owner",
+                    models.CharField(blank=True, db_default="", default="", max_length=100),
+                ),
+                ("lease_expires_at", models.DateTimeField(blank=True, null=True)),
+                ("needs_attention", models.BooleanField(db_default=False, default=False)),
+                (
+                    "last_error",
+                    models.CharField(blank=True, db_default="", default="", max_length=500),
+                ),
+                ("done_at", models.DateTimeField(blank=True, null=True)),
+                ("id", models.BigAutoField(primary_key=True, serialize=False)),
+                (
+                    "kind",
+                    models.CharField(
+                        choices=[("return", "Return"), ("cancellation", "Cancellation")],
+                        max_length=16,
+                    ),
+                ),
+                (
+                    "name",
+                    models.CharField(
+                        choices=[
+                            ("restock", "Restock"),
+                            ("refund", "Refund"),
+                            ("history", "History"),
+                            ("loyalty", "Loyalty"),
+                            ("notify", "Notify"),
+                        ],
+                        max_length=16,
+                    ),
+                ),
+                ("position", models.PositiveSmallIntegerField()),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[
+                            ("pending", "Pending"),
+                            ("running", "Running"),
+                            ("done", "Done"),
+                            ("failed", "Failed"),
+                        ],
+                        default="pending",
+                        max_length=16,
+                    ),
+                ),
+                (
+                    "after",
+                    models.CharField(
+                        blank=True,
+                        choices=[
+                            ("restock", "Restock"),
+                            ("refund", "Refund"),
+                            ("history", "History"),
+                            ("loyalty", "Loyalty"),
+                            ("notify", "Notify"),
+                        ],
+                        default="",
+                        max_length=16,
+                    ),
+                ),
+                ("refund_id", models.UUIDField(blank=True, null=True)),
+                ("detail", models.JSONField(blank=True, default=dict)),
+                (
+                    "created_at",
+                    models.DateTimeField(db_default=django.db.models.functions.datetime.Now()),
+                ),
+                (
+                    "updated_at",
+                    models.DateTimeField(db_default=django.db.models.functions.datetime.Now()),
+                ),
+                (
+                    "order",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="compensation_steps",
+                        to="orders.order",
+                    ),
+                ),
+                (
+                    "order_return",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="steps",
+                        to="orders.returnrequest",
+                    ),
+                ),
             ],
         ),
         migrations.AddIndex(
-            model_name='returnrequest',
-            index=models.Index(fields=['order', 'status'], name='orders_return_order_status_idx'),
+            model_name="returnrequest",
+            index=models.Index(fields=["order", "status"], name="orders_return_order_status_idx"),
         ),
         migrations.AddConstraint(
-            model_name='returnrequest',
-            constraint=models.CheckConstraint(condition=models.Q(('status__in', ['requested', 'processing', 'completed', 'needs_attention'])), name='orders_return_status_valid'),
+            model_name="returnrequest",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    ("status__in", ["requested", "processing", "completed", "needs_attention"])
+                ),
+                name="orders_return_status_valid",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='returnrequest',
-            constraint=models.CheckConstraint(condition=models.Q(('refund_amount__gte', 0)), name='orders_return_refund_non_negative'),
+            model_name="returnrequest",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("refund_amount__gte", 0)),
+                name="orders_return_refund_non_negative",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='returnrequest',
-            constraint=models.CheckConstraint(condition=models.Q(('status', 'requested'), ('received_at__isnull', False), _connector='OR'), name='orders_return_received_at_set'),
+            model_name="returnrequest",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    ("status", "requested"), ("received_at__isnull", False), _connector="OR"
+                ),
+                name="orders_return_received_at_set",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='returnline',
-            constraint=models.UniqueConstraint(fields=('order_return', 'order_line'), name='orders_returnline_line_uniq'),
+            model_name="returnline",
+            constraint=models.UniqueConstraint(
+                fields=("order_return", "order_line"), name="orders_returnline_line_uniq"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='returnline',
-            constraint=models.CheckConstraint(condition=models.Q(('quantity__gte', 1)), name='orders_returnline_quantity_positive'),
+            model_name="returnline",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("quantity__gte", 1)), name="orders_returnline_quantity_positive"
+            ),
         ),
         migrations.AddIndex(
-            model_name='compensationstep',
-            index=models.Index(condition=models.Q(('done_at__isnull', True), ('needs_attention', False)), fields=['next_attempt_at'], name='orders_step_due_idx'),
+            model_name="compensationstep",
+            index=models.Index(
+                condition=models.Q(("done_at__isnull", True), ("needs_attention", False)),
+                fields=["next_attempt_at"],
+                name="orders_step_due_idx",
+            ),
         ),
         migrations.AddIndex(
-            model_name='compensationstep',
-            index=models.Index(fields=['order', 'position'], name='orders_step_order_idx'),
+            model_name="compensationstep",
+            index=models.Index(fields=["order", "position"], name="orders_step_order_idx"),
         ),
         migrations.AddConstraint(
-            model_name='compensationstep',
-            constraint=models.UniqueConstraint(condition=models.Q(('kind', 'return')), fields=('order_return', 'name'), name='orders_step_return_name_uniq'),
+            model_name="compensationstep",
+            constraint=models.UniqueConstraint(
+                condition=models.Q(("kind", "return")),
+                fields=("order_return", "name"),
+                name="orders_step_return_name_uniq",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='compensationstep',
-            constraint=models.UniqueConstraint(condition=models.Q(('kind', 'cancellation')), fields=('order', 'name'), name='orders_step_cancellation_name_uniq'),
+            model_name="compensationstep",
+            constraint=models.UniqueConstraint(
+                condition=models.Q(("kind", "cancellation")),
+                fields=("order", "name"),
+                name="orders_step_cancellation_name_uniq",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='compensationstep',
-            constraint=models.CheckConstraint(condition=models.Q(models.Q(('kind', 'return'), ('order_return__isnull', False)), models.Q(('kind', 'cancellation'), ('order_return__isnull', True)), _connector='OR'), name='orders_step_kind_matches_return'),
+            model_name="compensationstep",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    models.Q(("kind", "return"), ("order_return__isnull", False)),
+                    models.Q(("kind", "cancellation"), ("order_return__isnull", True)),
+                    _connector="OR",
+                ),
+                name="orders_step_kind_matches_return",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='compensationstep',
-            constraint=models.CheckConstraint(condition=models.Q(models.Q(('status', 'done'), ('done_at__isnull', False)), models.Q(models.Q(('status', 'done'), _negated=True), ('done_at__isnull', True)), _connector='OR'), name='orders_step_done_matches_done_at'),
+            model_name="compensationstep",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    models.Q(("status", "done"), ("done_at__isnull", False)),
+                    models.Q(
+                        models.Q(("status", "done"), _negated=True), ("done_at__isnull", True)
+                    ),
+                    _connector="OR",
+                ),
+                name="orders_step_done_matches_done_at",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='compensationstep',
-            constraint=models.CheckConstraint(condition=models.Q(('status__in', ['pending', 'running', 'done', 'failed'])), name='orders_step_status_valid'),
+            model_name="compensationstep",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("status__in", ["pending", "running", "done", "failed"])),
+                name="orders_step_status_valid",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='compensationstep',
-            constraint=models.CheckConstraint(condition=models.Q(('name__in', ['restock', 'refund', 'history', 'loyalty', 'notify'])), name='orders_step_name_valid'),
+            model_name="compensationstep",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    ("name__in", ["restock", "refund", "history", "loyalty", "notify"])
+                ),
+                name="orders_step_name_valid",
+            ),
         ),
     ]
