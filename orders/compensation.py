@@ -482,7 +482,11 @@ def _publish_once(step: CompensationStep) -> str:
                 event_type=event_type,
                 payload=payload,
             )
-            detail = {"outbox_message_id": message.id, "event_type": event_type, "written": True}
+            detail = {
+                "outbox_message_id": str(message.id),
+                "event_type": event_type,
+                "written": True,
+            }
         else:
             detail = {**written, "written": False}
         CompensationStep.objects.filter(id=step.id).update(detail=detail)

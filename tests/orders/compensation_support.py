@@ -64,9 +64,15 @@ def drive(*, timeout: float = 30.0, **filters) -> None:
     """Play worker and beat in this process: run due steps and refunds until none is pending."""
     deadline = time.monotonic() + timeout
     while True:
-        pending = list(steps_of(**filters).filter(done_at__isnull=True, needs_attention=False))
+        steps = list(steps_of(**filters))
+        failed = {s.name for s in steps if s.needs_attention}
+        pending = [
+            s
+            for s in steps
+            if s.done_at is None and not s.needs_attention and s.after not in failed
+        ]
         if not pending:
-            return
+            return  # done, or parked behind a step that needs attention
         assert time.monotonic() < deadline, [(s.name, s.status, s.last_error) for s in pending]
         for refund in Refund.objects.filter(status=RefundStatus.PENDING):
             Refund.objects.filter(id=refund.id).update(next_attempt_at=Now())
