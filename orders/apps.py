@@ -52,3 +52,12 @@ class OrdersConfig(AppConfig):
             resume=single_phase_resume,
             present=presenters.return_received,
         )
+        # The admin's return and cancel forms answer with redirects.
+        from . import admin_compensation
+
+        for name, present in (
+            (admin_compensation.ADMIN_RETURN_RECEIVE, admin_compensation.return_redirect),
+            (admin_compensation.ADMIN_RETURN_RETRY, admin_compensation.return_redirect),
+            (admin_compensation.ADMIN_ORDER_CANCEL, admin_compensation.order_redirect),
+        ):
+            register_operation(name, resume=single_phase_resume, present=present)
