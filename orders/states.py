@@ -2,9 +2,9 @@
 
 A status changes only along these arrows (`None` is "not yet created"), by a
 conditional UPDATE that names the source status, and each change writes an
-`OrderEvent` in the same transaction. Statuses no code drives yet
-(cancelling a confirmed order, shipping) are listed here already so the
-whole machine is in one place.
+`OrderEvent` in the same transaction. Cancelling a confirmed order
+(`cancelling` → `cancelled`) is driven by its compensation steps
+(docs/compensation.md); returns and steps have their machines here too.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ ORDER_TRANSITIONS: dict[str | None, frozenset[str]] = {
     OrderStatus.PAYMENT_PENDING: frozenset(
         {OrderStatus.CONFIRMED, OrderStatus.PARTIALLY_CONFIRMED, OrderStatus.PAYMENT_FAILED}
     ),
-    # Compensation (refund, restock) of a confirmed order: not built yet.
+    # A confirmed order's cancellation: compensation steps, then cancelled.
     OrderStatus.CONFIRMED: frozenset({OrderStatus.CANCELLING}),
     OrderStatus.PARTIALLY_CONFIRMED: frozenset({OrderStatus.CANCELLING}),
     OrderStatus.CANCELLING: frozenset({OrderStatus.CANCELLED}),
