@@ -200,6 +200,27 @@ def reservations_release(
     return len(moved)
 
 
+@transaction.atomic(savepoint=False)
+def stock_restock(*, units: Mapping[int, int]) -> None:
+    """Put sold units back on hand: {product id: units} (a received return, a cancelled order).
+
+    `on_hand += units` by F() in the caller's transaction (no savepoint: the
+    caller's step-done transition commits with it, or neither does). Stock
+    rows are locked in primary-key order when there are several.
+    """
+    assert all(quantity > 0 for quantity in units.values()), units
+    stock_ids = dict(
+        StockItem.objects.filter(product_id__in=list(units)).values_list("product_id", "id")
+    )
+    assert len(stock_ids) == len(units), "every product has its stock row"
+    by_stock = {stock_ids[product_id]: quantity for product_id, quantity in units.items()}
+    _lock_if_several(by_stock)
+    for stock_id in sorted(by_stock):
+        StockItem.objects.filter(id=stock_id).update(
+            on_hand=F("on_hand") + by_stock[stock_id], updated_at=Now()
+        )
+
+
 def reservations_set_expiry(*, reservation_ids: Iterable, expires_at: datetime | None) -> int:
     """Set when held flags expire; None = never (their order's payment is being decided)."""
     return Reservation.objects.filter(

@@ -384,3 +384,9 @@ class ShipmentAdmin(ReadOnlyAdmin):
             "<th>location</th><th>received at</th></tr></thead><tbody>{}</tbody></table>",
             rows,
         )
+
+
+# Returns, compensation steps and "Cancel order" (orders/admin_compensation.py).
+from .admin_compensation import extend_order_admin  # noqa: E402
+
+extend_order_admin(OrderAdmin)

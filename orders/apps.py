@@ -41,3 +41,23 @@ class OrdersConfig(AppConfig):
             resume=single_phase_resume,
             present=orders_admin.refund_redirect,
         )
+        # Returns (orders/returns.py): one-phase keyed runs, the API's answers.
+        register_operation(
+            operations.RETURN_CREATE,
+            resume=single_phase_resume,
+            present=presenters.return_created,
+        )
+        register_operation(
+            operations.RETURN_RECEIVE,
+            resume=single_phase_resume,
+            present=presenters.return_received,
+        )
+        # The admin's return and cancel forms answer with redirects.
+        from . import admin_compensation
+
+        for name, present in (
+            (admin_compensation.ADMIN_RETURN_RECEIVE, admin_compensation.return_redirect),
+            (admin_compensation.ADMIN_RETURN_RETRY, admin_compensation.return_redirect),
+            (admin_compensation.ADMIN_ORDER_CANCEL, admin_compensation.order_redirect),
+        ):
+            register_operation(name, resume=single_phase_resume, present=present)

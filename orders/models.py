@@ -7,9 +7,20 @@ from django.db import models
 from django.db.models import F, Q
 from django.db.models.functions import Now
 
+from core.due import DuePolicy, DueWork, due_index
 from inventory.models import Product, Reservation
 
-from .states import Fulfillment, LineStatus, OnShortage, OrderStatus, TrackingStatus
+from .states import (
+    CompensationKind,
+    Fulfillment,
+    LineStatus,
+    OnShortage,
+    OrderStatus,
+    ReturnStatus,
+    StepName,
+    StepStatus,
+    TrackingStatus,
+)
 
 # Created by migration 0001; numbers are human-readable and never reused.
 ORDER_NUMBER_SEQUENCE = "orders_order_number_seq"
@@ -218,3 +229,145 @@ class TrackingEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.event_id} {self.status} at {self.occurred_at}"
+
+
+class ReturnRequest(models.Model):
+    """A shopper sending shipped units back (docs/compensation.md).
+
+    `requested` is an open return: its units count against what the order's
+    lines may still return. Receiving it (one conditional UPDATE
+    requested → processing) moves its units into the lines'
+    `quantity_returned` and inserts its compensation steps, in one
+    transaction.
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    order = models.ForeignKey(Order, on_delete=models.PROTECT, related_name="returns")
+    status = models.CharField(
+        max_length=20, choices=ReturnStatus.choices, default=ReturnStatus.REQUESTED
+    )
+    reason = models.CharField(max_length=500, blank=True, default="")
+    # Σ unit_price × quantity of its lines: what its refund step refunds.
+    refund_amount = models.DecimalField(max_digits=14, decimal_places=2)
+    currency = models.CharField(max_length=3)
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    received_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    received_at = models.DateTimeField(null=True, blank=True)
+    completed_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(db_default=Now())
+    updated_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        constraints = [
+            _choices_check("status", ReturnStatus, "orders_return_status_valid"),
+            models.CheckConstraint(
+                condition=Q(refund_amount__gte=0), name="orders_return_refund_non_negative"
+            ),
+            models.CheckConstraint(
+                condition=Q(status=ReturnStatus.REQUESTED) | Q(received_at__isnull=False),
+                name="orders_return_received_at_set",
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["order", "status"], name="orders_return_order_status_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"return {self.id} of order {self.order_id} ({self.status})"
+
+
+class ReturnLine(models.Model):
+    """Units of one order line in one return."""
+
+    order_return = models.ForeignKey(ReturnRequest, on_delete=models.PROTECT, related_name="lines")
+    order_line = models.ForeignKey(OrderLine, on_delete=models.PROTECT, related_name="+")
+    sku = models.CharField(max_length=64)
+    quantity = models.IntegerField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["order_return", "order_line"], name="orders_returnline_line_uniq"
+            ),
+            models.CheckConstraint(
+                condition=Q(quantity__gte=1), name="orders_returnline_quantity_positive"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.sku} × {self.quantity}"
+
+
+class CompensationStep(DueWork):
+    """One compensation step of a received return or a cancelled confirmed order (due work).
+
+    One row per (return, step) or (cancelled order, step), inserted in the
+    transaction that started the compensation; the unique constraints make
+    a second set impossible. `status` mirrors the due-work columns for
+    people (pending, running, done, failed); `done_at` and
+    `needs_attention` are what the machinery reads. `after` names the step
+    this one waits for (docs/compensation.md, "Order of the steps").
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    kind = models.CharField(max_length=16, choices=CompensationKind.choices)
+    order = models.ForeignKey(Order, on_delete=models.PROTECT, related_name="compensation_steps")
+    order_return = models.ForeignKey(
+        ReturnRequest, on_delete=models.PROTECT, null=True, blank=True, related_name="steps"
+    )
+    name = models.CharField(max_length=16, choices=StepName.choices)
+    position = models.PositiveSmallIntegerField()
+    status = models.CharField(max_length=16, choices=StepStatus.choices, default=StepStatus.PENDING)
+    after = models.CharField(max_length=16, choices=StepName.choices, blank=True, default="")
+    # The refund step's derived refund id (uuid5 of the return or cancellation).
+    refund_id = models.UUIDField(null=True, blank=True)
+    detail = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(db_default=Now())
+    updated_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["order_return", "name"],
+                condition=Q(kind=CompensationKind.RETURN),
+                name="orders_step_return_name_uniq",
+            ),
+            models.UniqueConstraint(
+                fields=["order", "name"],
+                condition=Q(kind=CompensationKind.CANCELLATION),
+                name="orders_step_cancellation_name_uniq",
+            ),
+            models.CheckConstraint(
+                condition=(Q(kind=CompensationKind.RETURN) & Q(order_return__isnull=False))
+                | (Q(kind=CompensationKind.CANCELLATION) & Q(order_return__isnull=True)),
+                name="orders_step_kind_matches_return",
+            ),
+            models.CheckConstraint(
+                condition=(Q(status=StepStatus.DONE) & Q(done_at__isnull=False))
+                | (~Q(status=StepStatus.DONE) & Q(done_at__isnull=True)),
+                name="orders_step_done_matches_done_at",
+            ),
+            _choices_check("status", StepStatus, "orders_step_status_valid"),
+            _choices_check("name", StepName, "orders_step_name_valid"),
+        ]
+        indexes = [
+            due_index(name="orders_step_due_idx"),
+            models.Index(fields=["order", "position"], name="orders_step_order_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} step {self.name} ({self.status})"
+
+    @classmethod
+    def due_policy(cls) -> DuePolicy:
+        return DuePolicy(
+            task="orders.compensation_step",
+            max_attempts=settings.COMPENSATION_MAX_ATTEMPTS,
+            backoff_base=settings.COMPENSATION_BACKOFF_BASE,
+            backoff_max=settings.COMPENSATION_BACKOFF_MAX,
+            lease=settings.COMPENSATION_LEASE,
+        )

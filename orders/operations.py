@@ -60,12 +60,16 @@ CONFIRM = "order.confirm"
 CANCEL = "order.cancel"
 SHIPMENT_CREATE = "shipment.create"
 REFUND_CREATE = "refund.create"
+RETURN_CREATE = "return.create"
+RETURN_RECEIVE = "return.receive"
 
 RESERVED = "reserved"
 PAYMENT_UNKNOWN = "payment_unknown"
 CANCELLED = "cancelled"
 SHIPPED = "shipped"
 REFUNDED = "refund_requested"
+RETURN_REQUESTED = "return_requested"
+RETURN_RECEIVED = "return_received"
 
 
 def order_result(order: Order) -> Result:
@@ -179,7 +183,9 @@ def order_cancel_keyed(*, run: KeyRun, present: Presenter, order_id) -> None:
     """Cancel an order under a request key; refusals (409) are stored like answers."""
     with refusals_presented(run, present), run.phase(next_point=CANCELLED):
         order = services.order_cancel(order_id=order_id)
-        settle(run, Result.done(selectors.order_get(order_id=order.id)), present)
+        answer = selectors.order_get(order_id=order.id)
+        answer.cancel_started = getattr(order, "cancel_started", False)
+        settle(run, Result.done(answer), present)
 
 
 def shipment_create_keyed(
@@ -249,3 +255,31 @@ def order_resume(run: KeyRun, present: Presenter) -> None:
             settle(run, order_result(order), present)
         return
     _capture(run, present)
+
+
+# --- Returns (orders/returns.py) ----------------------------------------------------
+
+
+def return_create_keyed(
+    *, run: KeyRun, present: Presenter, order_id, lines, reason: str, requested_by
+) -> None:
+    """Ask for a return under a request key: one phase; refusals (422) are stored like answers.
+
+    A 400 (a sku not in the order) is not stored: the key is released.
+    """
+    from . import returns
+
+    with refusals_presented(run, present), run.phase(next_point=RETURN_REQUESTED):
+        order_return = returns.return_request(
+            order_id=order_id, lines=lines, reason=reason, requested_by=requested_by
+        )
+        settle(run, Result.done(order_return), present)
+
+
+def return_receive_keyed(*, run: KeyRun, present: Presenter, return_id, by) -> None:
+    """Mark a return received under a request key (one phase): the compensation starts once."""
+    from . import returns
+
+    with refusals_presented(run, present), run.phase(next_point=RETURN_RECEIVED):
+        order_return = returns.return_receive(return_id=return_id, by=by)
+        settle(run, Result.done(order_return), present)

@@ -29,6 +29,7 @@ from django.db.models.functions import Now
 
 from core.errors import ApplicationError
 from core.money import format_money, minor_units
+from idempotency.failpoints import failpoint
 from idempotency.outbox import outbox_write
 from inventory import services as inventory_services
 from inventory.models import Product, Reservation
@@ -36,11 +37,12 @@ from payments import services as payment_services
 from payments.lock_objects import payment_lock
 from payments.models import Payment, PaymentStatus
 
-from . import selectors
+from . import compensation, lock_objects, selectors
 from .models import Order, OrderEvent, OrderLine
 from .states import (
     LINE_TRANSITIONS,
     ORDER_TRANSITIONS,
+    CompensationKind,
     Fulfillment,
     LineStatus,
     OnShortage,
@@ -169,31 +171,36 @@ def _reservation_ids(lines: Sequence[OrderLine]) -> list:
 
 def _publish(*, order: Order, event_type: str, lines: Sequence[OrderLine] | None = None) -> None:
     """Write the order's event to the outbox, in the transaction that made it true."""
-    if lines is None:
-        lines = list(OrderLine.objects.filter(order_id=order.id).order_by("position"))
     outbox_write(
         aggregate_type="order",
         aggregate_id=str(order.id),
         event_type=event_type,
-        payload={
-            "order_id": str(order.id),
-            "number": order.number,
-            "owner_id": order.owner_id,
-            "status": order.status,
-            "total": format_money(order.total),
-            "currency": order.currency,
-            "lines": [
-                {
-                    "sku": line.sku,
-                    "quantity_requested": line.quantity_requested,
-                    "quantity_confirmed": line.quantity_confirmed,
-                    "unit_price": format_money(line.unit_price),
-                    "status": line.status,
-                }
-                for line in lines
-            ],
-        },
+        payload=order_event_payload(order=order, lines=lines),
     )
+
+
+def order_event_payload(*, order: Order, lines: Sequence[OrderLine] | None = None) -> dict:
+    """The payload of the order's outbox events (docs/events.md)."""
+    if lines is None:
+        lines = list(OrderLine.objects.filter(order_id=order.id).order_by("position"))
+    return {
+        "order_id": str(order.id),
+        "number": order.number,
+        "owner_id": order.owner_id,
+        "status": order.status,
+        "total": format_money(order.total),
+        "currency": order.currency,
+        "lines": [
+            {
+                "sku": line.sku,
+                "quantity_requested": line.quantity_requested,
+                "quantity_confirmed": line.quantity_confirmed,
+                "unit_price": format_money(line.unit_price),
+                "status": line.status,
+            }
+            for line in lines
+        ],
+    }
 
 
 @transaction.atomic
@@ -451,13 +458,20 @@ def order_decide_confirm(*, order_id) -> Order:
 
 @transaction.atomic
 def order_cancel(*, order_id) -> Order:
-    """Cancel an order awaiting the shopper's decision: flags reset, `cancelled`.
+    """Cancel an order: awaiting a decision → flags reset, `cancelled`; confirmed → `cancelling`.
 
-    Already cancelled (or cancelling) → returned unchanged. Confirmed orders
-    are cancelled by compensation (refund, restock), which arrives with its
-    own issue; until then they answer 409 `invalid_state`.
+    A confirmed (or partially confirmed) order with nothing shipped moves to
+    `cancelling` under the order's row lock — the lock a shipment takes, so
+    a cancel and a shipment racing for the order are decided one after the
+    other: the shipment refuses a cancelling order, the cancel refuses a
+    shipped one (409 `order_shipped`). The transition's transaction inserts
+    the compensation steps (orders.compensation); the last one to finish
+    moves the order to `cancelled` (`order_cancel_complete`). The returned
+    order carries `cancel_started` (True only for the call that started it).
+    Already cancelling or cancelled → returned unchanged.
     """
     order = Order.objects.get(id=order_id)
+    order.cancel_started = False
     moved = _transition(
         order=order,
         source=OrderStatus.AWAITING_DECISION,
@@ -471,10 +485,13 @@ def order_cancel(*, order_id) -> Order:
         _publish(order=order, event_type="order.cancelled")
         return order
 
-    order = Order.objects.get(id=order_id)
+    order = lock_objects.order_lock(order_id=order_id)
+    lines = lock_objects.order_lines_lock(order_id=order_id)
+    failpoint("orders.cancel.locked")
+    order.cancel_started = False
     if order.status in (OrderStatus.CANCELLED, OrderStatus.CANCELLING):
         return order
-    if order.fulfillment != Fulfillment.UNFULFILLED:
+    if order.fulfillment != Fulfillment.UNFULFILLED or any(line.quantity_shipped for line in lines):
         raise OrderShipped("Part of this order has shipped; return it instead.")
     if order.status == OrderStatus.PAYMENT_PENDING:
         raise PaymentPending(
@@ -482,8 +499,30 @@ def order_cancel(*, order_id) -> Order:
             extra={"order_id": str(order.id)},
         )
     if order.status in (OrderStatus.CONFIRMED, OrderStatus.PARTIALLY_CONFIRMED):
-        raise InvalidState("Cancelling a confirmed order is not available yet.")
+        started = _transition(
+            order=order,
+            source=order.status,
+            target=OrderStatus.CANCELLING,
+            kind="cancellation_started",
+        )
+        assert started is not None, "the order moved under its row lock"
+        compensation.steps_insert(order_id=order.id, kind=CompensationKind.CANCELLATION)
+        order.cancel_started = True
+        return order
     raise InvalidState(f"An order that is {order.status} cannot be cancelled.")
+
+
+def order_cancel_complete(*, order_id) -> bool:
+    """`cancelling` → `cancelled` once every cancellation step is done (order row locked)."""
+    return (
+        _transition(
+            order=Order(id=order_id),
+            source=OrderStatus.CANCELLING,
+            target=OrderStatus.CANCELLED,
+            kind="cancelled",
+        )
+        is not None
+    )
 
 
 @transaction.atomic

@@ -2,9 +2,9 @@
 
 A status changes only along these arrows (`None` is "not yet created"), by a
 conditional UPDATE that names the source status, and each change writes an
-`OrderEvent` in the same transaction. Statuses no code drives yet
-(cancelling a confirmed order, shipping) are listed here already so the
-whole machine is in one place.
+`OrderEvent` in the same transaction. Cancelling a confirmed order
+(`cancelling` → `cancelled`) is driven by its compensation steps
+(docs/compensation.md); returns and steps have their machines here too.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ ORDER_TRANSITIONS: dict[str | None, frozenset[str]] = {
     OrderStatus.PAYMENT_PENDING: frozenset(
         {OrderStatus.CONFIRMED, OrderStatus.PARTIALLY_CONFIRMED, OrderStatus.PAYMENT_FAILED}
     ),
-    # Compensation (refund, restock) of a confirmed order: not built yet.
+    # A confirmed order's cancellation: compensation steps, then cancelled.
     OrderStatus.CONFIRMED: frozenset({OrderStatus.CANCELLING}),
     OrderStatus.PARTIALLY_CONFIRMED: frozenset({OrderStatus.CANCELLING}),
     OrderStatus.CANCELLING: frozenset({OrderStatus.CANCELLED}),
@@ -104,3 +104,44 @@ class TrackingStatus(models.TextChoices):
     OUT_FOR_DELIVERY = "out_for_delivery"
     DELIVERED = "delivered"
     EXCEPTION = "exception"
+
+
+class ReturnStatus(models.TextChoices):
+    """A return's statuses (contract: "Returns")."""
+
+    REQUESTED = "requested"  # the shopper asked; the units are not back yet (an open return)
+    PROCESSING = "processing"  # received: its compensation steps are running
+    COMPLETED = "completed"  # every step done
+    NEEDS_ATTENTION = "needs_attention"  # a step used its budget or met a refusal: staff decide
+
+
+RETURN_TRANSITIONS: dict[str | None, frozenset[str]] = {
+    None: frozenset({ReturnStatus.REQUESTED}),
+    ReturnStatus.REQUESTED: frozenset({ReturnStatus.PROCESSING}),
+    ReturnStatus.PROCESSING: frozenset({ReturnStatus.COMPLETED, ReturnStatus.NEEDS_ATTENTION}),
+    # "Retry failed steps" puts it back to processing; a late step finishing completes it.
+    ReturnStatus.NEEDS_ATTENTION: frozenset({ReturnStatus.PROCESSING, ReturnStatus.COMPLETED}),
+    ReturnStatus.COMPLETED: frozenset(),
+}
+
+
+class StepName(models.TextChoices):
+    """The compensation steps (contract: the return body's `steps`); cancellations use them too."""
+
+    RESTOCK = "restock"
+    REFUND = "refund"
+    HISTORY = "history"
+    LOYALTY = "loyalty"
+    NOTIFY = "notify"
+
+
+class StepStatus(models.TextChoices):
+    PENDING = "pending"  # due now or later (not tried yet, waiting, or failed and backing off)
+    RUNNING = "running"  # an attempt was taken and has not reported (a killed one looks so too)
+    DONE = "done"  # its effect is recorded; nothing is due
+    FAILED = "failed"  # needs attention: budget spent or a refusal; staff "Retry failed steps"
+
+
+class CompensationKind(models.TextChoices):
+    RETURN = "return"  # a received return's steps
+    CANCELLATION = "cancellation"  # a confirmed order's cancellation

@@ -382,6 +382,25 @@ CELERY_BEAT_SCHEDULE["reports.daily_sales_previous_day"] = {
     "schedule": crontab(minute=env.int("REPORTS_DAILY_SALES_MINUTE", default=30), hour=0),
     "options": {"expires": 3600},
 }
+# Compensation (docs/compensation.md): a received return's or a cancelled order's
+# steps are due rows (core.due), rung after commit and swept by beat.
+COMPENSATION_MAX_ATTEMPTS = env.int("COMPENSATION_MAX_ATTEMPTS", default=10)
+COMPENSATION_BACKOFF_BASE = env.float("COMPENSATION_BACKOFF_BASE", default=2.0)
+COMPENSATION_BACKOFF_MAX = env.float("COMPENSATION_BACKOFF_MAX", default=300.0)
+COMPENSATION_LEASE = env.float("COMPENSATION_LEASE", default=CELERY_VISIBILITY_TIMEOUT + 30)
+# How soon a step waiting for its refund (or for the step it follows) looks again.
+COMPENSATION_WAIT_SECONDS = env.float("COMPENSATION_WAIT_SECONDS", default=5.0)
+COMPENSATION_SWEEP_INTERVAL = env.float("COMPENSATION_SWEEP_INTERVAL", default=5.0)
+COMPENSATION_SWEEP_BATCH = env.int("COMPENSATION_SWEEP_BATCH", default=100)
+CELERY_BEAT_SCHEDULE["orders.sweep_compensation"] = {
+    "task": "orders.sweep_compensation",
+    "schedule": COMPENSATION_SWEEP_INTERVAL,
+    "options": {"expires": COMPENSATION_SWEEP_INTERVAL},
+}
+# The notify step's e-mail (Django's email backend; at least once by nature).
+EMAIL_BACKEND = env.str("EMAIL_BACKEND", default="django.core.mail.backends.console.EmailBackend")
+EMAIL_FILE_PATH = env.str("EMAIL_FILE_PATH", default="")
+DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="shop@example.com")
 # Settlement's outcome confirms or fails the order, in the transaction that records it.
 PAYMENTS_SETTLED_HANDLER = "orders.services.order_payment_settled"
 

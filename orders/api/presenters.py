@@ -34,8 +34,10 @@ def order_confirmed(result: Result) -> Reply:
 
 
 def order_cancelled(result: Result) -> Reply:
-    """POST /orders/{id}/cancel/: 200 with the order, or the problem."""
-    return _order_reply(result, status=200)
+    """POST /orders/{id}/cancel/: 202 when this request started the cancellation's
+    compensation (`cancelling`), 200 with the order otherwise, or the problem."""
+    started = getattr(result.value, "cancel_started", False)
+    return _order_reply(result, status=202 if started else 200)
 
 
 def shipment_created(result: Result) -> Reply:
@@ -50,3 +52,21 @@ def refund_created(result: Result) -> Reply:
     if result.refusal is not None:
         return Reply.for_problem(result.refusal)
     return Reply(status=201, body=refund_body(result.value, order_id=result.value.order_id))
+
+
+def return_created(result: Result) -> Reply:
+    """POST /orders/{id}/returns/: 201 with the return body, or the problem (422)."""
+    from ..returns import return_body
+
+    if result.refusal is not None:
+        return Reply.for_problem(result.refusal)
+    return Reply(status=201, body=return_body(result.value))
+
+
+def return_received(result: Result) -> Reply:
+    """POST /returns/{id}/receive/: 202 with the return body (also when already received)."""
+    from ..returns import return_body
+
+    if result.refusal is not None:
+        return Reply.for_problem(result.refusal)
+    return Reply(status=202, body=return_body(result.value))

@@ -27,3 +27,20 @@ urlpatterns += [
 urlpatterns += [
     path("orders/<str:order_id>/refunds/", refunds.RefundsView.as_view(), name="order-refunds"),
 ]
+
+# Returns (orders/api/returns.py).
+from . import returns as returns_api  # noqa: E402
+
+urlpatterns += [
+    path(
+        "orders/<str:order_id>/returns/",
+        returns_api.OrderReturnsView.as_view(),
+        name="order-returns",
+    ),
+    path("returns/<str:return_id>/", returns_api.ReturnDetailView.as_view(), name="return-detail"),
+    path(
+        "returns/<str:return_id>/receive/",
+        returns_api.ReturnReceiveView.as_view(),
+        name="return-receive",
+    ),
+]

@@ -235,11 +235,16 @@ class TestDecision:
         with pytest.raises(PaymentPending):
             order_cancel(order_id=pending.id)
         order_payment_record(order_id=pending.id, captured=True)
-        with pytest.raises(InvalidState):
-            order_cancel(order_id=pending.id)
         Order.objects.filter(id=pending.id).update(fulfillment="shipped")
         with pytest.raises(OrderShipped):
             order_cancel(order_id=pending.id)
+        # Confirmed and unshipped: compensation starts (docs/compensation.md).
+        Order.objects.filter(id=pending.id).update(fulfillment="unfulfilled")
+        started = order_cancel(order_id=pending.id)
+        assert started.status == "cancelling" and started.cancel_started
+        again = order_cancel(order_id=pending.id)
+        assert again.status == "cancelling" and not again.cancel_started
+        assert pending.compensation_steps.count() == 5
         failed = reserve({"TEE-M": 1})
         order_payment_record(order_id=failed.id, captured=False)
         with pytest.raises(InvalidState):

@@ -274,10 +274,10 @@ def test_the_decision_page_without_javascript(browser, catalog, reserve_ask):
 
 @pytest.fixture
 def reserve_ask(shopper, catalog):
-    from orders.services import order_reserve
+    from orders.services import order_hold
     from tests.orders.conftest import ADDRESS
 
-    return order_reserve(
+    return order_hold(
         owner=shopper,
         lines=line_requests({"TEE-M": 1, "SOCKS": 1}),
         on_shortage="ask",

@@ -1,0 +1,304 @@
+"""Staff views of returns and compensation: read-only rows, keyed forms for every action.
+
+"Mark received" and "Retry failed steps" (returns) and "Cancel order"
+(orders) are each a small page whose form carries its own request key
+(`{% idempotency_key_field %}`, idempotency.views.idempotent_form): a double
+click of one form is a replay; two tabs, two staff, or the admin and the
+warehouse scanner at once are decided by the services' conditional UPDATEs
+(`return_receive`, `steps_retry_failed`, `order_cancel`): one run of steps.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from django.contrib import admin
+from django.http import HttpResponseRedirect
+from django.shortcuts import get_object_or_404
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils.html import format_html, format_html_join
+
+from core.admin import DueWorkAdmin, ReadOnlyAdmin, ReadOnlyInline
+from idempotency.keys import KeyRun
+from idempotency.operations import Presenter, Reply, Result, refusals_presented, settle
+from idempotency.views import idempotent_form
+from payments.models import Refund
+
+from . import compensation, returns, services
+from .models import CompensationStep, Order, ReturnLine, ReturnRequest
+from .states import CompensationKind, StepStatus
+
+ADMIN_RETURN_RECEIVE = "admin.return.receive"
+ADMIN_RETURN_RETRY = "admin.return.retry"
+ADMIN_ORDER_CANCEL = "admin.order.cancel"
+DONE = "done"
+
+
+def redirect_to(url_name: str):
+    """A presenter answering 303 to the object's admin page (a refusal too, with its detail)."""
+
+    def present(result: Result) -> Reply:
+        value = result.value
+        if result.refusal is not None:
+            return Reply(status=303, headers={"Location": reverse("admin:index")})
+        return Reply(status=303, headers={"Location": reverse(url_name, args=[value.pk])})
+
+    return present
+
+
+return_redirect = redirect_to("admin:orders_returnrequest_change")
+order_redirect = redirect_to("admin:orders_order_change")
+
+
+def _one_phase(run: KeyRun, present: Presenter, call) -> None:
+    with refusals_presented(run, present), run.phase(next_point=DONE):
+        settle(run, Result.done(call()), present)
+
+
+@idempotent_form(operation=ADMIN_RETURN_RECEIVE)
+def _receive_submit(request, order_return, *, key):
+    if key is None:
+        return None
+    _one_phase(
+        key.claim(),
+        return_redirect,
+        lambda: returns.return_receive(return_id=order_return.id, by=request.user),
+    )
+
+
+@idempotent_form(operation=ADMIN_RETURN_RETRY)
+def _retry_submit(request, order_return, *, key):
+    if key is None:
+        return None
+
+    def retry():
+        compensation.return_retry_failed_steps(return_id=order_return.id, by=request.user)
+        return ReturnRequest.objects.get(id=order_return.id)
+
+    _one_phase(key.claim(), return_redirect, retry)
+
+
+@idempotent_form(operation=ADMIN_ORDER_CANCEL)
+def _cancel_submit(request, order, *, key):
+    if key is None:
+        return None
+
+    def cancel():
+        services.order_cancel(order_id=order.id)
+        return Order.objects.get(id=order.id)
+
+    _one_phase(key.claim(), order_redirect, cancel)
+
+
+def _steps_table(steps) -> str:
+    rows = [
+        (
+            reverse("admin:orders_compensationstep_change", args=[s.pk]),
+            s.name,
+            s.status,
+            s.attempts,
+            s.next_attempt_at,
+            s.after or "-",
+            str(s.refund_id or "-"),
+            s.last_error or "",
+        )
+        for s in steps
+    ]
+    if not rows:
+        return "-"
+    body = format_html_join(
+        "",
+        '<tr class="step"><td><a href="{}">{}</a></td><td>{}</td><td>{}</td><td>{}</td>'
+        "<td>{}</td><td>{}</td><td>{}</td></tr>",
+        rows,
+    )
+    return format_html(
+        "<table><thead><tr><th>step</th><th>status</th><th>attempts</th><th>next attempt</th>"
+        "<th>after</th><th>refund</th><th>last error</th></tr></thead><tbody>{}</tbody></table>",
+        body,
+    )
+
+
+class ReturnLineInline(ReadOnlyInline):
+    model = ReturnLine
+    fields = ["sku", "quantity", "order_line"]
+    readonly_fields = fields
+
+
+@admin.register(ReturnRequest)
+class ReturnRequestAdmin(ReadOnlyAdmin):
+    list_display = ["id", "order", "status", "refund_amount", "currency", "created_at"]
+    list_filter = ["status", "created_at"]
+    list_select_related = ["order"]
+    search_fields = ["=order__number"]
+    ordering = ["-created_at"]
+    fields = [
+        "id",
+        "order",
+        "status",
+        "reason",
+        "refund_amount",
+        "currency",
+        "requested_by",
+        "received_by",
+        "received_at",
+        "completed_at",
+        "steps_table",
+        "refund_row",
+    ]
+    readonly_fields = fields
+    inlines = [ReturnLineInline]
+    actions = ["mark_received", "retry_failed_steps"]
+    change_form_template = "admin/orders/returnrequest/change_form.html"
+
+    @admin.display(description="steps")
+    def steps_table(self, obj):
+        return _steps_table(CompensationStep.objects.filter(order_return=obj).order_by("position"))
+
+    @admin.display(description="refund")
+    def refund_row(self, obj):
+        refund = Refund.objects.filter(id=compensation.return_refund_id(obj.id)).first()
+        if refund is None:
+            return "-"
+        url = reverse("admin:payments_refund_change", args=[refund.pk])
+        return format_html(
+            '<a href="{}">{}</a> {} {} {}',
+            url,
+            refund.pk,
+            refund.amount,
+            refund.currency,
+            refund.status,
+        )
+
+    def _one(self, request, queryset, url_name):
+        ids = list(queryset.values_list("id", flat=True)[:2])
+        if len(ids) != 1:
+            self.message_user(request, "Select exactly one return.", level="warning")
+            return None
+        return HttpResponseRedirect(reverse(url_name, args=[ids[0]]))
+
+    @admin.action(description="Mark received")
+    def mark_received(self, request, queryset):
+        return self._one(request, queryset, "admin:orders_returnrequest_receive")
+
+    @admin.action(description="Retry failed steps")
+    def retry_failed_steps(self, request, queryset):
+        return self._one(request, queryset, "admin:orders_returnrequest_retry")
+
+    def get_urls(self):
+        def view(action):
+            return self.admin_site.admin_view(functools.partial(self.action_view, action=action))
+
+        return [
+            path("<path:object_id>/receive/", view("receive"), name="orders_returnrequest_receive"),
+            path("<path:object_id>/retry/", view("retry"), name="orders_returnrequest_retry"),
+            *super().get_urls(),
+        ]
+
+    def action_view(self, request, object_id, *, action: str):
+        """GET: the form with a fresh request key; POST: keyed (idempotent_form)."""
+        order_return = get_object_or_404(ReturnRequest, pk=object_id)
+        if request.method == "POST":
+            submit = _receive_submit if action == "receive" else _retry_submit
+            answer = submit(request, order_return)
+            if answer is not None:
+                return answer
+        title = "Mark received" if action == "receive" else "Retry failed steps"
+        return TemplateResponse(
+            request,
+            "admin/orders/returnrequest/action.html",
+            {
+                **self.admin_site.each_context(request),
+                "title": f"{title}: return {order_return.id}",
+                "opts": self.model._meta,
+                "order_return": order_return,
+                "button": title,
+                "failed": CompensationStep.objects.filter(
+                    order_return=order_return, status=StepStatus.FAILED
+                ).count(),
+            },
+        )
+
+
+@admin.register(CompensationStep)
+class CompensationStepAdmin(DueWorkAdmin):
+    """Every compensation step row (due work): "Retry now" is "Retry failed steps" per row."""
+
+    list_display = ["id", "kind", "order", "order_return", "name", "status", "after"]
+    list_display = [*list_display, *DueWorkAdmin.due_list_display]
+    list_filter = ["kind", "name", "status", *DueWorkAdmin.list_filter]
+    ordering = ["-id"]
+
+    def retry_one(self, request, pk) -> bool:
+        return bool(compensation.steps_retry_failed(step_ids=[pk], by=request.user))
+
+
+class ReturnInline(ReadOnlyInline):
+    model = ReturnRequest
+    fields = ["return_link", "status", "refund_amount", "created_at", "steps"]
+    readonly_fields = fields
+    ordering = ["created_at"]
+
+    @admin.display(description="return")
+    def return_link(self, obj):
+        url = reverse("admin:orders_returnrequest_change", args=[obj.pk])
+        return format_html('<a href="{}">{}</a>', url, obj.pk)
+
+    @admin.display(description="steps")
+    def steps(self, obj):
+        return _steps_table(CompensationStep.objects.filter(order_return=obj).order_by("position"))
+
+
+class CancellationStepInline(ReadOnlyInline):
+    model = CompensationStep
+    verbose_name_plural = "cancellation steps"
+    fields = ["name", "status", "attempts", "next_attempt_at", "after", "refund_id", "last_error"]
+    readonly_fields = fields
+    ordering = ["position"]
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).filter(kind=CompensationKind.CANCELLATION)
+
+
+def extend_order_admin(order_admin: type) -> None:
+    """Add returns, cancellation steps and the "Cancel order" action to the orders' admin."""
+    order_admin.inlines = [*order_admin.inlines, ReturnInline, CancellationStepInline]
+
+    @admin.action(description="Cancel order")
+    def cancel_order(modeladmin, request, queryset):
+        ids = list(queryset.values_list("id", flat=True)[:2])
+        if len(ids) != 1:
+            modeladmin.message_user(request, "Select exactly one order.", level="warning")
+            return None
+        return HttpResponseRedirect(reverse("admin:orders_order_cancel", args=[ids[0]]))
+
+    order_admin.actions = [*order_admin.actions, cancel_order]
+    base_urls = order_admin.get_urls
+
+    def cancel_view(self, request, object_id):
+        order = get_object_or_404(Order, pk=object_id)
+        if request.method == "POST":
+            answer = _cancel_submit(request, order)
+            if answer is not None:
+                return answer
+        return TemplateResponse(
+            request,
+            "admin/orders/returnrequest/action.html",
+            {
+                **self.admin_site.each_context(request),
+                "title": f"Cancel order {order.number}",
+                "opts": self.model._meta,
+                "order": order,
+                "button": "Cancel order",
+            },
+        )
+
+    def get_urls(self):
+        view = self.admin_site.admin_view(functools.partial(cancel_view, self))
+        return [
+            path("<path:object_id>/cancel-order/", view, name="orders_order_cancel"),
+            *base_urls(self),
+        ]
+
+    order_admin.get_urls = get_urls
