@@ -5,14 +5,14 @@ domain `Result` — an order, a stock item, a refusal; final or still open —
 and never builds an answer itself. The caller passes a `present` function
 that turns the result into a `Reply` (status, body, headers): the API a JSON
 body, a storefront form a 303 redirect, an admin action whatever its page
-needs. `settle()` gives the run that reply **inside the phase that decided
+needs. `close_run()` gives the run that reply **inside the phase that decided
 it**, so the stored answer still commits with the effect:
 
     def thing_create_keyed(*, run: KeyRun, present: Presenter, **params) -> None:
         with refusals_presented(run, present):        # a refusal is a result too
             with run.phase(next_point="finished"):
                 thing = services.thing_create(**params)
-                settle(run, Result.done(thing), present)
+                close_run(run, Result.done(thing), present)
 
     # the API view                                    # a form view
     thing_create_keyed(run=key.claim(),               thing_create_keyed(run=key.claim(),
@@ -92,7 +92,7 @@ Presenter = Callable[[Result], Reply]
 Resume = Callable[[KeyRun, Presenter], None]
 
 
-def settle(run: KeyRun, result: Result, present: Presenter) -> None:
+def close_run(run: KeyRun, result: Result, present: Presenter) -> None:
     """Give the run the answer `present` makes of `result`: stored if final, else left open.
 
     Inside a phase the answer commits in that phase's transaction (with the
@@ -139,7 +139,7 @@ def refusals_presented(run: KeyRun, present: Presenter) -> Iterator[None]:
     except ApplicationError as exc:
         if not _refusal_is_stored(run, exc):
             raise
-        settle(run, Result.refused(exc), present)
+        close_run(run, Result.refused(exc), present)
 
 
 def single_phase_resume(run: KeyRun, present: Presenter) -> None:

@@ -11,7 +11,7 @@ abandoned key committed nothing: the completer forgets it
 from __future__ import annotations
 
 from idempotency.keys import KeyRun
-from idempotency.operations import Presenter, Result, refusals_presented, settle
+from idempotency.operations import Presenter, Result, close_run, refusals_presented
 
 from .services import stock_adjust
 
@@ -25,4 +25,4 @@ def stock_adjust_keyed(
     """Adjust stock under a request key: one phase storing the answer with the change."""
     with refusals_presented(run, present), run.phase(next_point=ADJUSTED):
         stock = stock_adjust(sku=sku, delta=delta, set_to=set_to)
-        settle(run, Result.done(stock), present)
+        close_run(run, Result.done(stock), present)

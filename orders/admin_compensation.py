@@ -21,7 +21,7 @@ from django.utils.html import format_html, format_html_join
 
 from core.admin import DueWorkAdmin, ReadOnlyAdmin, ReadOnlyInline
 from idempotency.keys import KeyRun
-from idempotency.operations import Presenter, Reply, Result, refusals_presented, settle
+from idempotency.operations import Presenter, Reply, Result, close_run, refusals_presented
 from idempotency.views import idempotent_form
 from payments.models import Refund
 
@@ -53,7 +53,7 @@ order_redirect = redirect_to("admin:orders_order_change")
 
 def _one_phase(run: KeyRun, present: Presenter, call) -> None:
     with refusals_presented(run, present), run.phase(next_point=DONE):
-        settle(run, Result.done(call()), present)
+        close_run(run, Result.done(call()), present)
 
 
 @idempotent_form(operation=ADMIN_RETURN_RECEIVE)

@@ -41,7 +41,7 @@ from decimal import Decimal
 from idempotency.failpoints import failpoint
 from idempotency.keys import KeyRun
 from idempotency.models import STARTED
-from idempotency.operations import Presenter, Result, refusals_presented, settle
+from idempotency.operations import Presenter, Result, close_run, refusals_presented
 from payments.models import RefundOrigin
 from payments.services import (
     RefundInvalidState,
@@ -120,7 +120,7 @@ def _capture(run: KeyRun, present: Presenter) -> None:
         failpoint("checkout.capture.after")
     with run.phase(next_point=PAYMENT_UNKNOWN):
         order = services.order_payment_apply(order_id=order_id)
-        settle(run, order_result(order), present)
+        close_run(run, order_result(order), present)
 
 
 def order_place_keyed(
@@ -156,7 +156,7 @@ def order_place_keyed(
                 data["payment_id"] = order.payment_id and str(order.payment_id)
             if order.status != OrderStatus.PAYMENT_PENDING:
                 # Awaiting the shopper, or free and confirmed.
-                settle(run, order_result(order), present)
+                close_run(run, order_result(order), present)
         if run.closed:
             return
     _capture(run, present)
@@ -173,7 +173,7 @@ def order_confirm_keyed(*, run: KeyRun, present: Presenter, order_id) -> None:
             # Already paying (another key's confirm): join the same capture.
             data["payment_id"] = order.payment_id and str(order.payment_id)
             if order.status != OrderStatus.PAYMENT_PENDING:
-                settle(run, order_result(order), present)
+                close_run(run, order_result(order), present)
         if run.closed:
             return
     _capture(run, present)
@@ -185,7 +185,7 @@ def order_cancel_keyed(*, run: KeyRun, present: Presenter, order_id) -> None:
         order = services.order_cancel(order_id=order_id)
         answer = selectors.order_get(order_id=order.id)
         answer.cancel_started = getattr(order, "cancel_started", False)
-        settle(run, Result.done(answer), present)
+        close_run(run, Result.done(answer), present)
 
 
 def shipment_create_keyed(
@@ -202,7 +202,7 @@ def shipment_create_keyed(
         shipment = shipments.shipment_create(
             order_id=order_id, lines=lines, carrier=carrier, tracking_number=tracking_number
         )
-        settle(run, Result.done(shipment), present)
+        close_run(run, Result.done(shipment), present)
 
 
 def refund_create_keyed(
@@ -233,7 +233,7 @@ def refund_create_keyed(
             requested_by=requested_by,
         )
         refund.order_id = order_id
-        settle(run, Result.done(refund), present)
+        close_run(run, Result.done(refund), present)
 
 
 def order_resume(run: KeyRun, present: Presenter) -> None:
@@ -252,7 +252,7 @@ def order_resume(run: KeyRun, present: Presenter) -> None:
     if run.recovery_point == PAYMENT_UNKNOWN:
         with run.phase(next_point=PAYMENT_UNKNOWN):
             order = services.order_payment_apply(order_id=run.data["order_id"])
-            settle(run, order_result(order), present)
+            close_run(run, order_result(order), present)
         return
     _capture(run, present)
 
@@ -273,7 +273,7 @@ def return_create_keyed(
         order_return = returns.return_request(
             order_id=order_id, lines=lines, reason=reason, requested_by=requested_by
         )
-        settle(run, Result.done(order_return), present)
+        close_run(run, Result.done(order_return), present)
 
 
 def return_receive_keyed(*, run: KeyRun, present: Presenter, return_id, by) -> None:
@@ -282,4 +282,4 @@ def return_receive_keyed(*, run: KeyRun, present: Presenter, return_id, by) -> N
 
     with refusals_presented(run, present), run.phase(next_point=RETURN_RECEIVED):
         order_return = returns.return_receive(return_id=return_id, by=by)
-        settle(run, Result.done(order_return), present)
+        close_run(run, Result.done(order_return), present)

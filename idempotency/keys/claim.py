@@ -1,4 +1,4 @@
-"""Claim a key: read, match, take over; settle it when the operation fails."""
+"""Claim a key: read, match, take over; close it when the operation fails."""
 
 from __future__ import annotations
 

@@ -53,7 +53,7 @@ def keys_complete_abandoned(*, limit: int | None = None, budget: float | None = 
         try:
             registry._registry[run.operation](run)
         except Exception:
-            logger.exception("completer could not settle %r; it will try again", run)
+            logger.exception("completer could not complete %r; it will try again", run)
             run.drop_lease_quietly()
             continue
         if not run.closed:

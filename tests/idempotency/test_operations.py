@@ -9,9 +9,9 @@ from idempotency import keys, operations
 from idempotency.operations import (
     Reply,
     Result,
+    close_run,
     refusals_presented,
     register_operation,
-    settle,
     single_phase_resume,
 )
 
@@ -70,9 +70,9 @@ def registry(monkeypatch):
 
 def test_settle_stores_a_final_result_and_leaves_an_open_one_open():
     run = FakeRun()
-    settle(run, Result.done(1), present)
+    close_run(run, Result.done(1), present)
     pending = FakeRun()
-    settle(pending, Result.pending(2), present)
+    close_run(pending, Result.pending(2), present)
     expected = {"headers": None, "content_type": "application/json"}
     assert run.calls == [("finish", {"status": 200, "body": {"v": 1}, **expected})]
     assert pending.calls == [("open", {"status": 202, "body": {"v": 2}, **expected})]
@@ -81,10 +81,10 @@ def test_settle_stores_a_final_result_and_leaves_an_open_one_open():
 def test_settle_renders_a_refusal_as_its_problem_and_never_leaves_it_open():
     run = FakeRun()
     refusal = Refused("no")
-    settle(run, Result.refused(refusal), present)
+    close_run(run, Result.refused(refusal), present)
     assert run.calls == [("problem", refusal)]
     with pytest.raises(ValueError):
-        settle(FakeRun(), Result(refusal=refusal, final=False), present)
+        close_run(FakeRun(), Result(refusal=refusal, final=False), present)
 
 
 def test_refusals_before_any_phase_are_presented_others_propagate():
