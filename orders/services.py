@@ -316,9 +316,9 @@ def order_hold(
     return order
 
 
-def _payment_record(*, order: Order, captured: bool) -> Order:
+def _payment_record(*, order: Order, succeeded: bool) -> Order:
     lines = list(OrderLine.objects.filter(order_id=order.id).order_by("position"))
-    if captured:
+    if succeeded:
         partial = any(line.quantity_confirmed < line.quantity_requested for line in lines)
         target = OrderStatus.PARTIALLY_CONFIRMED if partial else OrderStatus.CONFIRMED
         moved = _transition(
@@ -352,16 +352,16 @@ def _payment_record(*, order: Order, captured: bool) -> Order:
 
 
 @transaction.atomic(savepoint=False)
-def order_payment_record(*, order_id, captured: bool) -> Order:
+def order_payment_record(*, order_id, succeeded: bool) -> Order:
     """Apply the payment's final outcome to a `payment_pending` order; harmless twice.
 
-    Captured → `confirmed` (or `partially_confirmed` when a line got fewer
+    Succeeded → `confirmed` (or `partially_confirmed` when a line got fewer
     units than requested) and the flags committed (units sold). Declined →
-    `payment_failed` and the flags reset. An order that already left
+    `payment_failed` and the flags released. An order that already left
     `payment_pending` is returned unchanged. (No savepoint: the caller's
     transaction is all or nothing with it.)
     """
-    return _payment_record(order=Order.objects.get(id=order_id), captured=captured)
+    return _payment_record(order=Order.objects.get(id=order_id), succeeded=succeeded)
 
 
 @transaction.atomic(savepoint=False)
@@ -375,7 +375,7 @@ def order_payment_start(*, order: Order) -> Order:
     """
     assert order.status == OrderStatus.PAYMENT_PENDING, order.status
     if order.total == 0:
-        return _payment_record(order=order, captured=True)
+        return _payment_record(order=order, succeeded=True)
     payment = payment_services.payment_create(
         reference=f"order-{order.number}",
         amount=order.total,
@@ -408,9 +408,9 @@ def order_payment_apply(*, order_id) -> Order:
     payment = payment_lock(payment_id=order.payment_id)
     order.payment = payment
     if payment.status in _CAPTURED_STATUSES:
-        return _payment_record(order=order, captured=True)
+        return _payment_record(order=order, succeeded=True)
     if payment.status == PaymentStatus.FAILED:
-        return _payment_record(order=order, captured=False)
+        return _payment_record(order=order, succeeded=False)
     return order
 
 
@@ -424,7 +424,7 @@ def order_payment_settled(*, payment: Payment, outcome: str) -> None:
     order_id = Order.objects.filter(payment_id=payment.id).values_list("id", flat=True).first()
     if order_id is None:
         return
-    order_payment_record(order_id=order_id, captured=outcome == payment_services.CAPTURED)
+    order_payment_record(order_id=order_id, succeeded=outcome == payment_services.CAPTURED)
 
 
 @transaction.atomic

@@ -279,9 +279,7 @@ def _capture_begin(*, payment_id) -> tuple[Payment, PaymentTransaction] | Captur
         else:
             payment.status = PaymentStatus.PENDING
     if payment.status != PaymentStatus.PENDING:
-        return CaptureResult(
-            outcome=_outcome_of(payment), payment=payment, detail="already settled"
-        )
+        return CaptureResult(outcome=_outcome_of(payment), payment=payment, detail="already final")
     txn = _transaction_get_or_insert(
         payment=payment,
         kind=TransactionKind.CAPTURE,

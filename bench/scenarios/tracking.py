@@ -55,7 +55,7 @@ def seed(*, owner, events: int = EVENTS, duplicate_share: float = DUPLICATE_SHAR
             "country": "GB",
         },
     )
-    order = order_payment_record(order_id=order.id, captured=True)
+    order = order_payment_record(order_id=order.id, succeeded=True)
     assert Order.objects.get(id=order.id).status == "confirmed"
     shipments = {
         name: shipment_create(

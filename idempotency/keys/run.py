@@ -200,7 +200,7 @@ class KeyRun:
         with transaction.atomic(durable=True):
             failpoint(f"{self.operation}.{point}.before_commit")
             if self.key_id is None:
-                # Nothing ran yet: the key is inserted already settled.
+                # Nothing ran yet: the key is inserted already finished.
                 self._insert(recovery_point=point, locked=False, answer=answer)
             else:
                 self._fenced_update(point=point, data=self._data, kind=kind, answer=answer)

@@ -9,7 +9,7 @@ from orders.shipments import ShipmentLineRequest, shipment_create
 
 def confirm(order: Order) -> Order:
     """Record a captured payment for a `payment_pending` order: confirmed, flags committed."""
-    return order_payment_record(order_id=order.id, captured=True)
+    return order_payment_record(order_id=order.id, succeeded=True)
 
 
 def ship(order: Order, lines: dict[str, int] | None = None, **kwargs) -> Shipment:

@@ -160,34 +160,34 @@ class TestReserve:
 class TestPaymentRecord:
     def test_captured_confirms_and_sells_once(self, stock, reserve):
         order = reserve({"TEE-M": 2})
-        assert order_payment_record(order_id=order.id, captured=True).status == "confirmed"
+        assert order_payment_record(order_id=order.id, succeeded=True).status == "confirmed"
         assert counters("TEE-M") == (3, 0)
         assert lines_of(order) == [("TEE-M", 2, 2, "confirmed")]
-        assert order_payment_record(order_id=order.id, captured=True).status == "confirmed"
-        assert order_payment_record(order_id=order.id, captured=False).status == "confirmed"
+        assert order_payment_record(order_id=order.id, succeeded=True).status == "confirmed"
+        assert order_payment_record(order_id=order.id, succeeded=False).status == "confirmed"
         assert counters("TEE-M") == (3, 0)
         assert set(Reservation.objects.values_list("state", flat=True)) == {"committed"}
         books_balance()
 
     def test_captured_short_order_is_partially_confirmed(self, stock, reserve):
         order = reserve({"TEE-M": 2, "CAP": 1}, on_shortage="partial")
-        order = order_payment_record(order_id=order.id, captured=True)
+        order = order_payment_record(order_id=order.id, succeeded=True)
         assert order.status == "partially_confirmed"
         assert lines_of(order) == [("TEE-M", 2, 2, "confirmed"), ("CAP", 1, 0, "unavailable")]
 
     def test_declined_resets_the_flags(self, stock, reserve):
         order = reserve({"TEE-M": 2, "MUG": 1})
-        assert order_payment_record(order_id=order.id, captured=False).status == "payment_failed"
+        assert order_payment_record(order_id=order.id, succeeded=False).status == "payment_failed"
         assert counters("TEE-M") == (5, 0) and counters("MUG") == (2, 0)
         assert lines_of(order) == [("TEE-M", 2, 2, "released"), ("MUG", 1, 1, "released")]
-        assert order_payment_record(order_id=order.id, captured=True).status == "payment_failed"
+        assert order_payment_record(order_id=order.id, succeeded=True).status == "payment_failed"
         assert counters("TEE-M") == (5, 0)
         books_balance()
 
     def test_each_transition_writes_an_event(self, stock, reserve):
         order = reserve({"TEE-M": 1})
-        order_payment_record(order_id=order.id, captured=True)
-        order_payment_record(order_id=order.id, captured=True)
+        order_payment_record(order_id=order.id, succeeded=True)
+        order_payment_record(order_id=order.id, succeeded=True)
         assert list(
             OrderEvent.objects.filter(order=order, kind="paid").values_list(
                 "line__sku", "from_status", "to_status"
@@ -234,7 +234,7 @@ class TestDecision:
         pending = reserve({"TEE-M": 1})
         with pytest.raises(PaymentPending):
             order_cancel(order_id=pending.id)
-        order_payment_record(order_id=pending.id, captured=True)
+        order_payment_record(order_id=pending.id, succeeded=True)
         Order.objects.filter(id=pending.id).update(fulfillment="shipped")
         with pytest.raises(OrderShipped):
             order_cancel(order_id=pending.id)
@@ -246,7 +246,7 @@ class TestDecision:
         assert again.status == "cancelling" and not again.cancel_started
         assert pending.compensation_steps.count() == 5
         failed = reserve({"TEE-M": 1})
-        order_payment_record(order_id=failed.id, captured=False)
+        order_payment_record(order_id=failed.id, succeeded=False)
         with pytest.raises(InvalidState):
             order_cancel(order_id=failed.id)
 
