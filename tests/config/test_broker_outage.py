@@ -119,3 +119,33 @@ def test_a_worker_consumes_again_after_redis_was_gone_for_30_seconds(celery_work
         )
         assert time.monotonic() - back < RECOVERY_BOUND
         assert worker.process.poll() is None  # the same process: nobody restarted it
+
+
+def test_a_worker_that_exits_anyway_is_restarted_by_the_supervisor_with_backoff(tmp_path):
+    """The fallback (`make run`): a worker that exits non-zero comes back, 1 s, 2 s, ... later."""
+    import os
+    import sys
+
+    from runner.supervisor import Program, Supervisor
+
+    crashing = Program("worker", ("{python}", "-c", "import sys; sys.exit(1)"))
+    supervisor = Supervisor(
+        programs=[crashing],
+        ctx={"python": sys.executable},
+        env=dict(os.environ),
+        state_file=tmp_path / "state.json",
+    )
+    supervisor.start_all()
+    child = supervisor.children[0]
+    pids = [child.proc.pid]
+    try:
+        deadline = time.monotonic() + 20
+        while len(pids) < 3 and time.monotonic() < deadline:
+            supervisor.poll()
+            if child.proc.pid != pids[-1]:
+                pids.append(child.proc.pid)
+            time.sleep(0.05)
+        assert len(pids) == 3, "the worker was not restarted twice"
+        assert child.backoff == 4.0  # 1 s, then 2 s, doubling up to runner.supervisor.MAX_BACKOFF
+    finally:
+        supervisor.stop_all()
