@@ -28,7 +28,7 @@ class IdempotencyKeyAdmin(ReadOnlyAdmin):
         "operation",
         "recovery_point",
         "response_status",
-        "locked_at",
+        "leased_at",
         "runs",
         "created_at",
         "finished_at",

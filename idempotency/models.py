@@ -20,7 +20,7 @@ class IdempotencyKey(models.Model):
 
     The row is inserted first (the unique (owner, key) constraint decides who
     runs); each phase of the operation commits its effects together with the
-    next `recovery_point` and `data`, but only while `locked_by` still holds
+    next `recovery_point` and `data`, but only while `leased_by` still holds
     the running request's fencing token. Once `recovery_point` is
     `finished` the stored response is replayed forever (until purged).
     """
@@ -35,9 +35,9 @@ class IdempotencyKey(models.Model):
     request_fingerprint = models.CharField(max_length=64)
     recovery_point = models.CharField(max_length=64, default=STARTED, db_default=STARTED)
     data = models.JSONField(default=dict, encoder=DjangoJSONEncoder)
-    # Fencing token of the request (or completer) that holds the key; null when unlocked.
-    locked_by = models.UUIDField(null=True, blank=True)
-    locked_at = models.DateTimeField(null=True, blank=True)
+    # Fencing token of the request (or completer) that holds the key's lease; null when none.
+    leased_by = models.UUIDField(null=True, blank=True)
+    leased_at = models.DateTimeField(null=True, blank=True)
     runs = models.PositiveIntegerField(default=1)
     response_status = models.PositiveSmallIntegerField(null=True, blank=True)
     # The exact bytes sent the first time (as text), so that a replay is byte-identical.
@@ -53,16 +53,16 @@ class IdempotencyKey(models.Model):
                 fields=["owner", "key"], name="idempotency_idempotencykey_owner_key_uniq"
             ),
             models.CheckConstraint(
-                condition=Q(locked_by__isnull=True, locked_at__isnull=True)
-                | Q(locked_by__isnull=False, locked_at__isnull=False),
-                name="idempotency_idempotencykey_lock_complete",
+                condition=Q(leased_by__isnull=True, leased_at__isnull=True)
+                | Q(leased_by__isnull=False, leased_at__isnull=False),
+                name="idempotency_idempotencykey_lease_complete",
             ),
             models.CheckConstraint(
                 condition=~Q(recovery_point=FINISHED)
                 | Q(
                     response_status__isnull=False,
                     finished_at__isnull=False,
-                    locked_by__isnull=True,
+                    leased_by__isnull=True,
                 ),
                 name="idempotency_idempotencykey_finished_has_answer",
             ),

@@ -7,13 +7,13 @@ The design (docs/idempotency.md) in short:
   (422), a stored answer (replay), a live lock (409), or an expired lock /
   open key (taken over with a conditional UPDATE and a fresh fencing token).
 - A fresh key is claimed by INSERTing its row, with a fresh fencing token in
-  `locked_by`, as the first statement of the operation's first phase, under
+  `leased_by`, as the first statement of the operation's first phase, under
   `ON CONFLICT ON CONSTRAINT <the (owner, key) unique constraint> DO NOTHING`:
   exactly that constraint decides who runs; the loser rolls back before any
   effect and is answered from the winner's row (409 / replay / 422).
 - An operation runs in phases. Each phase is one transaction that commits the
   phase's effects together with the key's next `recovery_point` and `data`,
-  through `UPDATE ... WHERE locked_by = <my token>`: a request whose lock was
+  through `UPDATE ... WHERE leased_by = <my token>`: a request whose lock was
   taken over cannot commit anything.
 - The final answer is stored in the same transaction as the effect that
   decided it (the last phase) and replayed byte for byte.

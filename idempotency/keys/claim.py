@@ -65,11 +65,11 @@ def _key_take_over(*, key_id: int, abandoned: bool = False) -> KeyRun | None:
             last_run_at__lt=_db_ago(float(settings.IDEMPOTENCY_ABANDON_AFTER))
         )
     updated = candidates.update(
-        locked_by=token, locked_at=Now(), last_run_at=Now(), runs=F("runs") + 1
+        leased_by=token, leased_at=Now(), last_run_at=Now(), runs=F("runs") + 1
     )
     if updated != 1:
         return None
-    row = IdempotencyKey.objects.filter(pk=key_id, locked_by=token).first()
+    row = IdempotencyKey.objects.filter(pk=key_id, leased_by=token).first()
     if row is None:
         return None
     return KeyRun(
@@ -86,8 +86,8 @@ def _key_take_over(*, key_id: int, abandoned: bool = False) -> KeyRun | None:
 
 def _in_use(row: IdempotencyKey | None = None) -> IdempotencyKeyInUse:
     remaining = _lease_ttl()
-    if row is not None and row.locked_at is not None:
-        remaining -= (row.db_now - row.locked_at).total_seconds()
+    if row is not None and row.leased_at is not None:
+        remaining -= (row.db_now - row.leased_at).total_seconds()
     retry_after = max(1, min(int(settings.IDEMPOTENCY_RETRY_AFTER), math.ceil(remaining)))
     metrics.duplicate_suppressed(mechanism=metrics.KEY_IN_USE, key=row and row.key)
     return IdempotencyKeyInUse(
@@ -98,9 +98,9 @@ def _in_use(row: IdempotencyKey | None = None) -> IdempotencyKeyInUse:
 
 def _lease_live(row: IdempotencyKey) -> bool:
     return (
-        row.locked_by is not None
-        and row.locked_at is not None
-        and row.locked_at > row.db_now - timedelta(seconds=_lease_ttl())
+        row.leased_by is not None
+        and row.leased_at is not None
+        and row.leased_at > row.db_now - timedelta(seconds=_lease_ttl())
     )
 
 

@@ -26,4 +26,4 @@ def _claim_lock_timeout() -> str:
 
 
 def _lease_free_or_expired() -> Q:
-    return Q(locked_by__isnull=True) | Q(locked_at__lt=_db_ago(_lease_ttl()))
+    return Q(leased_by__isnull=True) | Q(leased_at__lt=_db_ago(_lease_ttl()))

@@ -220,7 +220,7 @@ class KeyRun:
         table = connection.ops.quote_name(IdempotencyKey._meta.db_table)
         sql = (
             f"INSERT INTO {table} (owner_id, key, operation, request_method, request_path,"
-            " request_fingerprint, recovery_point, data, locked_by, locked_at, runs,"
+            " request_fingerprint, recovery_point, data, leased_by, leased_at, runs,"
             " response_status, response_body, response_headers, finished_at)"
             " VALUES (%s, %s, %s, %s, %s, %s, %s, '{}'::jsonb, %s,"
             " CASE WHEN %s THEN now() END, 1, %s, %s, %s::jsonb, CASE WHEN %s THEN now() END)"
@@ -275,16 +275,16 @@ class KeyRun:
                 response_body=answer.body,
                 response_headers=answer.headers,
                 finished_at=Now(),
-                locked_by=None,
-                locked_at=None,
+                leased_by=None,
+                leased_at=None,
             )
         elif kind == "open":
-            fields.update(locked_by=None, locked_at=None)
+            fields.update(leased_by=None, leased_at=None)
         else:
             # Each committed phase renews the lock: the TTL bounds one phase
             # plus one outside call, not the whole operation.
-            fields["locked_at"] = Now()
-        updated = IdempotencyKey.objects.filter(pk=self.key_id, locked_by=self.token).update(
+            fields["leased_at"] = Now()
+        updated = IdempotencyKey.objects.filter(pk=self.key_id, leased_by=self.token).update(
             **fields
         )
         if updated != 1:
@@ -307,7 +307,7 @@ class KeyRun:
             raise RuntimeError("only a key with no committed phase can be abandoned")
         if self.key_id is not None:
             deleted, _ = IdempotencyKey.objects.filter(
-                pk=self.key_id, locked_by=self.token, recovery_point=STARTED
+                pk=self.key_id, leased_by=self.token, recovery_point=STARTED
             ).delete()
             if deleted != 1:
                 raise KeyLeaseLost(f"{self!r} lost its lock")
@@ -317,8 +317,8 @@ class KeyRun:
         """Give the key up at its current recovery point, so a retry may resume at once."""
         self._closed = True
         if self.key_id is not None:
-            IdempotencyKey.objects.filter(pk=self.key_id, locked_by=self.token).update(
-                locked_by=None, locked_at=None
+            IdempotencyKey.objects.filter(pk=self.key_id, leased_by=self.token).update(
+                leased_by=None, leased_at=None
             )
 
     def drop_lease_quietly(self) -> None:

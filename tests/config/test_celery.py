@@ -112,7 +112,7 @@ LOCK_TTL = 2
 def _abandoned(key_id: int) -> bool:
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT (locked_at IS NULL OR locked_at < now() - make_interval(secs => %s))"
+            "SELECT (leased_at IS NULL OR leased_at < now() - make_interval(secs => %s))"
             " AND last_run_at < now() - make_interval(secs => %s)"
             " FROM idempotency_idempotencykey WHERE id = %s",
             [LOCK_TTL, LOCK_TTL, key_id],

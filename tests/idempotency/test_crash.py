@@ -104,7 +104,7 @@ def test_crash_after_each_boundary_then_retry_gives_one_effect(
 def _lock_expired_and_abandoned(key_id: int, seconds: float) -> bool:
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT (locked_at IS NULL OR locked_at < now() - make_interval(secs => %s))"
+            "SELECT (leased_at IS NULL OR leased_at < now() - make_interval(secs => %s))"
             " AND last_run_at < now() - make_interval(secs => %s)"
             " FROM idempotency_idempotencykey WHERE id = %s",
             [seconds, seconds, key_id],

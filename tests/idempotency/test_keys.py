@@ -56,7 +56,7 @@ def held(owner, key="k", **kwargs) -> KeyRun:
 def age_lock(key_id: int, seconds: float) -> None:
     """Move a key's lock and last run back in time, by the database clock."""
     IdempotencyKey.objects.filter(pk=key_id).update(
-        locked_at=Now() - timedelta(seconds=seconds),
+        leased_at=Now() - timedelta(seconds=seconds),
         last_run_at=Now() - timedelta(seconds=seconds),
     )
 
@@ -113,10 +113,10 @@ def test_fresh_claim_writes_nothing_until_its_first_phase(shopper):
     with run.phase(next_point="recorded") as data:
         # The key row is inserted first, inside the phase, before any effect.
         row = IdempotencyKey.objects.get()
-        assert row.locked_by == run.token and row.recovery_point == STARTED
+        assert row.leased_by == run.token and row.recovery_point == STARTED
         data["x"] = 1
     row = IdempotencyKey.objects.get(pk=run.key_id)
-    assert row.locked_by == run.token and row.locked_at is not None
+    assert row.leased_by == run.token and row.leased_at is not None
     assert row.recovery_point == "recorded" and row.data == {"x": 1}
     assert row.request_method == "POST" and row.request_path == "/p/"
     assert row.operation == "test.op" and row.runs == 1
@@ -148,7 +148,7 @@ def test_losing_insert_rolls_back_before_any_effect(shopper):
     with pytest.raises(KeyClaimLost), second.phase(next_point="recorded"):
         ran.append(True)
     assert ran == [] and not second.claimed
-    assert IdempotencyKey.objects.get().locked_by == first.token
+    assert IdempotencyKey.objects.get().leased_by == first.token
 
 
 @pytest.mark.parametrize(
@@ -246,7 +246,7 @@ def test_phase_commits_effects_with_point_and_data(shopper):
         data["probe_id"] = str(record.id)
     row = IdempotencyKey.objects.get(pk=run.key_id)
     assert row.recovery_point == "recorded" and row.data == {"probe_id": str(record.id)}
-    assert row.locked_by == run.token
+    assert row.leased_by == run.token
     assert run.recovery_point == "recorded" and run.data["probe_id"] == str(record.id)
 
 
@@ -272,7 +272,7 @@ def test_phase_of_a_run_taken_over_cannot_commit(shopper):
         data["probe_id"] = "stalled"
     assert not ProbeRecord.objects.exists()
     row = IdempotencyKey.objects.get(pk=stalled.key_id)
-    assert row.recovery_point == "held" and row.locked_by == taker.token
+    assert row.recovery_point == "held" and row.leased_by == taker.token
     with pytest.raises(KeyLeaseLost):
         stalled.finish(status=201, body={})
 
@@ -307,7 +307,7 @@ def test_finish_inside_a_phase_commits_with_the_effect(shopper):
         run.finish(status=201, body={"ok": 1})
     row = IdempotencyKey.objects.get(pk=run.key_id)
     assert row.recovery_point == FINISHED and row.response_status == 201
-    assert row.locked_by is None and row.finished_at is not None
+    assert row.leased_by is None and row.finished_at is not None
     assert run.closed and run.answer.status == 201
     with pytest.raises(RuntimeError):
         run.finish(status=200)
@@ -329,7 +329,7 @@ def test_leave_open_answers_without_storing(shopper):
         run.leave_open(status=202, body={"status": "pending"})
     row = IdempotencyKey.objects.get(pk=run.key_id)
     assert row.recovery_point == "pending" and row.response_status is None
-    assert row.locked_by is None and row.locked_at is None
+    assert row.leased_by is None and row.leased_at is None
     assert run.answer.status == 202 and run.closed
 
 
@@ -371,7 +371,7 @@ def test_server_error_unlocks_for_a_retry(shopper):
     run = held(shopper)
     assert key_run_failed(run=run, exc=RuntimeError("bug")) is None
     row = IdempotencyKey.objects.get(pk=run.key_id)
-    assert row.locked_by is None and row.recovery_point == "held"
+    assert row.leased_by is None and row.recovery_point == "held"
     assert isinstance(claim(shopper), KeyRun)
 
 
@@ -387,7 +387,7 @@ def test_stored_refusal_loses_to_a_key_inserted_first(shopper):
         pass
     with pytest.raises(KeyClaimLost):
         key_run_failed(run=second, exc=Conflict("no"))
-    assert IdempotencyKey.objects.get().locked_by == first.token
+    assert IdempotencyKey.objects.get().leased_by == first.token
 
 
 def test_refusal_after_a_committed_phase_is_not_stored(shopper):
@@ -397,7 +397,7 @@ def test_refusal_after_a_committed_phase_is_not_stored(shopper):
         pass
     assert key_run_failed(run=run, exc=Conflict("late")) is None
     row = IdempotencyKey.objects.get(pk=run.key_id)
-    assert row.recovery_point == "reserved" and row.locked_by is None
+    assert row.recovery_point == "reserved" and row.leased_by is None
 
 
 # --- completer ----------------------------------------------------------------
@@ -442,7 +442,7 @@ def test_completer_settles_only_abandoned_keys(shopper, registered):
 
     recent = held(shopper, "recent")  # lock expired but last run too recent
     IdempotencyKey.objects.filter(pk=recent.key_id).update(
-        locked_at=Now() - timedelta(seconds=40), last_run_at=Now() - timedelta(seconds=40)
+        leased_at=Now() - timedelta(seconds=40), last_run_at=Now() - timedelta(seconds=40)
     )
     live = held(shopper, "live")  # lock still held (renewed by a phase) though old run
     IdempotencyKey.objects.filter(pk=live.key_id).update(last_run_at=Now() - timedelta(seconds=120))
@@ -471,7 +471,7 @@ def test_completer_failure_unlocks_and_backs_off(shopper, registered):
     age_lock(run.key_id, 120)
     assert keys_complete_abandoned() == 0
     row = IdempotencyKey.objects.get(pk=run.key_id)
-    assert row.locked_by is None and row.runs == 2
+    assert row.leased_by is None and row.runs == 2
     # last_run_at was renewed by the takeover: not tried again before ABANDON_AFTER.
     assert keys_complete_abandoned() == 0
 
@@ -558,7 +558,7 @@ def test_completer_starts_no_key_once_its_time_budget_is_spent(shopper, register
     assert keys_complete_abandoned() == 3
     assert IdempotencyKey.objects.filter(recovery_point=FINISHED).count() == 3
     assert (
-        IdempotencyKey.objects.exclude(recovery_point=FINISHED).filter(locked_by=None).count() == 0
+        IdempotencyKey.objects.exclude(recovery_point=FINISHED).filter(leased_by=None).count() == 0
     )
     assert keys_complete_abandoned() == 3  # the next run goes on with the rest
     assert IdempotencyKey.objects.filter(recovery_point=FINISHED).count() == 6

@@ -177,7 +177,7 @@ def test_pending_answer_keeps_the_key_open_until_final(shopper_client, stub):
     first = post(shopper_client)
     assert first.status_code == 202 and first.json()["status"] == "pending"
     row = IdempotencyKey.objects.get()
-    assert row.recovery_point == "pending" and row.locked_by is None
+    assert row.recovery_point == "pending" and row.leased_by is None
     assert row.response_status is None
 
     again = post(shopper_client)
@@ -196,7 +196,7 @@ def test_outside_failure_after_a_phase_is_not_stored_and_retry_resumes(shopper_c
     stub.mode = "fail"
     assert_problem(post(shopper_client), 503, "probe_stub_unavailable")
     row = IdempotencyKey.objects.get()
-    assert row.recovery_point == "recorded" and row.locked_by is None
+    assert row.recovery_point == "recorded" and row.leased_by is None
     stub.mode = "ok"
     assert post(shopper_client).status_code == 201
     assert ProbeRecord.objects.count() == 1

@@ -204,7 +204,7 @@ def shop(gunicorn, provider):
 def _lock_expired(key: str) -> bool:
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT locked_at IS NULL OR locked_at < now() - make_interval(secs => %s)"
+            "SELECT leased_at IS NULL OR leased_at < now() - make_interval(secs => %s)"
             " FROM idempotency_idempotencykey WHERE key = %s",
             [LOCK_TTL, key],
         )
