@@ -79,3 +79,20 @@ def test_a_get_of_the_login_page_is_not_counted(make_user):
     for _ in range(10):
         assert browser.get("/accounts/login/").status_code == 200
     assert form_login(browser, "gina", PASSWORD).status_code == 303
+
+
+def test_a_forged_x_forwarded_for_does_not_buy_a_fresh_address_budget(api_client):
+    """Without a proxy the client's own X-Forwarded-For must not name its address."""
+    codes = [
+        api_client.post(
+            "/api/v1/auth/token/",
+            {"username": f"v{i}", "password": "x"},
+            format="json",
+            HTTP_X_FORWARDED_FOR=f"192.0.2.{i}",
+        ).status_code
+        for i in range(26)
+    ]
+    assert codes[:25] == [400] * 25
+    assert codes[25] == 429
+    browser = Client(HTTP_X_FORWARDED_FOR="192.0.2.200")
+    assert form_login(browser, "someone", "x").status_code == 429  # same address, same budget
