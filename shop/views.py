@@ -8,6 +8,7 @@ under the storefront's own operation names (shop/checkout.py).
 
 from __future__ import annotations
 
+import math
 from decimal import Decimal
 
 from django.contrib import messages
@@ -35,6 +36,7 @@ from orders.states import OrderStatus
 
 from . import cart as carts
 from . import checkout, history, loyalty, services, words
+from .api.throttles import login_wait
 from .forms import PAYMENT_METHODS, CheckoutForm, QuantityForm, ReturnForm, SignupForm
 
 
@@ -450,6 +452,23 @@ def signup(request: HttpRequest) -> HttpResponse:
 class ShopLoginView(LoginView):
     template_name = "shop/login.html"
     redirect_authenticated_user = True
+
+    def post(self, request, *args, **kwargs):
+        # Throttled like POST /api/v1/auth/token/, in the same buckets (per
+        # username and per address), before the password is even checked.
+        wait = login_wait(request, username=str(request.POST.get("username", "")))
+        if wait is not None:
+            seconds = max(1, math.ceil(wait))
+            response = self.render_to_response(
+                self.get_context_data(
+                    form=self.get_form_class()(request),
+                    throttled=f"Too many log-in attempts. Try again in {seconds} seconds.",
+                ),
+                status=429,
+            )
+            response["Retry-After"] = str(seconds)
+            return response
+        return super().post(request, *args, **kwargs)
 
     def form_valid(self, form):
         response = super().form_valid(form)

@@ -186,6 +186,10 @@ REST_FRAMEWORK = {
         "register": env.str("SHOP_REGISTER_THROTTLE_RATE", default="30/min"),
     },
     "COERCE_DECIMAL_TO_STRING": True,
+    # Throttles identify a client by REMOTE_ADDR, or by the X-Forwarded-For entry this
+    # many proxies back. Never DRF's default (None: the whole header, which any client
+    # can forge to get a fresh per-address budget per request). docs/security.md.
+    "NUM_PROXIES": env.int("SHOP_NUM_PROXIES", default=0),
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
 }
 

@@ -9,3 +9,21 @@ PAYMENTS_WEBHOOK_SECRET = env.str("PAYMENTS_WEBHOOK_SECRET")
 DEBUG = False
 SESSION_COOKIE_SECURE = env.bool("SESSION_COOKIE_SECURE", default=True)
 CSRF_COOKIE_SECURE = env.bool("CSRF_COOKIE_SECURE", default=True)
+
+# --- HTTPS (docs/security.md): every default is the safe one; each is env-overridable.
+# Behind a TLS-terminating proxy set SECURE_PROXY_SSL_HEADER=X-Forwarded-Proto,https, and
+# only if that proxy always sets (never passes through) the header.
+_proxy_ssl_header = env.list("SECURE_PROXY_SSL_HEADER", default=[])
+if _proxy_ssl_header:
+    _name, _value = _proxy_ssl_header
+    SECURE_PROXY_SSL_HEADER = (f"HTTP_{_name.strip().upper().replace('-', '_')}", _value.strip())
+SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=True)
+# Load-balancer health checks and the host's scraper speak plain HTTP on the host.
+SECURE_REDIRECT_EXEMPT = env.list("SECURE_REDIRECT_EXEMPT", default=[r"^healthz$", r"^metrics$"])
+SECURE_HSTS_SECONDS = env.int("SECURE_HSTS_SECONDS", default=365 * 24 * 3600)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", default=True)
+SECURE_HSTS_PRELOAD = env.bool("SECURE_HSTS_PRELOAD", default=True)
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = env.str("SECURE_REFERRER_POLICY", default="same-origin")
+X_FRAME_OPTIONS = "DENY"
+SESSION_COOKIE_HTTPONLY = True

@@ -34,3 +34,28 @@ class RegisterThrottle(SimpleRateThrottle):
 
     def get_cache_key(self, request, view):
         return self.cache_format % {"scope": self.scope, "ident": self.get_ident(request)}
+
+
+class _LoginAttempt:
+    """What the token throttles read of a request, for a log-in form post."""
+
+    def __init__(self, request, username: str):
+        self.data = {"username": username}
+        self.META = request.META
+        self.headers = request.headers
+
+
+def login_wait(request, *, username: str) -> float | None:
+    """Count one log-in attempt of the storefront's form in the token endpoint's buckets.
+
+    The same cache keys as `TokenUsernameThrottle` and `TokenAddressThrottle`,
+    so the form and `POST /api/v1/auth/token/` share one budget per username
+    and per address. Returns None when allowed, else the seconds to wait.
+    """
+    attempt = _LoginAttempt(request, username)
+    waits = [
+        throttle.wait() or 1.0
+        for throttle in (TokenUsernameThrottle(), TokenAddressThrottle())
+        if not throttle.allow_request(attempt, None)
+    ]
+    return max(waits) if waits else None
