@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt | sha1sum | cut -c1-12)
 
-.PHONY: venv test lint format run bench clean
+.PHONY: venv test lint format run bench mutants clean
 
 venv: $(STAMP)
 
@@ -21,6 +21,11 @@ test: $(STAMP)
 ## are set, migrations, demo data, then web + worker + beat (docs/running.md).
 run: $(STAMP)
 	$(BIN)/python -m runner
+
+## The mutation check (docs/testing.md, "Mutation check"): each deliberately
+## wrong change must fail its guarding tests; DATABASE_URL / REDIS_URL as for test.
+mutants: $(STAMP)
+	$(BIN)/python tools/mutants.py $(MUTANTS_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -54,6 +54,21 @@ class TestHold:
         assert {k: v.quantity for k, v in held.items()} == {a.id: 3, c.id: 4}
         assert counters("A") == (3, 3) and counters("B") == (0, 0) and counters("C") == (10, 4)
 
+    def test_several_items_exact_grants_each_all_or_nothing(self, make_product):
+        """Several rows (the locked path): an item short of its quantity grants nothing."""
+        make_product("A", stock=3)
+        make_product("B", stock=1)
+        make_product("C", stock=4)
+        a, b, c = stock_of("A"), stock_of("B"), stock_of("C")
+        reservations_hold(requests={c.id: 3}, partial=False)  # C: one unit left
+        held = reservations_hold(requests={a.id: 3, b.id: 2, c.id: 2}, partial=False)
+        assert {k: v.quantity for k, v in held.items()} == {a.id: 3}
+        assert counters("A") == (3, 3) and counters("B") == (1, 0) and counters("C") == (4, 3)
+        held = reservations_hold(requests={a.id: 1, c.id: 1}, partial=False)
+        assert {k: v.quantity for k, v in held.items()} == {c.id: 1}
+        assert counters("A") == (3, 3) and counters("C") == (4, 4)
+        assert selectors.stock_drift() == []
+
     def test_rolled_back_hold_leaves_nothing(self, make_product):
         make_product("A", stock=3)
         stock = stock_of("A")

@@ -94,6 +94,9 @@ def test_same_refund_id_five_times_is_one_refund(provider):
     rows = [ask(payment, "6.00", refund_id=refund_id) for _ in range(5)]
     assert {r.id for r in rows} == {refund_id}
     assert Refund.objects.count() == 1
+    # Every retry derives the same provider key: one provider call row, no orphan.
+    refund_txns = PaymentTransaction.objects.filter(payment=payment, kind="refund")
+    assert list(refund_txns.values_list("provider_key", flat=True)) == [rows[0].provider_key]
     assert Payment.objects.get(id=payment.id).refund_reserved == Decimal("6.00")
     for _ in range(5):
         refund_run(refund_id=refund_id)
