@@ -188,13 +188,13 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         name="6-fencing",
-        breaks="_fenced_update without `locked_by = <my token>`: a run whose lock was taken "
+        breaks="_fenced_update without `leased_by = <my token>`: a run whose lock was taken "
         "over still commits its phase (two runs' effects)",
         edits=(
             Edit(
                 RUN,
                 "        updated = IdempotencyKey.objects.filter(pk=self.key_id, "
-                "locked_by=self.token).update(\n",
+                "leased_by=self.token).update(\n",
                 "        updated = IdempotencyKey.objects.filter(pk=self.key_id).update(\n",
             ),
         ),
