@@ -16,7 +16,12 @@ import json
 from datetime import datetime
 
 from django.utils.dateparse import parse_datetime
-from drf_spectacular.utils import OpenApiResponse, extend_schema, inline_serializer
+from drf_spectacular.utils import (
+    OpenApiResponse,
+    extend_schema,
+    extend_schema_field,
+    inline_serializer,
+)
 from rest_framework import serializers
 from rest_framework.generics import GenericAPIView
 from rest_framework.permissions import IsAuthenticated
@@ -97,13 +102,19 @@ class ShipmentCreateView(GenericAPIView):
 # --- Tracking events -----------------------------------------------------------
 
 
+@extend_schema_field({"type": "string", "format": "date-time", "maxLength": 64})
+class RFC3339Field(StrictCharField):
+    """An RFC 3339 time with a UTC offset, parsed by the serializer."""
+
+
 class TrackingEventIn(serializers.Serializer):
     """A courier's event. Members beyond these are kept in the stored payload, not refused."""
 
     event_id = StrictCharField(max_length=200)
     status = serializers.ChoiceField(choices=TrackingStatus.choices)
-    occurred_at = StrictCharField(max_length=64)
-    location = StrictCharField(max_length=200, required=False, allow_null=True, allow_blank=True)
+    occurred_at = RFC3339Field(max_length=64)
+    # Optional: an event without one is stored with no location (not a 500).
+    location = StrictCharField(max_length=200, default=None, allow_null=True, allow_blank=True)
 
     def validate_occurred_at(self, value: str) -> datetime:
         try:

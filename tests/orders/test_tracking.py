@@ -271,3 +271,11 @@ def test_nothing_but_the_selector_module_reads_the_raw_rows():
             offenders.append(str(relative))
     assert offenders == [], f"read tracking events through orders.tracking, not: {offenders}"
     assert RAW_READER.search((ROOT / "orders/tracking.py").read_text())  # the check can match
+
+
+def test_an_event_without_its_optional_location_is_accepted_not_a_500(shipment, staff_client):
+    """Found by the API fuzzer (issue 16): `location` is optional in the schema; omitted, 500."""
+    body = {"event_id": "0", "occurred_at": "2000-01-01T00:00:00Z", "status": "delivered"}
+    response = staff_client.post(url(shipment), body, format="json")
+    assert response.status_code == 202, response.content
+    assert TrackingEvent.objects.get(shipment=shipment, event_id="0").location is None
