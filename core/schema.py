@@ -15,14 +15,22 @@ this AutoSchema adds the generic ones the contract promises on every endpoint
 - 409 `idempotency_key_in_use` / 422 `idempotency_key_reused`: keyed endpoints;
 - 413 `payload_too_large` / 415 `unsupported_media_type`: any request body;
 - 429 `throttled`: throttled views.
+
+Request bodies say what the serializers refuse: a `ClosedSerializer` is
+`additionalProperties: false` (unknown members are a 400), a nested list
+with `allow_empty=False` / `max_length` has `minItems` / `maxItems`, and a
+serializer's `openapi_extra` (e.g. `minProperties`) is merged in.
 """
 
 from __future__ import annotations
 
 from drf_spectacular.openapi import AutoSchema
+from drf_spectacular.plumbing import is_list_serializer
 from rest_framework import serializers
 from rest_framework.authentication import SessionAuthentication
 from rest_framework.permissions import AllowAny
+
+from .fields import ClosedSerializer
 
 PROBLEM_CONTENT_TYPE = "application/problem+json"
 IDEMPOTENCY_KEY_HEADER = "Idempotency-Key"
@@ -55,6 +63,25 @@ class ProblemSerializer(serializers.Serializer):
 
 
 class ShopAutoSchema(AutoSchema):
+    def _map_basic_serializer(self, serializer, direction):
+        schema = super()._map_basic_serializer(serializer, direction)
+        if direction != "request":
+            return schema
+        if isinstance(serializer, ClosedSerializer):
+            schema["additionalProperties"] = False
+        properties = schema.get("properties", {})
+        for name, field in serializer.fields.items():
+            if field.read_only or name not in properties or not is_list_serializer(field):
+                continue
+            if not field.allow_empty:
+                properties[name]["minItems"] = max(1, field.min_length or 0)
+            elif field.min_length:
+                properties[name]["minItems"] = field.min_length
+            if field.max_length is not None:
+                properties[name]["maxItems"] = field.max_length
+        schema.update(getattr(serializer, "openapi_extra", {}))
+        return schema
+
     def get_operation(self, path, path_regex, path_prefix, method, registry):
         operation = super().get_operation(path, path_regex, path_prefix, method, registry)
         if operation is None or not path.startswith("/api/"):
