@@ -13,7 +13,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from datetime import datetime
+from datetime import UTC, datetime
 
 from django.utils.dateparse import parse_datetime
 from drf_spectacular.utils import (
@@ -121,11 +121,15 @@ class TrackingEventIn(serializers.Serializer):
             parsed = parse_datetime(value)
         except ValueError:
             parsed = None
-        if parsed is None or parsed.tzinfo is None:
-            raise serializers.ValidationError(
-                "An RFC 3339 time with a UTC offset, e.g. 2026-05-01T12:00:00Z."
-            )
-        return parsed
+        if parsed is not None and parsed.tzinfo is not None:
+            # Stored in UTC: PostgreSQL refuses offsets past 15:59 that RFC 3339 allows.
+            try:
+                return parsed.astimezone(UTC)
+            except OverflowError:  # 0001-01-01T00:00+01:00 is before year 1 in UTC
+                pass
+        raise serializers.ValidationError(
+            "An RFC 3339 time with a UTC offset, e.g. 2026-05-01T12:00:00Z."
+        )
 
 
 class TrackingEventOut(serializers.Serializer):

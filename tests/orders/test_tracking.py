@@ -279,3 +279,26 @@ def test_an_event_without_its_optional_location_is_accepted_not_a_500(shipment, 
     response = staff_client.post(url(shipment), body, format="json")
     assert response.status_code == 202, response.content
     assert TrackingEvent.objects.get(shipment=shipment, event_id="0").location is None
+
+
+@pytest.mark.parametrize(
+    ("occurred_at", "status"),
+    [
+        (
+            "0420-01-17T12:09:34.5383+19:57",
+            202,
+        ),  # RFC 3339 allows it; PostgreSQL's offsets stop at 15:59
+        ("2026-05-01T12:00:00-23:59", 202),
+        ("0001-01-01T00:00:00+01:00", 400),  # before year 1 in UTC
+        ("9999-12-31T23:59:59-01:00", 400),  # after year 9999 in UTC
+    ],
+)
+def test_any_rfc3339_offset_is_stored_in_utc_or_refused_never_a_500(
+    shipment, staff_client, occurred_at, status
+):
+    """Found by the API fuzzer (issue 16): a +19:57 offset was a 500 (DataError)."""
+    body = {"event_id": "e1", "occurred_at": occurred_at, "status": "in_transit"}
+    response = staff_client.post(url(shipment), body, format="json")
+    assert response.status_code == status, response.content
+    if status == 400:
+        assert_problem(response, 400, "invalid_request")
