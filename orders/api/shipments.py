@@ -102,6 +102,17 @@ class ShipmentCreateView(GenericAPIView):
 # --- Tracking events -----------------------------------------------------------
 
 
+def _has_nul(value) -> bool:
+    """Whether a NUL character is in any string (member names included) of a JSON value."""
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_nul(item) for item in value)
+    return False
+
+
 @extend_schema_field({"type": "string", "format": "date-time", "maxLength": 64})
 class RFC3339Field(StrictCharField):
     """An RFC 3339 time with a UTC offset, parsed by the serializer."""
@@ -115,6 +126,14 @@ class TrackingEventIn(serializers.Serializer):
     occurred_at = RFC3339Field(max_length=64)
     # Optional: an event without one is stored with no location (not a 500).
     location = StrictCharField(max_length=200, default=None, allow_null=True, allow_blank=True)
+
+    def to_internal_value(self, data):
+        # The payload is kept whole (jsonb): PostgreSQL cannot store a NUL in it.
+        if _has_nul(data):
+            raise serializers.ValidationError(
+                {"non_field_errors": ["Null characters are not allowed."]}
+            )
+        return super().to_internal_value(data)
 
     def validate_occurred_at(self, value: str) -> datetime:
         try:

@@ -302,3 +302,13 @@ def test_any_rfc3339_offset_is_stored_in_utc_or_refused_never_a_500(
     assert response.status_code == status, response.content
     if status == 400:
         assert_problem(response, 400, "invalid_request")
+
+
+def test_a_nul_anywhere_in_an_event_is_a_400_not_a_500(shipment, staff_client):
+    """Found by the API fuzzer (issue 16): extra members are kept in the jsonb payload,
+    which PostgreSQL cannot hold a NUL in (DataError, 500)."""
+    for extra in ({"note\x00": 1}, {"note": ["a\x00b"]}):
+        body = {**event("e-nul"), **extra}
+        response = staff_client.post(url(shipment), body, format="json")
+        assert_problem(response, 400, "invalid_request")
+    assert not TrackingEvent.objects.filter(event_id="e-nul").exists()
