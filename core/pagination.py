@@ -39,6 +39,14 @@ class CursorPage(CursorPagination):
                 "The cursor is invalid.", errors={"cursor": [str(exc.detail)]}
             ) from exc
 
+    def get_schema_operation_parameters(self, view):
+        parameters = super().get_schema_operation_parameters(view)
+        for parameter in parameters:
+            if parameter["name"] == self.page_size_query_param:
+                # 0 and negatives are a 400; above the maximum means the maximum.
+                parameter["schema"] = {"type": "integer", "minimum": 1}
+        return parameters
+
     def get_paginated_response(self, data):
         return Response({"results": data, "next": self.get_next_link()})
 

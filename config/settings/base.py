@@ -180,7 +180,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PAGINATION_CLASS": "core.pagination.CursorPage",
     "PAGE_SIZE": 50,
     "EXCEPTION_HANDLER": "core.problems.drf_exception_handler",
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "core.schema.ShopAutoSchema",
     "DEFAULT_THROTTLE_RATES": {
         "auth_token": env.str("SHOP_TOKEN_THROTTLE_RATE", default="10/min"),
         "register": env.str("SHOP_REGISTER_THROTTLE_RATE", default="30/min"),

@@ -31,6 +31,9 @@ class ProductIn(ClosedSerializer):
 class StockIn(ClosedSerializer):
     """POST /products/{sku}/stock/ body: exactly one of `delta` and `set`."""
 
+    # Closed and exactly one member (core.schema).
+    openapi_extra = {"minProperties": 1, "maxProperties": 1}
+
     delta = StrictIntegerField(required=False, min_value=-1_000_000_000, max_value=1_000_000_000)
     set = StrictIntegerField(required=False, min_value=0, max_value=1_000_000_000)
 

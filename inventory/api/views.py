@@ -1,4 +1,4 @@
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import status
 from rest_framework.generics import GenericAPIView
 from rest_framework.permissions import AllowAny, IsAuthenticated
@@ -10,6 +10,10 @@ from idempotency.views import KeyRequest, idempotent
 from .. import operations, selectors, services
 from . import presenters
 from .serializers import ProductIn, ProductOut, StockIn, StockOut
+
+# Error bodies are application/problem+json (core.schema adds the generic ones).
+SKU_EXISTS = OpenApiResponse(description="sku_exists")
+CURRENCY_MISMATCH = OpenApiResponse(description="currency_mismatch")
 
 
 class ProductListView(GenericAPIView):
@@ -35,7 +39,9 @@ class ProductListView(GenericAPIView):
         page = self.paginate_queryset(self.get_queryset())
         return self.get_paginated_response(ProductOut(page, many=True).data)
 
-    @extend_schema(request=ProductIn, responses={201: ProductOut})
+    @extend_schema(
+        request=ProductIn, responses={201: ProductOut, 409: SKU_EXISTS, 422: CURRENCY_MISMATCH}
+    )
     def post(self, request):
         data = ProductIn(data=request.data)
         data.is_valid(raise_exception=True)
@@ -60,7 +66,14 @@ class StockView(GenericAPIView):
     serializer_class = StockOut
     permission_classes = [IsAuthenticated, IsStaff]
 
-    @extend_schema(request=StockIn, responses={200: StockOut})
+    @extend_schema(
+        request=StockIn,
+        responses={
+            200: StockOut,
+            409: OpenApiResponse(description="stock_below_reserved"),
+            422: OpenApiResponse(description="stock_limit_exceeded"),
+        },
+    )
     @idempotent(operation=operations.STOCK_ADJUST)
     def post(self, request, sku: str, *, key: KeyRequest):
         data = StockIn(data=request.data)

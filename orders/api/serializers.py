@@ -38,12 +38,17 @@ class ShippingAddressIn(ClosedSerializer):
         return value.upper()
 
 
+@extend_schema_field({"type": "string", "enum": sorted(SUPPORTED_METHODS)})
+class PaymentMethodField(StrictCharField):
+    """A payment method: one of the provider's test methods (the contract's table)."""
+
+
 class OrderIn(ClosedSerializer):
     """POST /orders/ body. Products are looked up here, so an unknown sku is a 400."""
 
     lines = OrderLineIn(many=True, allow_empty=False, max_length=MAX_LINES)
     on_shortage = serializers.ChoiceField(choices=OnShortage.choices, default=OnShortage.REJECT)
-    payment_method = StrictCharField(max_length=64)
+    payment_method = PaymentMethodField(max_length=64)
     shipping_address = ShippingAddressIn()
     expected_total = MoneyField(required=False)
     # Optional; when given it must be the shop's (422 currency_mismatch).

@@ -13,10 +13,15 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from datetime import datetime
+from datetime import UTC, datetime
 
 from django.utils.dateparse import parse_datetime
-from drf_spectacular.utils import OpenApiResponse, extend_schema, inline_serializer
+from drf_spectacular.utils import (
+    OpenApiResponse,
+    extend_schema,
+    extend_schema_field,
+    inline_serializer,
+)
 from rest_framework import serializers
 from rest_framework.generics import GenericAPIView
 from rest_framework.permissions import IsAuthenticated
@@ -97,24 +102,53 @@ class ShipmentCreateView(GenericAPIView):
 # --- Tracking events -----------------------------------------------------------
 
 
+def _has_nul(value) -> bool:
+    """Whether a NUL character is in any string (member names included) of a JSON value."""
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_nul(item) for item in value)
+    return False
+
+
+@extend_schema_field({"type": "string", "format": "date-time", "maxLength": 64})
+class RFC3339Field(StrictCharField):
+    """An RFC 3339 time with a UTC offset, parsed by the serializer."""
+
+
 class TrackingEventIn(serializers.Serializer):
     """A courier's event. Members beyond these are kept in the stored payload, not refused."""
 
     event_id = StrictCharField(max_length=200)
     status = serializers.ChoiceField(choices=TrackingStatus.choices)
-    occurred_at = StrictCharField(max_length=64)
-    location = StrictCharField(max_length=200, required=False, allow_null=True, allow_blank=True)
+    occurred_at = RFC3339Field(max_length=64)
+    # Optional: an event without one is stored with no location (not a 500).
+    location = StrictCharField(max_length=200, default=None, allow_null=True, allow_blank=True)
+
+    def to_internal_value(self, data):
+        # The payload is kept whole (jsonb): PostgreSQL cannot store a NUL in it.
+        if _has_nul(data):
+            raise serializers.ValidationError(
+                {"non_field_errors": ["Null characters are not allowed."]}
+            )
+        return super().to_internal_value(data)
 
     def validate_occurred_at(self, value: str) -> datetime:
         try:
             parsed = parse_datetime(value)
         except ValueError:
             parsed = None
-        if parsed is None or parsed.tzinfo is None:
-            raise serializers.ValidationError(
-                "An RFC 3339 time with a UTC offset, e.g. 2026-05-01T12:00:00Z."
-            )
-        return parsed
+        if parsed is not None and parsed.tzinfo is not None:
+            # Stored in UTC: PostgreSQL refuses offsets past 15:59 that RFC 3339 allows.
+            try:
+                return parsed.astimezone(UTC)
+            except OverflowError:  # 0001-01-01T00:00+01:00 is before year 1 in UTC
+                pass
+        raise serializers.ValidationError(
+            "An RFC 3339 time with a UTC offset, e.g. 2026-05-01T12:00:00Z."
+        )
 
 
 class TrackingEventOut(serializers.Serializer):

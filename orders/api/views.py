@@ -102,7 +102,9 @@ class OrderCancelView(GenericAPIView):
     serializer_class = OrderOut
     permission_classes = ORDER_PERMISSIONS
 
-    @extend_schema(request=None, responses={200: OrderOut, 404: PROBLEM, 409: PROBLEM})
+    @extend_schema(
+        request=None, responses={200: OrderOut, 202: OrderOut, 404: PROBLEM, 409: PROBLEM}
+    )
     @idempotent(operation=operations.CANCEL)
     def post(self, request, order_id: str, *, key: KeyRequest):
         order = selectors.order_get_for_user(user=request.user, order_id=order_id)

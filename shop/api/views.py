@@ -1,6 +1,6 @@
 from django.contrib.auth import authenticate
 from django.core.validators import RegexValidator
-from drf_spectacular.utils import extend_schema, inline_serializer
+from drf_spectacular.utils import OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import serializers, status
 from rest_framework.generics import GenericAPIView
 from rest_framework.permissions import AllowAny, IsAuthenticated
@@ -41,7 +41,10 @@ class RegisterView(APIView):
     permission_classes = [AllowAny]
     throttle_classes = [RegisterThrottle]
 
-    @extend_schema(request=RegisterIn, responses={201: TokenOut})
+    @extend_schema(
+        request=RegisterIn,
+        responses={201: TokenOut, 409: OpenApiResponse(description="username_taken")},
+    )
     def post(self, request):
         data = RegisterIn(data=request.data)
         data.is_valid(raise_exception=True)

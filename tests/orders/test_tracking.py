@@ -271,3 +271,44 @@ def test_nothing_but_the_selector_module_reads_the_raw_rows():
             offenders.append(str(relative))
     assert offenders == [], f"read tracking events through orders.tracking, not: {offenders}"
     assert RAW_READER.search((ROOT / "orders/tracking.py").read_text())  # the check can match
+
+
+def test_an_event_without_its_optional_location_is_accepted_not_a_500(shipment, staff_client):
+    """Found by the API fuzzer (issue 16): `location` is optional in the schema; omitted, 500."""
+    body = {"event_id": "0", "occurred_at": "2000-01-01T00:00:00Z", "status": "delivered"}
+    response = staff_client.post(url(shipment), body, format="json")
+    assert response.status_code == 202, response.content
+    assert TrackingEvent.objects.get(shipment=shipment, event_id="0").location is None
+
+
+@pytest.mark.parametrize(
+    ("occurred_at", "status"),
+    [
+        (
+            "0420-01-17T12:09:34.5383+19:57",
+            202,
+        ),  # RFC 3339 allows it; PostgreSQL's offsets stop at 15:59
+        ("2026-05-01T12:00:00-23:59", 202),
+        ("0001-01-01T00:00:00+01:00", 400),  # before year 1 in UTC
+        ("9999-12-31T23:59:59-01:00", 400),  # after year 9999 in UTC
+    ],
+)
+def test_any_rfc3339_offset_is_stored_in_utc_or_refused_never_a_500(
+    shipment, staff_client, occurred_at, status
+):
+    """Found by the API fuzzer (issue 16): a +19:57 offset was a 500 (DataError)."""
+    body = {"event_id": "e1", "occurred_at": occurred_at, "status": "in_transit"}
+    response = staff_client.post(url(shipment), body, format="json")
+    assert response.status_code == status, response.content
+    if status == 400:
+        assert_problem(response, 400, "invalid_request")
+
+
+def test_a_nul_anywhere_in_an_event_is_a_400_not_a_500(shipment, staff_client):
+    """Found by the API fuzzer (issue 16): extra members are kept in the jsonb payload,
+    which PostgreSQL cannot hold a NUL in (DataError, 500)."""
+    for extra in ({"note\x00": 1}, {"note": ["a\x00b"]}):
+        body = {**event("e-nul"), **extra}
+        response = staff_client.post(url(shipment), body, format="json")
+        assert_problem(response, 400, "invalid_request")
+    assert not TrackingEvent.objects.filter(event_id="e-nul").exists()
