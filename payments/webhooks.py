@@ -415,83 +415,68 @@ def apply_refund_event(event: WebhookEvent) -> tuple[str, str]:
 # -- settlement meets a stored event ------------------------------------------------
 
 
-def stored_capture_result(*, txn: PaymentTransaction) -> ProviderResult | None:
-    """A stored `unmatched` charge event for this capture call, as a provider answer; or None.
+def _stored_event(
+    *, types: frozenset, provider_key: str, amount: Decimal, currency: str, what: str
+) -> InboxMessage | None:
+    """Take the first stored `unmatched` event of `types` for `provider_key`; or None.
 
-    Called by the capture recorder (payment row locked, provider's answer
-    unknown). The row is marked `applied` in the caller's transaction: if the
-    caller's record rolls back, so does the mark. Events with another amount
-    or currency are marked `suspicious` instead and not returned.
+    Called by a recorder holding its row lock, with no final answer of its
+    own. The event is marked `applied` in the caller's transaction (if the
+    caller's record rolls back, so does the mark); events with another
+    amount or currency are marked `suspicious` and skipped.
     """
     rows = (
         InboxMessage.objects.select_for_update()
         .filter(
             consumer=SOURCE,
             status=UNMATCHED,
-            message_type__in=CHARGE_TYPES,
-            payload__data__provider_key=txn.provider_key,
+            message_type__in=types,
+            payload__data__provider_key=provider_key,
         )
         .order_by("received_at", "id")
     )
     for row in rows:
         data = row.payload.get("data") or {}
         try:
-            same = (Decimal(data.get("amount")), data.get("currency")) == (
-                txn.amount,
-                txn.currency,
-            )
+            same = (Decimal(data.get("amount")), data.get("currency")) == (amount, currency)
         except (InvalidOperation, TypeError):
             same = False
         if not same:
             InboxMessage.objects.filter(id=row.id).update(
                 status=SUSPICIOUS,
-                detail=f"amount/currency differ from the shop's capture {txn.amount} "
-                f"{txn.currency}: not applied",
+                detail=f"amount/currency differ from the shop's {what} {amount} "
+                f"{currency}: not applied",
             )
             logger.warning("stored webhook %s suspicious: other amount/currency", row.message_id)
             continue
         InboxMessage.objects.filter(id=row.id).update(
-            status=APPLIED, detail="applied when the shop's capture met it", processed_at=Now()
+            status=APPLIED, detail=f"applied when the shop's {what} met it", processed_at=Now()
         )
-        return _result_of(row.message_type, data)
+        return row
     return None
+
+
+def stored_capture_result(*, txn: PaymentTransaction) -> ProviderResult | None:
+    """A stored `unmatched` charge event for this capture call, as a provider answer; or None."""
+    row = _stored_event(
+        types=CHARGE_TYPES,
+        provider_key=txn.provider_key,
+        amount=txn.amount,
+        currency=txn.currency,
+        what="capture",
+    )
+    return None if row is None else _result_of(row.message_type, row.payload.get("data") or {})
 
 
 def stored_refund_result(*, refund: Refund) -> ProviderResult | None:
-    """A stored `unmatched` refund event for this refund's key, as a provider answer; or None.
-
-    Called by the refund recorder (refund row locked, no final answer of its
-    own). The row is marked `applied` in the caller's transaction; events
-    with another amount or currency are marked `suspicious` and skipped.
-    """
-    rows = (
-        InboxMessage.objects.select_for_update()
-        .filter(
-            consumer=SOURCE,
-            status=UNMATCHED,
-            message_type__in=REFUND_TYPES,
-            payload__data__provider_key=refund.provider_key,
-        )
-        .order_by("received_at", "id")
+    """A stored `unmatched` refund event for this refund's key, as a provider answer; or None."""
+    row = _stored_event(
+        types=REFUND_TYPES,
+        provider_key=refund.provider_key,
+        amount=refund.amount,
+        currency=refund.currency,
+        what="refund",
     )
-    for row in rows:
-        data = row.payload.get("data") or {}
-        try:
-            same = (Decimal(data.get("amount")), data.get("currency")) == (
-                refund.amount,
-                refund.currency,
-            )
-        except (InvalidOperation, TypeError):
-            same = False
-        if not same:
-            InboxMessage.objects.filter(id=row.id).update(
-                status=SUSPICIOUS,
-                detail=f"amount/currency differ from the shop's refund {refund.amount} "
-                f"{refund.currency}: not applied",
-            )
-            continue
-        InboxMessage.objects.filter(id=row.id).update(
-            status=APPLIED, detail="applied when the shop's refund met it", processed_at=Now()
-        )
-        return _refund_result_of(row.message_type, data)
-    return None
+    if row is None:
+        return None
+    return _refund_result_of(row.message_type, row.payload.get("data") or {})
