@@ -125,7 +125,7 @@ class OrderLineInline(ReadOnlyInline):
     def reservation_expires_at(self, line):
         return line.reservation.expires_at if line.reservation else None
 
-    @admin.display(description="flag settled at")
+    @admin.display(description="flag resolved at")
     def reservation_resolved_at(self, line):
         return line.reservation.resolved_at if line.reservation else None
 
