@@ -1,6 +1,8 @@
 """Admin views of request keys, the outbox, deliveries, dead letters, the inbox and duplicates.
 
-Outbox rows can be retried; deliveries and dead letters requeued."""
+Outbox rows can be retried; deliveries and dead letters requeued. "Requeue" asks
+first, and its confirmation form carries a request key (idempotency.admin_actions.keyed_action):
+a double click or two tabs requeue once, on top of the conditional reopen."""
 
 import datetime
 
@@ -10,6 +12,7 @@ from django.utils import timezone
 from core.admin import DueWorkAdmin, ReadOnlyAdmin
 
 from . import metrics
+from .admin_actions import keyed_action
 from .models import (
     DeadLetter,
     Delivery,
@@ -18,6 +21,9 @@ from .models import (
     InboxMessage,
     OutboxMessage,
 )
+
+# The "Requeue" confirmation's operation name (registered in IdempotencyConfig.ready).
+ADMIN_DELIVERY_REQUEUE = "admin.delivery.requeue"
 
 
 @admin.register(IdempotencyKey)
@@ -76,7 +82,20 @@ class _DeliveryAdmin(DueWorkAdmin):
 
     @admin.action(description="Requeue (fresh attempt budget, published now)")
     def retry_now(self, request, queryset):
-        return super().retry_now(request, queryset)
+        return keyed_action(
+            self,
+            request,
+            queryset,
+            operation=ADMIN_DELIVERY_REQUEUE,
+            title="Requeue",
+            explanation="Give these deliveries a fresh attempt budget and publish them now "
+            "(fix the cause first). Deliveries already done stay done.",
+            button="Requeue",
+            decide=lambda pk: self.retry_one(request, pk),
+            done_message=lambda changed, skipped: (
+                f"{changed} requeued; {skipped} unchanged (already done)."
+            ),
+        )
 
 
 @admin.register(Delivery)

@@ -7,3 +7,10 @@ class IdempotencyConfig(AppConfig):
 
     def ready(self) -> None:
         from . import checks  # noqa: F401 - checks register themselves
+
+        # The admin's "Requeue" confirmation is keyed and answers with a redirect
+        # (idempotency.admin_actions.keyed_action).
+        from .admin import ADMIN_DELIVERY_REQUEUE
+        from .admin_actions import register_keyed_actions
+
+        register_keyed_actions(ADMIN_DELIVERY_REQUEUE)

@@ -274,6 +274,13 @@ def _attention(*, step: CompensationStep, reason: str, flag: bool) -> None:
     logger.error("compensation step %s (%s) needs attention: %s", step.id, step.name, reason)
 
 
+def step_flag_attention(*, step_id, reason: str) -> None:
+    """Stop a pending step for staff, as a refusal would (`failed`, its return
+    `needs_attention`); "Retry failed steps" takes it up again. For demo data and drills."""
+    step = CompensationStep.objects.get(id=step_id)
+    _attention(step=step, reason=reason, flag=True)
+
+
 def step_run(*, step_id) -> str:
     """Make one attempt at a compensation step if it is due; return what happened (for logs).
 

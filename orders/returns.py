@@ -245,6 +245,16 @@ def return_get_for_user(*, user, return_id) -> ReturnRequest:
     return order_return
 
 
+def returnable_units(*, order_id, order_lines) -> dict[int, int]:
+    """Units each of `order_lines` may still return, as of now (a read for a form: the request
+    counts again under the order's lock): shipped − returned − in open returns."""
+    open_units = _open_units(order_id=order_id)
+    return {
+        line.id: max(line.quantity_shipped - line.quantity_returned - open_units.get(line.id, 0), 0)
+        for line in order_lines
+    }
+
+
 def returns_of_order(*, order_id) -> list[ReturnRequest]:
     return list(ReturnRequest.objects.filter(order_id=order_id).order_by("created_at", "id"))
 

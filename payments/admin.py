@@ -1,12 +1,16 @@
 """Staff views of payments; settlements and refunds that need attention are decided here."""
 
-from django.contrib import admin, messages
-from django.template.response import TemplateResponse
+from django.contrib import admin
 
 from core.admin import DueWorkAdmin, ReadOnlyAdmin, ReadOnlyInline
+from idempotency.admin_actions import keyed_action
 
 from . import services
 from .models import Payment, PaymentEvent, PaymentSettlement, PaymentTransaction, Refund
+
+# The confirmations' operation names (registered in PaymentsConfig.ready).
+ADMIN_REFUND_OUTSIDE = "admin.refund.outside"
+ADMIN_REFUND_FAILED = "admin.refund.failed"
 
 
 class TransactionInline(ReadOnlyInline):
@@ -51,10 +55,11 @@ class PaymentSettlementAdmin(DueWorkAdmin):
 class RefundAdmin(DueWorkAdmin):
     """Refunds, read-only; staff decide the ones that need attention.
 
-    "Refunded outside the shop" and "Record as failed" ask for confirmation
-    and are conditional transitions (`needs_attention` → succeeded / failed):
-    a second click, a second tab or a race with the provider's late answer
-    changes nothing. "Retry now" sends the same provider key again.
+    "Refunded outside the shop" and "Record as failed" ask for confirmation,
+    whose form carries a request key (idempotency.admin_actions.keyed_action: a double click
+    or a second tab of it is a replay), and are conditional transitions
+    (`needs_attention` → succeeded / failed): a second confirmation or a race
+    with the provider's late answer changes nothing. "Retry now" sends the same provider key again.
     """
 
     list_display = [
@@ -78,36 +83,27 @@ class RefundAdmin(DueWorkAdmin):
     def retry_one(self, request, pk) -> bool:
         return services.refund_retry_now(refund_id=pk, by=request.user)
 
-    def _decide(self, request, queryset, *, action: str, title: str, explanation: str, decide):
-        if request.POST.get("confirm") != "yes":
-            return TemplateResponse(
-                request,
-                "admin/payments/refund/confirm_outcome.html",
-                {
-                    **self.admin_site.each_context(request),
-                    "title": title,
-                    "explanation": explanation,
-                    "refunds": list(queryset),
-                    "action": action,
-                    "opts": self.model._meta,
-                },
-            )
-        changed = sum(
-            bool(decide(refund_id=pk, by=request.user))
-            for pk in queryset.values_list("pk", flat=True)
+    def _decide(self, request, queryset, *, operation: str, title: str, explanation, decide):
+        return keyed_action(
+            self,
+            request,
+            queryset,
+            operation=operation,
+            title=title,
+            explanation=explanation,
+            button=f"Yes, {title.lower()}",
+            decide=lambda pk: decide(refund_id=pk, by=request.user),
+            done_message=lambda changed, skipped: (
+                f"{changed} recorded; {skipped} unchanged (not needing attention)."
+            ),
         )
-        skipped = queryset.count() - changed
-        messages.success(
-            request, f"{changed} recorded; {skipped} unchanged (not needing attention)."
-        )
-        return None
 
     @admin.action(description="Refunded outside the shop")
     def refunded_outside_shop(self, request, queryset):
         return self._decide(
             request,
             queryset,
-            action="refunded_outside_shop",
+            operation=ADMIN_REFUND_OUTSIDE,
             title="Refunded outside the shop",
             explanation="Record these refunds as given back outside the provider (bank transfer, "
             "the provider's dashboard). The payment's refunded amount moves; the provider is not "
@@ -120,7 +116,7 @@ class RefundAdmin(DueWorkAdmin):
         return self._decide(
             request,
             queryset,
-            action="record_failed",
+            operation=ADMIN_REFUND_FAILED,
             title="Record as failed",
             explanation="Record that these refunds will not happen. Their reserved amounts become "
             "refundable again. Only refunds that need attention change.",

@@ -6,7 +6,13 @@ from django.db.models import QuerySet
 
 from core.errors import NotFound
 
-from .models import Payment, PaymentInstallation, PaymentSettlement, PaymentTransaction
+from .models import (
+    Payment,
+    PaymentInstallation,
+    PaymentSettlement,
+    PaymentTransaction,
+    Refund,
+)
 
 
 def payment_get(*, payment_id) -> Payment:
@@ -20,6 +26,16 @@ def payment_get(*, payment_id) -> Payment:
 def payment_get_by_reference(*, reference: str) -> Payment | None:
     """Return the payment of an operation (e.g. "order-42"), if there is one."""
     return Payment.objects.filter(reference=reference).first()
+
+
+def refunds_of_payment(*, payment_id) -> QuerySet[Refund]:
+    """A payment's refunds, oldest first, whatever started them (goodwill, return, cancellation).
+
+    No payment (a free order): none.
+    """
+    if payment_id is None:
+        return Refund.objects.none()
+    return Refund.objects.filter(payment_id=payment_id).order_by("created_at", "id")
 
 
 def install_id_or_none() -> str | None:

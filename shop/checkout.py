@@ -100,6 +100,10 @@ def register_operations() -> None:
     register_operation(CREATE, resume=order_operations.order_resume, present=checkout_redirect)
     register_operation(CONFIRM, resume=order_operations.order_resume, present=decision_redirect)
     register_operation(CANCEL, resume=single_phase_resume, present=decision_redirect)
+    # The return form (shop/returns.py): one phase, its own 303 presenter.
+    from . import returns
+
+    register_operation(returns.CREATE, resume=single_phase_resume, present=returns.return_redirect)
 
 
 def checkout_follow_up(*, cart: Cart) -> None:

@@ -164,11 +164,27 @@ class DemoOrder:
     on_shortage: str = "reject"
     payment_method: str = "pm_card_ok"
     ship: bool = False
+    # A return of one unit of the first line: "completed" (its steps run here, the
+    # refund at the provider) or "attention" (restocked, then its refund step stopped
+    # for staff: the admin's Returns page has one to "Retry failed steps" on).
+    return_: str = ""
 
 
 DEMO_ORDERS = (
     DemoOrder("shipped, with tracking events (one sent twice)", {"TEE-L": 1, "CAP": 1}, ship=True),
     DemoOrder("confirmed", {"TEE-S": 2, "CAP": 1}),
+    DemoOrder(
+        "shipped, one returned: return completed, refunded",
+        {"TEE-M": 2},
+        ship=True,
+        return_="completed",
+    ),
+    DemoOrder(
+        "shipped, one returned: refund step needs attention",
+        {"TEE-S": 1, "TEE-M": 1},
+        ship=True,
+        return_="attention",
+    ),
     DemoOrder("partially_confirmed", {"TEE-L": 1, "SOCKS": 1}, on_shortage="partial"),
     DemoOrder("payment_failed", {"TEE-S": 1}, payment_method="pm_card_declined"),
     DemoOrder("awaiting_decision", {"CAP": 2, "SOCKS": 2}, on_shortage="ask"),
@@ -257,6 +273,64 @@ def _ship_with_tracking(order) -> None:
         )
 
 
+ATTENTION_REASON = (
+    "demo: stopped for staff as if the provider had declined the refund; "
+    'use "Retry failed steps" to refund it'
+)
+
+
+def _drive(order_return, *, names=None, timeout: float = 30.0) -> None:
+    """Play the worker here: run the return's due steps (and its refund) until none is."""
+    import time
+
+    from django.db.models.functions import Now
+
+    from orders.compensation import step_run
+    from orders.models import CompensationStep
+    from payments.models import Refund, RefundStatus
+    from payments.services import refund_run
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        steps = CompensationStep.objects.filter(order_return=order_return, done_at__isnull=True)
+        steps = steps.filter(needs_attention=False)
+        if names is not None:
+            steps = steps.filter(name__in=names)
+        if not steps.exists():
+            return
+        for refund in Refund.objects.filter(payment_id=order_return.order.payment_id).filter(
+            status=RefundStatus.PENDING
+        ):
+            Refund.objects.filter(id=refund.id).update(next_attempt_at=Now())
+            refund_run(refund_id=refund.id)
+        for step in steps.order_by("position"):
+            CompensationStep.objects.filter(id=step.id).update(next_attempt_at=Now())
+            step_run(step_id=step.id)
+
+
+def _return_one(order, kind: str, *, staff) -> None:
+    """A return of one unit of the order's first line, received, through the services."""
+    from orders import returns
+    from orders.models import CompensationStep
+
+    line = min(order.line_list, key=lambda line: line.id)
+    order_return = returns.return_request(
+        order_id=order.id,
+        lines=[returns.ReturnLineRequest(sku=line.sku, quantity=1)],
+        reason="Too small" if kind == "completed" else "Arrived damaged",
+        requested_by=order.owner,
+    )
+    order_return = returns.return_receive(return_id=order_return.id, by=staff)
+    if kind == "completed":
+        _drive(order_return)
+        return
+    _drive(order_return, names=["restock"])
+    from orders.compensation import step_flag_attention
+
+    refund_step = CompensationStep.objects.get(order_return=order_return, name="refund")
+    step_flag_attention(step_id=refund_step.id, reason=ATTENTION_REASON)
+
+
 def demo_orders() -> list[str]:
     """Give the demo shopper one order per state shown by the storefront, once.
 
@@ -266,11 +340,15 @@ def demo_orders() -> list[str]:
     shopper = User.objects.filter(username="shopper").first()
     if shopper is None or order_selectors.order_list_for_user(user=shopper).exists():
         return []
+    staff = User.objects.filter(username="staff").first()
     placed = []
     with _demo_provider():
         for demo in DEMO_ORDERS:
             order = _place(shopper, demo)
             if demo.ship and order.status == OrderStatus.CONFIRMED:
                 _ship_with_tracking(order)
+                if demo.return_:
+                    order = order_selectors.order_get(order_id=order.id)
+                    _return_one(order, demo.return_, staff=staff)
             placed.append(f"{demo.label}: order {order.number} {order.status}")
     return placed

@@ -122,9 +122,66 @@ class SignupForm(AccessibleForm):
 
 
 class ReturnForm(AccessibleForm):
+    """A "Quantity" per shipped line (`quantity_<line id>`, 0 to what shipped) and a reason.
+
+    What may still be returned (not already returned or in another return) is
+    decided by the service under the order's lock, not here.
+    """
+
     reason = forms.CharField(
         label="Reason",
         max_length=500,
         required=False,
         widget=forms.Textarea({"rows": 3}),
     )
+
+    def __init__(self, *args, lines=(), **kwargs) -> None:
+        self.lines = list(lines)  # [(order line, name, returnable now)]
+        quantities = {}
+        for line, name, returnable in self.lines:
+            quantities[f"quantity_{line.id}"] = forms.IntegerField(
+                label="Quantity",
+                min_value=0,
+                max_value=line.quantity_shipped,
+                initial=0,
+                error_messages={
+                    "max_value": f"At most {line.quantity_shipped} of {name} shipped.",
+                    "min_value": "Enter 0 or more.",
+                    "invalid": "Enter a whole number.",
+                },
+                widget=forms.NumberInput(
+                    {
+                        "min": "0",
+                        "max": str(returnable),
+                        "inputmode": "numeric",
+                        "class": "quantity",
+                        "aria-describedby": f"item_{line.id}",
+                    }
+                ),
+            )
+        super().__init__(*args, **kwargs)
+        self.fields = {**quantities, **self.fields}
+
+    def rows(self):
+        """(line, name, returnable, bound field) per shipped line, for the template."""
+        return [
+            (line, name, returnable, self[f"quantity_{line.id}"])
+            for line, name, returnable in self.lines
+        ]
+
+    def clean(self):
+        data = super().clean()
+        if not self.errors and not any(
+            data.get(f"quantity_{line.id}") for line, _name, _r in self.lines
+        ):
+            raise forms.ValidationError("Enter how many of at least one item you send back.")
+        return data
+
+    def return_lines(self) -> list[tuple[str, int]]:
+        """(sku, quantity) of each line with a quantity above 0."""
+        data = self.cleaned_data
+        return [
+            (line.sku, data[f"quantity_{line.id}"])
+            for line, _name, _returnable in self.lines
+            if data.get(f"quantity_{line.id}")
+        ]

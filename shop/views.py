@@ -8,6 +8,7 @@ under the storefront's own operation names (shop/checkout.py).
 
 from __future__ import annotations
 
+import functools
 import math
 from decimal import Decimal
 
@@ -28,14 +29,17 @@ from idempotency.models import STARTED
 from idempotency.views import idempotent_form
 from inventory import selectors as inventory_selectors
 from orders import operations as order_operations
+from orders import returns as order_returns
 from orders import selectors as order_selectors
 from orders import tracking
-from orders.models import Shipment
+from orders.models import CompensationStep, ReturnLine, Shipment
 from orders.services import LineRequest
 from orders.states import OrderStatus
+from payments import selectors as payment_selectors
 
 from . import cart as carts
 from . import checkout, history, loyalty, services, words
+from . import returns as shop_returns
 from .api.throttles import login_wait
 from .forms import PAYMENT_METHODS, CheckoutForm, QuantityForm, ReturnForm, SignupForm
 
@@ -304,6 +308,8 @@ def _order_context(request: HttpRequest, order) -> dict:
         "lines": [(line, names.get(line.sku, line.sku)) for line in order.line_list],
         "payment": payment,
         "refunded": Decimal(payment["amount_refunded"]) > 0,
+        "refunds": list(payment_selectors.refunds_of_payment(payment_id=order.payment_id)),
+        "returns": _order_returns(order, names),
         "method_label": dict(PAYMENT_METHODS).get(order.payment_method, order.payment_method),
         "hint": (
             "Your items are on their way."
@@ -316,6 +322,21 @@ def _order_context(request: HttpRequest, order) -> dict:
         "deciding": order.status == OrderStatus.AWAITING_DECISION,
         "declined": order.status == OrderStatus.PAYMENT_FAILED,
     }
+
+
+def _order_returns(order, names: dict[str, str]) -> list[dict]:
+    """The order's returns, oldest first, with their lines and compensation steps."""
+    found = order_returns.returns_of_order(order_id=order.id)
+    ids = [r.id for r in found]
+    lines: dict = {}
+    for line in ReturnLine.objects.filter(order_return_id__in=ids).order_by("id"):
+        lines.setdefault(line.order_return_id, []).append((line, names.get(line.sku, line.sku)))
+    steps: dict = {}
+    for step in CompensationStep.objects.filter(order_return_id__in=ids).order_by("position"):
+        steps.setdefault(step.order_return_id, []).append(step)
+    return [
+        {"return": r, "lines": lines.get(r.id, []), "steps": steps.get(r.id, [])} for r in found
+    ]
 
 
 @login_required
@@ -370,26 +391,78 @@ def _cancel_submit(request: HttpRequest, *, key, order) -> None:
     )
 
 
+RETURN_FIELDS = "shop.return_fields"
+
+
+def _return_form(order, names: dict[str, str], data=None) -> ReturnForm:
+    shipped = [line for line in order.line_list if line.quantity_shipped > 0]
+    returnable = order_returns.returnable_units(order_id=order.id, order_lines=shipped)
+    lines = [(line, names.get(line.sku, line.sku), returnable[line.id]) for line in shipped]
+    return ReturnForm(data, lines=lines)
+
+
+def _return_page(request, order, *, form=None, key=None, status=200) -> HttpResponse:
+    context = _order_context(request, order)
+    names = {line.sku: name for line, name in context["lines"]}
+    if form is None:
+        typed = request.session.pop(RETURN_FIELDS, None)
+        form = _return_form(order, names, data=typed)
+        if typed is not None:
+            form.is_valid()  # show what was typed (and its errors) after a refusal
+    context["form"] = form
+    context["request_key"] = key or shop_returns.return_form_key(
+        order, after=request.GET.get("after", "")
+    )
+    context["problem_text"] = _problem_text(request.GET.get("problem"))
+    context["any_returnable"] = any(returnable for _line, _name, returnable in form.lines)
+    return render(request, "shop/return.html", context, status=status)
+
+
 @login_required
 @require_http_methods(["GET", "POST"])
 def order_return(request: HttpRequest, order_id: str) -> HttpResponse:
-    """The return form. Returns are not built yet: submitting says so and changes nothing."""
+    """The return form: "Quantity" per shipped line and a reason; "Request return" is keyed
+    (shop/returns.py) and answers 303 to the order page, or the form with the refusal."""
     order = _own_order(request, order_id)
-    form = ReturnForm(request.POST or None)
-    if request.method == "POST":
-        if form.is_valid():
-            messages.info(
-                request,
-                "Returns are not available yet. Nothing was sent back and nothing was "
-                "refunded; please try again later.",
-            )
-            return see_other(request.path)
-    context = _order_context(request, order)
-    context["form"] = form
-    context["returnable"] = [
-        (line, name) for line, name in context["lines"] if line.quantity_shipped > 0
-    ]
-    return render(request, "shop/return.html", context, status=400 if form.errors else 200)
+    if request.method != "POST":
+        return _return_page(request, order)
+    response = _return_submit(request, order=order)
+    if response.status_code == 303 and response["Location"].startswith(
+        shop_returns.return_url(order.id)
+    ):
+        # Refused (more than returnable, not shipped): the form comes back as typed.
+        request.session[RETURN_FIELDS] = {
+            name: request.POST.get(name, "")
+            for name in request.POST
+            if name.startswith("quantity_") or name == "reason"
+        }
+    return response
+
+
+@idempotent_form(operation=shop_returns.CREATE, refusal=form_refusal)
+def _return_submit(request: HttpRequest, *, key, order) -> HttpResponse | None:
+    names = dict(
+        inventory_selectors.product_list()
+        .filter(sku__in=[line.sku for line in order.line_list])
+        .values_list("sku", "name")
+    )
+    form = _return_form(order, names, data=request.POST)
+    if not form.is_valid():
+        return _return_page(request, order, form=form, key=key.key, status=400)
+    order_operations.return_create_keyed(
+        run=key.claim(),
+        present=functools.partial(
+            shop_returns.return_redirect, order_id=order.id, form_key=key.key
+        ),
+        order_id=order.id,
+        lines=[
+            order_returns.ReturnLineRequest(sku=sku, quantity=quantity)
+            for sku, quantity in form.return_lines()
+        ],
+        reason=form.cleaned_data["reason"],
+        requested_by=request.user,
+    )
+    return None
 
 
 # --- Accounts -----------------------------------------------------------------

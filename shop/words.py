@@ -64,6 +64,41 @@ TRACKING_STATUS = {
     "exception": "Delivery problem",
 }
 
+RETURN_STATUS = {
+    "requested": "Requested: send the items back",
+    "processing": "Received: being refunded",
+    "completed": "Completed: refunded",
+    "needs_attention": "Received: our staff are looking into it",
+}
+
+STEP_NAME = {
+    "restock": "Items back in stock",
+    "refund": "Refund",
+    "history": "Purchase history updated",
+    "loyalty": "Points adjusted",
+    "notify": "Email sent",
+}
+
+STEP_STATUS = {
+    "pending": "Waiting",
+    "running": "In progress",
+    "done": "Done",
+    "failed": "Delayed: our staff are looking into it",
+}
+
+REFUND_STATUS = {
+    "pending": "On its way",
+    "succeeded": "Refunded",
+    "failed": "Not refunded",
+    "needs_attention": "Delayed: our staff are looking into it",
+}
+
+REFUND_ORIGIN = {
+    "goodwill": "Goodwill refund",
+    "return": "Return",
+    "cancellation": "Cancelled order",
+}
+
 PROBLEMS = {
     "insufficient_stock": "Some items are not in stock in the quantity you asked for. "
     "Check the availability below, change your cart or choose what to do if some items "
@@ -76,6 +111,9 @@ PROBLEMS = {
     "payment_declined": "The payment was declined; nothing was charged.",
     "payment_pending": "The payment's outcome is not known yet; try again once it is.",
     "invalid_state": "This order cannot be changed that way any more.",
+    "return_exceeds_order": "You asked to return more than was shipped and is not already "
+    "returned or in another return. Check the quantities below.",
+    "line_not_shipped": "Only shipped items can be returned; an item you chose has not shipped.",
 }
 
 

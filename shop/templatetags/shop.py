@@ -16,6 +16,11 @@ _TABLES = {
     "payment": words.PAYMENT_STATUS,
     "fulfillment": words.FULFILLMENT,
     "tracking": words.TRACKING_STATUS,
+    "return": words.RETURN_STATUS,
+    "step": words.STEP_STATUS,
+    "step_name": words.STEP_NAME,
+    "refund": words.REFUND_STATUS,
+    "refund_origin": words.REFUND_ORIGIN,
 }
 
 

@@ -2,9 +2,8 @@
 and to send from two tabs ("Staff in the admin" in the HTTP contract).
 
 Orders are placed through the live server's API (the storefront is covered in
-test_storefront.py). Returns and staff refunds are not on main yet: their
-tests are expected failures (xfail) until they are, and stop early, with that
-reason, while the models they need do not exist.
+test_storefront.py). The live shop's Celery worker runs the compensation steps
+and the refunds; each refund at the provider is counted in its ledger.
 """
 
 from __future__ import annotations
@@ -18,7 +17,8 @@ from django.apps import apps
 from django.test import Client
 from rest_framework.authtoken.models import Token
 
-from orders.models import Order
+from orders.models import CompensationStep, Order, ReturnRequest
+from payments.models import Refund
 from tests.browser import ui
 from tests.support.servers import wait_until
 
@@ -31,16 +31,6 @@ ADDRESS = {
     "postal_code": "N1 9GU",
     "country": "GB",
 }
-RETURNS_PENDING = "returns (shopper request, 'Mark received', compensation) are not built yet"
-REFUNDS_PENDING = "staff refunds (the admin's 'Refund') are on branch `ref`, not on main yet"
-
-
-def model_named(name: str):
-    """The project's model class called `name`, or None while nobody has built it."""
-    for model in apps.get_models():
-        if model.__name__ == name and not model.__module__.startswith("django."):
-            return model
-    return None
 
 
 def place_order_by_api(shop, user, lines: dict[str, int]) -> Order:
@@ -82,16 +72,12 @@ def test_staff_log_in_to_the_admin_and_see_an_order(
     ui.screenshot(page, "admin-order")
 
 
-@pytest.mark.xfail(strict=False, reason=RETURNS_PENDING)
 def test_return_requested_in_the_storefront_and_marked_received_twice_is_refunded_once(
     shop, new_context, staff_user, make_product
 ):
     from orders.shipments import shipment_create
 
-    Return = model_named("Return")  # noqa: N806 - a model class
-    if Return is None:
-        pytest.xfail(RETURNS_PENDING)
-    make_product("MUG", price="8.50", stock=5)
+    make_product("MUG", price="8.50", stock=5, name="Enamel mug")
     shopper = new_context(shop).new_page()
     username = ui.signup(shopper)
     owner = apps.get_model("auth", "User").objects.get(username=username)
@@ -100,35 +86,48 @@ def test_return_requested_in_the_storefront_and_marked_received_twice_is_refunde
 
     ui.visit(shopper, f"/orders/{order.id}/return/")
     shopper.get_by_label("Quantity", exact=True).first.fill("1")
-    shopper.get_by_role("button", name="Request return").click()
-    shopper.wait_for_load_state()
-    (requested,) = Return.objects.filter(order=order)
+    shopper.get_by_label("Reason", exact=True).fill("Too small")
+    shopper.get_by_role("button", name="Request return").dblclick()
+    shopper.wait_for_url(re.compile(rf"/orders/{order.id}/$"))
+    (requested,) = ReturnRequest.objects.filter(order=order)
+    assert requested.status == "requested"
+    assert "Requested" in shopper.locator("body").inner_text()
 
     staff = new_context(shop).new_page()
     ui.staff_login(staff, staff_user.username, password=staff_user.plain_password)
-    opts = Return._meta
-    ui.visit(staff, f"/admin/{opts.app_label}/{opts.model_name}/{requested.pk}/change/")
+    ui.visit(staff, "/admin/orders/returnrequest/")
+    assert str(requested.pk) in staff.locator("body").inner_text()
+    ui.check_page(staff, "admin-returns")
+    ui.visit(staff, f"/admin/orders/returnrequest/{requested.pk}/change/")
     staff.get_by_role("button", name="Mark received").dblclick()
-    staff.wait_for_load_state()
+    staff.wait_for_url(re.compile(rf"/admin/orders/returnrequest/{requested.pk}/change/$"))
 
     wait_until(
-        lambda: Return.objects.get(pk=requested.pk).status == "completed",
+        lambda: ReturnRequest.objects.get(pk=requested.pk).status == "completed",
         timeout=60,
         message="the compensation run to complete",
     )
+    # One run: one set of steps, each done once; one refund at the provider.
+    steps = CompensationStep.objects.filter(order_return=requested)
+    assert sorted(steps.values_list("name", flat=True)) == sorted(
+        ["restock", "refund", "history", "loyalty", "notify"]
+    )
+    assert set(steps.values_list("status", flat=True)) == {"done"}
+    assert Refund.objects.filter(payment_id=order.payment_id).count() == 1
     assert len(refunds_at_provider(shop, order)) == 1
+    ui.visit(staff, f"/admin/orders/returnrequest/{requested.pk}/change/")
+    ui.screenshot(staff, "admin-return")
+
     ui.visit(shopper, f"/orders/{order.id}/")
     text = shopper.locator("body").inner_text()
-    assert re.search(r"refund", text, re.I) and "8.50" in text, text
+    assert "Completed: refunded" in text, text
+    assert re.search(r"8\.50 \w+\s+Refunded\s+Return", text), text
+    ui.check_page(shopper, "order-with-return")
 
 
-@pytest.mark.xfail(strict=False, reason=REFUNDS_PENDING)
 def test_staff_refund_sent_from_two_tabs_refunds_once(
     shop, context, staff_user, make_user, make_product
 ):
-    Refund = model_named("Refund")  # noqa: N806 - a model class
-    if Refund is None:
-        pytest.xfail(REFUNDS_PENDING)
     make_product("MUG", price="8.50", stock=5)
     order = place_order_by_api(shop, make_user(), {"MUG": 2})
     tabs = [context.new_page(), context.new_page()]

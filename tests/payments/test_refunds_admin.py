@@ -112,9 +112,20 @@ def test_refunded_outside_the_shop_records_once(staff, paid_order, provider):
     confirm = staff.post(changelist, action)
     assert confirm.status_code == 200 and "Refunded outside the shop" in confirm.content.decode()
     assert Refund.objects.get().status == RefundStatus.NEEDS_ATTENTION  # only asked
-    for _ in range(2):  # the second click changes nothing
-        done = staff.post(changelist, {**action, "confirm": "yes"})
-        assert done.status_code == 302
+    key = form_key(confirm)
+    assert form_key(staff.post(changelist, action)) == key  # a second tab: the same key
+    answers = [
+        staff.post(changelist, {**action, "confirm": "yes", "idempotency_key": key})
+        for _ in range(2)  # a double click: the second is a replay
+    ]
+    assert [a.status_code for a in answers] == [303, 303]
+    assert answers[1]["Idempotent-Replayed"] == "true"
+    assert answers[0]["Location"] == changelist
+    # Another confirmation (a new key) still changes nothing: the transition is conditional.
+    other = staff.post(
+        changelist, {**action, "confirm": "yes", "idempotency_key": "another-confirmation"}
+    )
+    assert other.status_code == 303
     refund.refresh_from_db()
     assert refund.status == RefundStatus.SUCCEEDED and refund.outside_shop
     payment = Payment.objects.get(id=paid_order.payment_id)

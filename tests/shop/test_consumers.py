@@ -7,6 +7,7 @@ relay, broker loss) are in tests/idempotency/test_relay.py.
 
 from __future__ import annotations
 
+import re
 import threading
 import uuid
 
@@ -247,14 +248,19 @@ def test_dead_letters_admin_lists_them_and_requeue_publishes(shopper, published,
     payload["owner_id"] = shopper.pk
     OutboxMessage.objects.filter(pk=message_id).update(payload=payload)
     published.clear()
-    response = client.post(
-        "/admin/idempotency/deadletter/",
-        {
-            "action": "retry_now",
-            "_selected_action": list(Delivery.objects.values_list("pk", flat=True)),
-        },
-    )
-    assert response.status_code == 302
+    action = {
+        "action": "retry_now",
+        "_selected_action": list(Delivery.objects.values_list("pk", flat=True)),
+    }
+    confirm = client.post("/admin/idempotency/deadletter/", action)
+    assert confirm.status_code == 200 and not published  # only asked
+    key = re.search(r'name="idempotency_key" value="([^"]+)"', confirm.content.decode())[1]
+    for _ in range(2):  # a double click on "Requeue": the second is a replay
+        response = client.post(
+            "/admin/idempotency/deadletter/", {**action, "confirm": "yes", "idempotency_key": key}
+        )
+        assert response.status_code == 303
+    assert response["Idempotent-Replayed"] == "true"
     assert sorted(n for n, _ in published) == sorted(TASKS)
     assert run(published) == ["applied:applied", "applied:applied"]
     assert balance(shopper) == 38 and dead_letters_count() == 0

@@ -6,7 +6,8 @@ from django.core.management import call_command
 
 from inventory.models import Product, StockItem
 from orders import tracking
-from orders.models import Order, Shipment
+from orders.models import CompensationStep, Order, ReturnRequest, Shipment
+from payments.models import Refund
 from shop.demo import DEMO_ORDERS, DEMO_PRODUCTS, DEMO_USERS
 
 # transaction=True: the demo orders' payments are provider calls, made outside any transaction.
@@ -31,7 +32,7 @@ def test_seed_creates_catalog_with_stock_and_one_user_per_role(capsys, api_clien
     out = _seed(capsys)
 
     assert Product.objects.count() == len(DEMO_PRODUCTS)
-    assert StockItem.objects.get(product__sku="TEE-M").on_hand == 40
+    assert StockItem.objects.get(product__sku="MUG").on_hand == 50  # no demo order has one
     staff = User.objects.get(username="staff")
     assert staff.is_staff and staff.check_password("staff-demo")
     courier = User.objects.get(username="courier")
@@ -89,10 +90,10 @@ def test_seed_gives_the_shopper_an_order_in_each_state_once(capsys, tmp_path):
         Order.objects.filter(owner__username="shopper").values_list("status", flat=True)
     )
     assert statuses == sorted(
-        ["confirmed", "confirmed", "partially_confirmed", "payment_failed", "awaiting_decision"]
+        ["confirmed"] * 4 + ["partially_confirmed", "payment_failed", "awaiting_decision"]
     )
     assert "Demo orders of the shopper:" in out
-    shipment = Shipment.objects.get()
+    shipment = Shipment.objects.get(tracking_number="DP-0001-DEMO", order__lines__sku="TEE-L")
     assert shipment.order.fulfillment == "shipped"
     summary = tracking.tracking_summary(shipment_id=shipment.id)
     assert summary.duplicates_received == 1
@@ -101,7 +102,30 @@ def test_seed_gives_the_shopper_an_order_in_each_state_once(capsys, tmp_path):
     assert (tmp_path / "payments-simulator.sqlite3").exists()
 
     before = set(Order.objects.values_list("id", "status"))
+    returns_before = set(ReturnRequest.objects.values_list("id", "status"))
     out = _seed(capsys)
     assert set(Order.objects.values_list("id", "status")) == before
+    assert set(ReturnRequest.objects.values_list("id", "status")) == returns_before
     assert "created nothing new" in out and "Demo orders" not in out
     assert len(DEMO_ORDERS) == len(before)
+
+
+def test_seed_gives_the_shopper_a_completed_return_and_one_needing_attention(capsys):
+    """Through the real services: the completed one refunded at the provider; the other
+    restocked, its refund step stopped for staff (nothing refunded yet)."""
+    _seed(capsys)
+
+    completed = ReturnRequest.objects.get(status="completed")
+    steps = CompensationStep.objects.filter(order_return=completed)
+    assert sorted(steps.values_list("status", flat=True)) == ["done"] * 5
+    (refund,) = Refund.objects.filter(payment_id=completed.order.payment_id)
+    assert refund.status == "succeeded" and refund.amount == completed.refund_amount
+
+    attention = ReturnRequest.objects.get(status="needs_attention")
+    by_name = dict(
+        CompensationStep.objects.filter(order_return=attention).values_list("name", "status")
+    )
+    assert by_name["restock"] == "done" and by_name["refund"] == "failed"
+    assert CompensationStep.objects.get(order_return=attention, name="refund").last_error
+    assert not Refund.objects.filter(payment_id=attention.order.payment_id).exists()
+    assert ReturnRequest.objects.count() == 2

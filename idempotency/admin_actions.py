@@ -1,0 +1,110 @@
+"""Keyed confirmations of admin changelist actions ("Requeue", "Refunded outside the shop").
+
+A changelist action that changes state asks first; the confirmation form
+carries a request key derived from the action and its rows as shown
+(`action_key`), and sending it runs the action once under that key
+(idempotency.views.idempotent_form, one phase, a 303 presenter registered
+for the completer). Each row's change is still its own conditional
+transition, so two different confirmations change each row once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from django.contrib import messages
+from django.template.response import TemplateResponse
+from django.urls import reverse
+
+from .operations import (
+    Reply,
+    Result,
+    close_run,
+    refusals_presented,
+    register_operation,
+    single_phase_resume,
+)
+from .views import FORM_FIELD, idempotent_form
+
+
+def action_key(operation: str, rows) -> str:
+    """The request key of a confirmation form: the action and its rows as they are when shown.
+
+    Not random: two tabs (or two renders) of the same confirmation on the same
+    rows in the same state carry the same key, so sending both is one action
+    (the second is a replay). The action moves the rows' state (attempts, due
+    time, status), so a later confirmation of the same rows gets a new key.
+    """
+    names = ("attempts", "next_attempt_at", "needs_attention", "done_at", "status", "updated_at")
+    parts = [operation]
+    for row in sorted(rows, key=lambda row: str(row.pk)):
+        parts.append(":".join([str(row.pk), *(str(getattr(row, n, "")) for n in names)]))
+    return "admin-action-" + hashlib.sha256("|".join(parts).encode()).hexdigest()[:32]
+
+
+def redirect_to_value(result: Result) -> Reply:
+    """The keyed confirmations' presenter: 303 to the URL the action decided (its changelist)."""
+    if result.refusal is not None:
+        return Reply(status=303, headers={"Location": reverse("admin:index")})
+    return Reply(status=303, headers={"Location": result.value})
+
+
+def register_keyed_actions(*operations: str) -> None:
+    """Register keyed confirmations' operation names for the completer (from an app's ready):
+    one phase, so an abandoned key committed nothing and is forgotten."""
+    for operation in operations:
+        register_operation(operation, resume=single_phase_resume, present=redirect_to_value)
+
+
+def keyed_action(
+    modeladmin,
+    request,
+    queryset,
+    *,
+    operation: str,
+    title: str,
+    explanation: str,
+    button: str,
+    decide,
+    done_message,
+):
+    """A changelist action that asks first, then runs ONCE per confirmation form.
+
+    Without `confirm=yes`: a confirmation page listing the rows, whose form
+    carries a request key (`action_key`). With it: the action runs under that
+    key (idempotency.views.idempotent_form, operation `operation`, one phase):
+    a double click, a refresh or a second tab of the same confirmation replays
+    the first answer (303 to the changelist). `decide(pk)` is each row's own
+    conditional transition (True if it changed), so two different
+    confirmations still change each row once. `done_message(changed, skipped)`.
+    """
+    if request.POST.get("confirm") != "yes":
+        rows = list(queryset)
+        return TemplateResponse(
+            request,
+            "admin/keyed_confirm.html",
+            {
+                **modeladmin.admin_site.each_context(request),
+                "title": title,
+                "explanation": explanation,
+                "button": button,
+                "rows": rows,
+                "action": request.POST.get("action", ""),
+                "request_key": action_key(operation, rows),
+                "field": FORM_FIELD,
+                "opts": modeladmin.model._meta,
+            },
+        )
+    opts = modeladmin.model._meta
+    url = reverse(f"admin:{opts.app_label}_{opts.model_name}_changelist")
+
+    @idempotent_form(operation=operation)
+    def submit(request, *, key):
+        run = key.claim()
+        with refusals_presented(run, redirect_to_value), run.phase(next_point="done"):
+            pks = list(queryset.values_list("pk", flat=True))
+            changed = sum(bool(decide(pk)) for pk in pks)
+            messages.success(request, done_message(changed, len(pks) - changed))
+            close_run(run, Result.done(url), redirect_to_value)
+
+    return submit(request)
