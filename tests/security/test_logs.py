@@ -32,7 +32,9 @@ from tests.security.conftest import ADDRESS
 
 PASSWORD = "correct horse battery"  # tests.conftest.make_user's
 # 13-19 digits, maybe grouped by spaces or dashes; not the decimals of a float.
-CARD_LIKE = re.compile(r"(?<![0-9.])(?:[0-9][ -]?){12,18}[0-9](?![0-9])")
+# Not inside a run of hex digits and hyphens: a UUID's groups can be all digits
+# ("…-3565-4777-8220-21967…") and are ids, not cards.
+CARD_LIKE = re.compile(r"(?<![0-9A-Fa-f.-])(?:[0-9][ -]?){12,18}[0-9](?![0-9A-Fa-f-])")
 # LogRecord's own bookkeeping (thread ids, clocks): numbers, never data.
 _BOOKKEEPING = {"msg", "args", "exc_info", "exc_text", "stack_info", "thread", "process",
                 "created", "msecs", "relativeCreated", "lineno"}  # fmt: skip
