@@ -152,6 +152,17 @@ CELERY_MAX_COUNTDOWN = CELERY_VISIBILITY_TIMEOUT // 3
 CELERY_TASK_TIME_LIMIT = CELERY_VISIBILITY_TIMEOUT - CELERY_MAX_COUNTDOWN - 5
 CELERY_TASK_SOFT_TIME_LIMIT = CELERY_TASK_TIME_LIMIT - 5
 CELERY_BEAT_SCHEDULE: dict = {}
+
+
+def _beat_every(task: str, seconds: float) -> dict:
+    """Return a beat entry running `task` every `seconds`.
+
+    Every periodic task expires after one interval: after a worker outage the
+    queued ticks are dropped, not run back to back.
+    """
+    return {"task": task, "schedule": seconds, "options": {"expires": seconds}}
+
+
 CELERY_TIMEZONE = "UTC"
 
 # --- Auth -------------------------------------------------------------------
@@ -265,39 +276,27 @@ OUTBOX_RETENTION = env.float("OUTBOX_RETENTION", default=7 * 24 * 3600.0)
 OUTBOX_PURGE_BATCH = env.int("OUTBOX_PURGE_BATCH", default=1000)
 OUTBOX_PURGE_MAX_BATCHES = env.int("OUTBOX_PURGE_MAX_BATCHES", default=50)
 OUTBOX_PURGE_EVERY = env.float("OUTBOX_PURGE_EVERY", default=3600.0)
-CELERY_BEAT_SCHEDULE["idempotency-relay-outbox"] = {
-    "task": "idempotency.relay_outbox",
-    "schedule": OUTBOX_RELAY_EVERY,
-    "options": {"expires": OUTBOX_RELAY_EVERY},
-}
-CELERY_BEAT_SCHEDULE["idempotency-sweep-deliveries"] = {
-    "task": "idempotency.sweep_deliveries",
-    "schedule": OUTBOX_RELAY_EVERY,
-    "options": {"expires": OUTBOX_RELAY_EVERY},
-}
-CELERY_BEAT_SCHEDULE["idempotency-purge-outbox"] = {
-    "task": "idempotency.purge_outbox",
-    "schedule": OUTBOX_PURGE_EVERY,
-    "options": {"expires": OUTBOX_PURGE_EVERY},
-}
+CELERY_BEAT_SCHEDULE["idempotency-relay-outbox"] = _beat_every(
+    "idempotency.relay_outbox", OUTBOX_RELAY_EVERY
+)
+CELERY_BEAT_SCHEDULE["idempotency-sweep-deliveries"] = _beat_every(
+    "idempotency.sweep_deliveries", OUTBOX_RELAY_EVERY
+)
+CELERY_BEAT_SCHEDULE["idempotency-purge-outbox"] = _beat_every(
+    "idempotency.purge_outbox", OUTBOX_PURGE_EVERY
+)
 IDEMPOTENCY_COMPLETER_EVERY = env.float("IDEMPOTENCY_COMPLETER_EVERY", default=60.0)
 IDEMPOTENCY_PURGE_EVERY = env.float("IDEMPOTENCY_PURGE_EVERY", default=900.0)
 # Finished keys are kept at least this long (published retention: 24 h), then purged.
 IDEMPOTENCY_KEY_RETENTION = env.float("IDEMPOTENCY_KEY_RETENTION", default=24 * 3600.0)
 IDEMPOTENCY_PURGE_BATCH = env.int("IDEMPOTENCY_PURGE_BATCH", default=1000)
 IDEMPOTENCY_PURGE_MAX_BATCHES = env.int("IDEMPOTENCY_PURGE_MAX_BATCHES", default=50)
-CELERY_BEAT_SCHEDULE["idempotency-complete-abandoned-keys"] = {
-    "task": "idempotency.complete_abandoned_keys",
-    "schedule": IDEMPOTENCY_COMPLETER_EVERY,
-    # Every periodic task expires after about one interval: after a worker
-    # outage the queued ticks are dropped, not run back to back.
-    "options": {"expires": IDEMPOTENCY_COMPLETER_EVERY},
-}
-CELERY_BEAT_SCHEDULE["idempotency-purge-finished-keys"] = {
-    "task": "idempotency.purge_finished_keys",
-    "schedule": IDEMPOTENCY_PURGE_EVERY,
-    "options": {"expires": IDEMPOTENCY_PURGE_EVERY},
-}
+CELERY_BEAT_SCHEDULE["idempotency-complete-abandoned-keys"] = _beat_every(
+    "idempotency.complete_abandoned_keys", IDEMPOTENCY_COMPLETER_EVERY
+)
+CELERY_BEAT_SCHEDULE["idempotency-purge-finished-keys"] = _beat_every(
+    "idempotency.purge_finished_keys", IDEMPOTENCY_PURGE_EVERY
+)
 
 # --- i18n, static ------------------------------------------------------------
 LANGUAGE_CODE = "en-us"
@@ -357,21 +356,17 @@ PAYMENTS_SETTLE_LEASE = env.float("PAYMENTS_SETTLE_LEASE", default=CELERY_VISIBI
 PAYMENTS_WEBHOOK_SECRET = env.str("PAYMENTS_WEBHOOK_SECRET", default="")
 PAYMENTS_SWEEP_INTERVAL = env.float("PAYMENTS_SWEEP_INTERVAL", default=5.0)
 PAYMENTS_SWEEP_BATCH = env.int("PAYMENTS_SWEEP_BATCH", default=100)
-CELERY_BEAT_SCHEDULE["payments.sweep_settlements"] = {
-    "task": "payments.sweep_settlements",
-    "schedule": PAYMENTS_SWEEP_INTERVAL,
-    "options": {"expires": PAYMENTS_SWEEP_INTERVAL},
-}
+CELERY_BEAT_SCHEDULE["payments.sweep_settlements"] = _beat_every(
+    "payments.sweep_settlements", PAYMENTS_SWEEP_INTERVAL
+)
 # Refunds (docs/payments.md, "Refunds"): due rows rung after commit, swept by beat.
 PAYMENTS_REFUND_BACKOFF_BASE = env.float("PAYMENTS_REFUND_BACKOFF_BASE", default=2.0)
 PAYMENTS_REFUND_BACKOFF_MAX = env.float("PAYMENTS_REFUND_BACKOFF_MAX", default=300.0)
 PAYMENTS_REFUND_MAX_ATTEMPTS = env.int("PAYMENTS_REFUND_MAX_ATTEMPTS", default=12)
 PAYMENTS_REFUND_LEASE = env.float("PAYMENTS_REFUND_LEASE", default=CELERY_VISIBILITY_TIMEOUT + 30)
-CELERY_BEAT_SCHEDULE["payments.sweep_refunds"] = {
-    "task": "payments.sweep_refunds",
-    "schedule": PAYMENTS_SWEEP_INTERVAL,
-    "options": {"expires": PAYMENTS_SWEEP_INTERVAL},
-}
+CELERY_BEAT_SCHEDULE["payments.sweep_refunds"] = _beat_every(
+    "payments.sweep_refunds", PAYMENTS_SWEEP_INTERVAL
+)
 
 # --- Checkout: orders and reservation flags (issue 6) --------------------------
 # How long an `ask` order's flags are held while the shopper decides.
@@ -380,11 +375,9 @@ ORDER_RESERVATION_TTL_SECONDS = env.int("ORDER_RESERVATION_TTL_SECONDS", default
 ORDER_EXPIRY_SWEEP_SECONDS = env.int("ORDER_EXPIRY_SWEEP_SECONDS", default=30)
 # Orders expired per sweep run (each in its own transaction).
 ORDER_EXPIRY_BATCH = env.int("ORDER_EXPIRY_BATCH", default=500)
-CELERY_BEAT_SCHEDULE["orders.expire_reservations"] = {
-    "task": "orders.expire_reservations",
-    "schedule": ORDER_EXPIRY_SWEEP_SECONDS,
-    "options": {"expires": ORDER_EXPIRY_SWEEP_SECONDS},
-}
+CELERY_BEAT_SCHEDULE["orders.expire_reservations"] = _beat_every(
+    "orders.expire_reservations", ORDER_EXPIRY_SWEEP_SECONDS
+)
 # The daily sales report (docs/reports.md): every night, for the day before in
 # TIME_ZONE. Expires after an hour: a tick queued through a long outage is
 # dropped (the next night's run, or `manage.py sales_report`, covers the day).
@@ -403,11 +396,9 @@ COMPENSATION_LEASE = env.float("COMPENSATION_LEASE", default=CELERY_VISIBILITY_T
 COMPENSATION_WAIT_SECONDS = env.float("COMPENSATION_WAIT_SECONDS", default=5.0)
 COMPENSATION_SWEEP_INTERVAL = env.float("COMPENSATION_SWEEP_INTERVAL", default=5.0)
 COMPENSATION_SWEEP_BATCH = env.int("COMPENSATION_SWEEP_BATCH", default=100)
-CELERY_BEAT_SCHEDULE["orders.sweep_compensation"] = {
-    "task": "orders.sweep_compensation",
-    "schedule": COMPENSATION_SWEEP_INTERVAL,
-    "options": {"expires": COMPENSATION_SWEEP_INTERVAL},
-}
+CELERY_BEAT_SCHEDULE["orders.sweep_compensation"] = _beat_every(
+    "orders.sweep_compensation", COMPENSATION_SWEEP_INTERVAL
+)
 # The notify step's e-mail (Django's email backend; at least once by nature).
 EMAIL_BACKEND = env.str("EMAIL_BACKEND", default="django.core.mail.backends.console.EmailBackend")
 EMAIL_FILE_PATH = env.str("EMAIL_FILE_PATH", default="")
