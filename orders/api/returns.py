@@ -10,7 +10,6 @@ service and stores the rendered body with its effect.
 from __future__ import annotations
 
 from drf_spectacular.utils import OpenApiResponse, extend_schema
-from rest_framework import serializers
 from rest_framework.generics import GenericAPIView
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
@@ -21,6 +20,7 @@ from idempotency.views import KeyRequest, idempotent
 
 from .. import operations, returns, selectors
 from . import presenters
+from .serializers import sku_lines
 
 PROBLEM = OpenApiResponse(description="application/problem+json")
 RETURN_BODY = OpenApiResponse(description="the return body")
@@ -36,17 +36,7 @@ class ReturnIn(ClosedSerializer):
     reason = StrictCharField(max_length=500, required=False, allow_blank=True, default="")
 
     def validate_lines(self, lines: list[dict]) -> list[returns.ReturnLineRequest]:
-        errors: dict[int, dict] = {}
-        seen: set[str] = set()
-        for index, line in enumerate(lines):
-            if line["sku"] in seen:
-                errors[index] = {"sku": ["This sku appears more than once."]}
-            seen.add(line["sku"])
-        if errors:
-            raise serializers.ValidationError(errors)
-        return [
-            returns.ReturnLineRequest(sku=line["sku"], quantity=line["quantity"]) for line in lines
-        ]
+        return sku_lines(lines, returns.ReturnLineRequest)
 
 
 class OrderReturnsView(GenericAPIView):

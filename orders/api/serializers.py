@@ -17,6 +17,25 @@ from ..states import OnShortage
 MAX_LINES = 100
 
 
+def repeated_sku_errors(skus: list[str]) -> dict[int, dict]:
+    """Return DRF item errors (keyed by line index) for each sku seen before in `skus`."""
+    errors: dict[int, dict] = {}
+    seen: set[str] = set()
+    for index, sku in enumerate(skus):
+        if sku in seen:
+            errors[index] = {"sku": ["This sku appears more than once."]}
+        seen.add(sku)
+    return errors
+
+
+def sku_lines(lines: list[dict], make):
+    """Return `make(sku=, quantity=)` per line, refusing a sku that appears twice (400)."""
+    errors = repeated_sku_errors([line["sku"] for line in lines])
+    if errors:
+        raise serializers.ValidationError(errors)
+    return [make(sku=line["sku"], quantity=line["quantity"]) for line in lines]
+
+
 class OrderLineIn(ClosedSerializer):
     sku = StrictCharField(max_length=64)
     quantity = StrictIntegerField(min_value=1, max_value=1000)
@@ -66,14 +85,10 @@ class OrderIn(ClosedSerializer):
             for product in Product.objects.select_related("stock").filter(sku__in=skus)
         }
         # Keyed by line index, as DRF reports item errors of a list.
-        errors: dict[int, dict] = {}
-        seen: set[str] = set()
+        errors = repeated_sku_errors(skus)
         for index, sku in enumerate(skus):
-            if sku in seen:
-                errors[index] = {"sku": ["This sku appears more than once."]}
-            elif sku not in products:
+            if index not in errors and sku not in products:
                 errors[index] = {"sku": ["Unknown sku."]}
-            seen.add(sku)
         if errors:
             raise serializers.ValidationError(errors)
         return [

@@ -37,7 +37,7 @@ from idempotency.views import KeyRequest, idempotent
 from .. import operations, selectors, shipments, tracking
 from ..states import TrackingStatus
 from . import presenters
-from .serializers import ShipmentOut
+from .serializers import ShipmentOut, sku_lines
 
 PROBLEM = OpenApiResponse(description="application/problem+json")
 
@@ -60,18 +60,7 @@ class ShipmentIn(ClosedSerializer):
     )
 
     def validate_lines(self, lines: list[dict]) -> list[shipments.ShipmentLineRequest]:
-        errors: dict[int, dict] = {}
-        seen: set[str] = set()
-        for index, line in enumerate(lines):
-            if line["sku"] in seen:
-                errors[index] = {"sku": ["This sku appears more than once."]}
-            seen.add(line["sku"])
-        if errors:
-            raise serializers.ValidationError(errors)
-        return [
-            shipments.ShipmentLineRequest(sku=line["sku"], quantity=line["quantity"])
-            for line in lines
-        ]
+        return sku_lines(lines, shipments.ShipmentLineRequest)
 
 
 class ShipmentCreateView(GenericAPIView):
