@@ -31,6 +31,7 @@ from idempotency.failpoints import failpoint
 
 from . import compensation, lock_objects
 from .models import CompensationStep, OrderEvent, OrderLine, ReturnLine, ReturnRequest
+from .services import InvalidState
 from .shipments import SHIPPABLE_ORDER_STATUSES
 from .states import CompensationKind, ReturnStatus
 
@@ -47,10 +48,8 @@ class LineNotShipped(ApplicationError):
     title = "Line not shipped"
 
 
-class ReturnInvalidState(ApplicationError):
-    status = 409
-    code = "invalid_state"
-    title = "Invalid state"
+class ReturnInvalidState(InvalidState):
+    """Refuse a return of an order that cannot take one (409 `invalid_state`)."""
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from idempotency.outbox import outbox_write
 
 from . import lock_objects
 from .models import Order, OrderEvent, OrderLine, Shipment, ShipmentLine
+from .services import InvalidState
 from .states import FULFILLMENT_TRANSITIONS, Fulfillment, LineStatus, OrderStatus, check_transition
 
 SHIPPABLE_ORDER_STATUSES = frozenset({OrderStatus.CONFIRMED, OrderStatus.PARTIALLY_CONFIRMED})
@@ -40,10 +41,8 @@ class ExceedsUnshipped(ApplicationError):
     title = "Exceeds unshipped"
 
 
-class OrderNotShippable(ApplicationError):
-    status = 409
-    code = "invalid_state"
-    title = "Invalid state"
+class OrderNotShippable(InvalidState):
+    """Refuse to ship an order that is not confirmed (409 `invalid_state`)."""
 
 
 @dataclass(frozen=True)
