@@ -11,12 +11,12 @@ from django.db.models.functions import Now
 
 
 class ReportExtractRow(models.Model):
-    """One fact of one day, as the extract step read it (a sold line; later refunds, returns)."""
+    """One fact of one day, as the extract step read it (a sold line, a refund, returned units)."""
 
     class Source(models.TextChoices):
         SALE = "sale"
-        REFUND = "refund"  # filled once refunds exist
-        RETURN = "return"  # filled once returns exist
+        REFUND = "refund"  # a succeeded refund: money back, per order
+        RETURN = "return"  # units received back, per order and sku
 
     date = models.DateField()
     source = models.CharField(max_length=16, choices=Source.choices)

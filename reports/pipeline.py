@@ -20,13 +20,14 @@ from zoneinfo import ZoneInfo
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Count, Q, Sum
+from django.db.models import Count, F, Q, Sum
 
 from core.errors import ApplicationError
 from core.money import format_money
 from idempotency.failpoints import failpoint
-from orders.models import OrderEvent, OrderLine
+from orders.models import OrderEvent, OrderLine, ReturnLine
 from orders.states import OrderStatus
+from payments.models import Refund, RefundStatus
 
 from .lock_objects import report_day_lock
 from .models import (
@@ -113,10 +114,56 @@ def _sales(start: datetime, end: datetime) -> Iterator[ReportExtractRow]:
         )
 
 
+def _refunds(start: datetime, end: datetime) -> Iterator[ReportExtractRow]:
+    """Money that went back to shoppers in [start, end): succeeded refunds, per order.
+
+    A refund counts on the day it succeeded: its terminal update (the money
+    moved, or staff recorded it as refunded outside the shop) sets
+    `updated_at`, and a succeeded refund is never updated again.
+    """
+    refunds = (
+        Refund.objects.filter(
+            status=RefundStatus.SUCCEEDED,
+            updated_at__gte=start,
+            updated_at__lt=end,
+            payment__order__isnull=False,
+        )
+        .values("payment__order__id")
+        .annotate(total=Sum("amount"))
+        .order_by("payment__order__id")
+    )
+    for row in refunds.iterator(chunk_size=2000):
+        yield ReportExtractRow(
+            source=ReportExtractRow.Source.REFUND,
+            order_id=row["payment__order__id"],
+            sku="",  # a refund is money for the order, not for one line
+            units=0,
+            amount=row["total"],
+        )
+
+
+def _returns(start: datetime, end: datetime) -> Iterator[ReportExtractRow]:
+    """Units received back in [start, end): lines of returns received that day, per sku."""
+    lines = (
+        ReturnLine.objects.filter(
+            order_return__received_at__gte=start, order_return__received_at__lt=end
+        )
+        .values("order_return__order_id", "sku")
+        .annotate(units=Sum("quantity"), amount=Sum(F("quantity") * F("order_line__unit_price")))
+        .order_by("order_return__order_id", "sku")
+    )
+    for row in lines.iterator(chunk_size=2000):
+        yield ReportExtractRow(
+            source=ReportExtractRow.Source.RETURN,
+            order_id=row["order_return__order_id"],
+            sku=row["sku"],
+            units=row["units"],
+            amount=row["amount"],
+        )
+
+
 # The extract's query, in one place: each source yields the day's facts.
-# Refunds and returns join here (one entry each) once their models exist;
-# until then the report carries them as 0.
-EXTRACT_SOURCES = (_sales,)
+EXTRACT_SOURCES = (_sales, _refunds, _returns)
 
 
 @transaction.atomic

@@ -294,3 +294,39 @@ def test_worker_exits_after_a_step_then_the_rerun_gives_the_clean_hash(
     report = DailySalesReport.objects.get()
     assert report.content_hash == clean.content_hash and report.revision == 1
     assert ReportExtractRow.objects.count() == 3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_refunds_and_returns_count_on_the_day_they_happened(
+    provider, make_product, shopper_client, staff_client, monkeypatch
+):
+    from celery import current_app
+
+    from orders.models import ReturnRequest
+    from payments.models import Refund, RefundStatus
+    from tests.orders.compensation_support import ask_return, drive, receive, shipped_order
+
+    monkeypatch.setattr(current_app, "send_task", lambda *a, **kw: None)  # rows are the truth
+    make_product("TEE-M", price="10.00", stock=10)
+    make_product("CAP", price="5.50", stock=10)
+    order = shipped_order(shopper_client, {"TEE-M": 2, "CAP": 1})
+    return_id = ask_return(shopper_client, order, {"TEE-M": 2, "CAP": 1}).json()["id"]
+    assert receive(staff_client, return_id).status_code == 202
+    drive(order_return_id=return_id)
+    refund = Refund.objects.get(payment=order.payment)
+    assert refund.status == RefundStatus.SUCCEEDED and str(refund.amount) == "25.50"
+    day = closed_day()
+    ReturnRequest.objects.filter(id=return_id).update(received_at=at(day, 10))
+    Refund.objects.filter(id=refund.id).update(updated_at=at(day, 11))
+    OrderEvent.objects.filter(order=order, kind="paid").update(created_at=at(day, 9))
+
+    report = pipeline.run(day=day)
+
+    assert figures(report) == {
+        "orders": 1,
+        "units": 3,
+        "revenue": "25.50",
+        "refunds": "25.50",
+        "returns": 3,
+    }
+    assert figures(pipeline.run(day=day - timedelta(days=1)))["refunds"] == "0.00"
