@@ -3,6 +3,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from . import views
+from .admin_login import admin_login
 
 api_v1 = [
     path("", include("shop.api.urls")),
@@ -12,6 +13,8 @@ api_v1 = [
     path("", include("reports.urls")),
 ]
 urlpatterns = [
+    # Before the admin's own URLs: its log-in page, throttled.
+    path("admin/login/", admin_login, name="admin-login"),
     path("admin/", admin.site.urls),
     path("healthz", views.healthz, name="healthz"),
     path("metrics", views.metrics_view, name="metrics"),

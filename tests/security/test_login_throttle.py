@@ -96,3 +96,30 @@ def test_a_forged_x_forwarded_for_does_not_buy_a_fresh_address_budget(api_client
     assert codes[25] == 429
     browser = Client(HTTP_X_FORWARDED_FOR="192.0.2.200")
     assert form_login(browser, "someone", "x").status_code == 429  # same address, same budget
+
+
+def admin_login(browser, username, password):
+    return browser.post(
+        "/admin/login/?next=/admin/",
+        {"username": username, "password": password, "next": "/admin/"},
+    )
+
+
+def test_admin_login_is_throttled_in_the_same_budget(make_user):
+    make_user(username="sam", staff=True)
+    browser = Client()
+    for _ in range(3):
+        assert admin_login(browser, "sam", "wrong").status_code == 200  # the form again
+    assert form_login(browser, "sam", "wrong").status_code == 200  # the storefront's form
+    assert admin_login(browser, "sam", "wrong").status_code == 200  # the 5th attempt
+    # Even the right password is refused now, before it is checked.
+    response = admin_login(browser, "sam", PASSWORD)
+    assert response.status_code == 429
+    assert int(response["Retry-After"]) >= 1
+    assert b"Too many log-in attempts" in response.content
+    assert b'name="password"' in response.content  # the admin's form, to try again later
+    assert not logged_in(browser)
+    # Another staff member from elsewhere logs in as usual.
+    make_user(username="tess", staff=True)
+    response = admin_login(Client(REMOTE_ADDR="198.51.100.7"), "tess", PASSWORD)
+    assert response.status_code == 302 and response["Location"] == "/admin/"
