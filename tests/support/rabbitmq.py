@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from typing import Any
 
 import kombu
 import pytest
@@ -52,15 +53,17 @@ def send_task(name: str, args: Sequence = (), **options) -> None:
 def queue_depth(queue: str = "celery") -> int:
     """Messages ready in `queue` (0 when it does not exist yet)."""
     with connection() as conn:
+        channel: Any = conn.default_channel  # py-amqp's Channel (kombu types it StdChannel)
         try:
-            return conn.default_channel.queue_declare(queue, passive=True).message_count
+            return channel.queue_declare(queue, passive=True).message_count
         except Exception:  # noqa: BLE001 - NOT_FOUND: nobody declared it yet
             return 0
 
 
 def purge(queue: str = "celery") -> None:
     with connection() as conn:
+        channel: Any = conn.default_channel
         try:
-            conn.default_channel.queue_purge(queue)
+            channel.queue_purge(queue)
         except Exception:  # noqa: BLE001 - NOT_FOUND: nothing to purge
             pass
