@@ -3,7 +3,8 @@
 Every line carries `time`, `level`, `logger`, `message` and, where known,
 `request_id` (the `X-Request-ID` of the request, see core.middleware),
 `user_id`, `idempotency_key_hash` (never the key), `order_id`, `task` /
-`task_id` (Celery), plus whatever the call passed as `extra={...}`.
+`task_id` (Celery), `host` (SHOP_HOST_NAME, set by the run command: which
+host of several wrote the line), plus whatever the call passed as `extra={...}`.
 
 The context is a contextvar bound by the request middleware, the keyed-view
 glue and the Celery signals (`log_context(...)`); any code may add to it
@@ -23,6 +24,7 @@ import datetime
 import hashlib
 import json
 import logging
+import os
 import re
 import traceback
 from collections.abc import Iterator, Mapping
@@ -46,6 +48,8 @@ CONTEXT_FIELDS = (
     "task_id",
 )
 REDACTED = "[redacted]"
+# Which host of several (docs/deployment.md) wrote the line; the run command sets it.
+HOST_NAME = os.environ.get("SHOP_HOST_NAME") or None
 _SECRET_NAME = re.compile(r"token|password|passwd|secret|authorization|cookie|card|cvc", re.I)
 _KEY_NAMES = frozenset({"key", "idempotency_key"})
 # A DRF token in an Authorization-like text, and 13-19 digit runs (card numbers,
@@ -134,6 +138,8 @@ def record_fields(record: logging.LogRecord) -> dict[str, Any]:
         "logger": record.name,
         "message": scrub_text(record.getMessage()),
     }
+    if HOST_NAME:
+        fields["host"] = HOST_NAME
     context = dict(_context.get() or {})
     request = context.pop("request", None)
     if request is not None and "user_id" not in context:

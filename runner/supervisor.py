@@ -1,8 +1,10 @@
 """The run command: the whole shop from one process (`make run`, docs/running.md).
 
 Starts the embedded PostgreSQL and Redis unless DATABASE_URL / REDIS_URL are
-set, runs the SETUP steps (migrate, collectstatic, seed_demo), then keeps
-every program of PROGRAMS running: a child that exits is restarted with
+set, runs the SETUP steps (migrate, collectstatic, seed_demo) under the setup
+lock (runner/setup_lock.py), then keeps every program of PROGRAMS running
+(SHOP_PROGRAMS, SHOP_SETUP and SHOP_WORKERS choose which: one host of several,
+docs/deployment.md): a child that exits is restarted with
 backoff, and so is an embedded server that dies. Ctrl-C or SIGTERM stops
 every child (and its process group), then the embedded servers, and exits.
 A supervisor killed with SIGKILL takes its children with it (the kernel's
@@ -16,6 +18,7 @@ import fcntl
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -39,6 +42,7 @@ from .processes import (
     stop_group,
     stop_leader_then_group,
 )
+from .setup_lock import setup_lock
 from .webhook_secret import webhook_env
 
 
@@ -47,8 +51,9 @@ class Program:
     """One long-running process: a name, its argv and extra environment.
 
     Both may use the placeholders {python}, {host}, {port}, {var} (data
-    folder), {run} (short runtime folder for sockets) and {web_workers}; add
-    more to `context()` when a program needs them.
+    folder), {run} (short runtime folder for sockets), {web_workers},
+    {worker_concurrency}, {host_name} and, in a worker, {worker} (its name,
+    worker-N); add more to `context()` when a program needs them.
     """
 
     name: str
@@ -69,10 +74,13 @@ PROGRAMS: list[Program] = [
         ),
     ),
     Program(
+        # SHOP_WORKERS copies of it, worker-1 ... worker-N; the node name holds
+        # the host's name so that two hosts (or two on one machine) never collide.
         "worker",
         (
             "{python}", "-m", "celery", "--app", "config.celery:app", "worker",
-            "--loglevel", "INFO", "--concurrency", "2", "--hostname", "worker-{port}@%h",
+            "--loglevel", "INFO", "--concurrency", "{worker_concurrency}",
+            "--hostname", "{worker}-{host_name}@%h",
         ),
     ),
     Program(
@@ -123,6 +131,12 @@ MAX_BACKOFF = 30.0
 SERVER_RESTARTS = 5
 
 
+def host_name(environ: Mapping[str, str] | None = None) -> str:
+    """Return this host's name: SHOP_HOST_NAME, or the machine's short hostname."""
+    environ = os.environ if environ is None else environ
+    return environ.get("SHOP_HOST_NAME") or socket.gethostname().split(".")[0] or "localhost"
+
+
 def context() -> dict[str, str]:
     """Return the values of the placeholders in PROGRAMS and SETUP."""
     return {
@@ -132,8 +146,87 @@ def context() -> dict[str, str]:
         "var": str(var_dir()),
         "run": str(run_dir_for(var_dir())),
         "web_workers": os.environ.get("WEB_CONCURRENCY", "2"),
+        "worker_concurrency": os.environ.get("WORKER_CONCURRENCY", "2"),
+        "host_name": host_name(),
         "sim_port": os.environ.get("SIMULATOR_PORT", "8470"),
     }
+
+
+def _names(value: str) -> list[str]:
+    return [name.strip() for name in value.split(",") if name.strip()]
+
+
+def select_programs(
+    environ: Mapping[str, str], table: list[Program] | None = None
+) -> list[Program]:
+    """Return the programs this host runs: SHOP_PROGRAMS of the table, workers multiplied.
+
+    SHOP_PROGRAMS is a comma list of names (unset or empty: all); `worker`
+    means every worker, `worker-2` one of them. SHOP_WORKERS (default 1)
+    worker programs are named worker-1 ... worker-N. An unknown name, or a
+    SHOP_WORKERS that is not a positive number, stops the run.
+    """
+    table = PROGRAMS if table is None else table
+    try:
+        workers = int(environ.get("SHOP_WORKERS") or "1")
+    except ValueError:
+        workers = 0
+    if workers < 1:
+        raise SystemExit(
+            f"run: SHOP_WORKERS must be a number of at least 1, not {environ.get('SHOP_WORKERS')!r}"
+        )
+    expanded: list[Program] = []
+    for program in table:
+        if program.name != "worker":
+            expanded.append(program)
+            continue
+        for n in range(1, workers + 1):
+            name = f"worker-{n}"
+            argv = tuple(part.replace("{worker}", name) for part in program.argv)
+            expanded.append(Program(name, argv, program.env))
+    wanted = _names(environ.get("SHOP_PROGRAMS", ""))
+    if not wanted:
+        return expanded
+    known = {program.name for program in expanded}
+    unknown = [name for name in wanted if name not in known and name != "worker"]
+    if unknown:
+        raise SystemExit(
+            f"run: SHOP_PROGRAMS names unknown programs {', '.join(unknown)}"
+            f" (known: {', '.join(['worker', *sorted(known)])})"
+        )
+    return [
+        program
+        for program in expanded
+        if program.name in wanted or ("worker" in wanted and program.name.startswith("worker-"))
+    ]
+
+
+def select_setup(environ: Mapping[str, str], steps: list[Program] | None = None) -> list[Program]:
+    """Return the setup steps this host runs, in SETUP's order.
+
+    SHOP_SETUP is a comma list of step names (unset: all; empty or `none`:
+    none); SHOP_DEMO_DATA=0 drops seed_demo either way. An unknown name stops
+    the run.
+    """
+    steps = SETUP if steps is None else steps
+    chosen = steps
+    if "SHOP_SETUP" in environ:
+        wanted = [name for name in _names(environ["SHOP_SETUP"]) if name != "none"]
+        known = {step.name for step in steps}
+        unknown = [name for name in wanted if name not in known]
+        if unknown:
+            raise SystemExit(
+                f"run: SHOP_SETUP names unknown steps {', '.join(unknown)}"
+                f" (known: {', '.join(step.name for step in steps)})"
+            )
+        chosen = [step for step in steps if step.name in wanted]
+    if environ.get("SHOP_DEMO_DATA", "1") == "0":
+        chosen = [step for step in chosen if step.name != "seed_demo"]
+    return chosen
+
+
+# Setup steps that need no lock: each host empties its own metrics folder.
+LOCAL_STEPS = frozenset({"metrics-dir"})
 
 
 def say(message: str) -> None:
@@ -340,6 +433,19 @@ def acquire_lock(run_dir: Path) -> int:
     return fd
 
 
+def run_setup(steps: list[Program], ctx: Mapping[str, str], env, signals: Signals) -> None:
+    """Run the setup steps in order; those on the shared database under the setup lock."""
+    local = [step for step in steps if step.name in LOCAL_STEPS]
+    shared = [step for step in steps if step.name not in LOCAL_STEPS]
+    for step in local:
+        run_step(step, ctx, env, signals)
+    if not shared:
+        return
+    with setup_lock(env["DATABASE_URL"], check=signals.check, say=say):
+        for step in shared:
+            run_step(step, ctx, env, signals)
+
+
 def run_step(step: Program, ctx: Mapping[str, str], env, signals: Signals) -> None:
     argv = [part.format(**ctx) for part in step.argv]
     say(f"{step.name}: {' '.join(argv[1:])}")
@@ -374,6 +480,9 @@ def main() -> int:
     # embedded PostgreSQL, a PORT there is the port to check.
     load_env_file()
     ctx = context()
+    programs = select_programs(os.environ)
+    steps = select_setup(os.environ)
+    names = {program.name for program in programs}
     var = var_dir()
     var.mkdir(parents=True, exist_ok=True)
     run_dir = ensure_owned_dir(run_dir_for(var))
@@ -393,18 +502,23 @@ def main() -> int:
         publish(run_dir, urls)
         env = {**os.environ, **urls, "PYTHONUNBUFFERED": "1"}
         env.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.base")
+        # In every child's logs (core/logging.py) and worker node names.
+        env["SHOP_HOST_NAME"] = ctx["host_name"]
         for name, value in ENV.items():
             env.setdefault(name, value.format(**ctx))
+        say(f"host {ctx['host_name']}: {', '.join(program.name for program in programs)}")
+        if "payments-simulator" not in names and "PAYMENTS_PROVIDER_URL" not in os.environ:
+            say("no payments-simulator here and no PAYMENTS_PROVIDER_URL: set it to the provider")
         # The provider's webhooks: one secret per install, shared with the simulator.
         print(webhook_env(var=var, environ=env, host=ctx["host"], port=ctx["port"]), flush=True)
-        if not port_is_free(int(ctx["port"]), ctx["host"]):
+        if "PAYMENTS_WEBHOOK_SECRET" not in os.environ and "DATABASE_URL" not in urls:
+            # A database of its own is shared with other hosts: their secrets must match.
+            say("PAYMENTS_WEBHOOK_SECRET not set: this host made its own; set one on every host")
+        if "web" in names and not port_is_free(int(ctx["port"]), ctx["host"]):
             say(f"port {ctx['port']} is in use; choose another with PORT=...")
             return 1
-        for step in SETUP:
-            if step.name == "seed_demo" and os.environ.get("SHOP_DEMO_DATA", "1") == "0":
-                continue
-            run_step(step, ctx, env, signals)
-        supervisor = Supervisor(programs=PROGRAMS, ctx=ctx, env=env, state_file=state_file)
+        run_setup(steps, ctx, env, signals)
+        supervisor = Supervisor(programs=programs, ctx=ctx, env=env, state_file=state_file)
         supervisor.start_all()
         restarts = ServerRestarts(services)
         base = f"http://{ctx['host']}:{ctx['port']}"
@@ -415,6 +529,9 @@ def main() -> int:
             if not restarts.poll():
                 code = 1
                 break
+            if not announced and "web" not in names:
+                announced = True
+                say("the programs are running (no web on this host); press Ctrl-C to stop")
             if not announced and healthy(f"{base}/healthz"):
                 announced = True
                 say(f"the shop is running at {base}/  (API {base}/api/docs/, admin {base}/admin/)")
