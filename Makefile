@@ -27,9 +27,11 @@ run: $(STAMP)
 mutants: $(STAMP)
 	$(BIN)/python tools/mutants.py $(MUTANTS_ARGS)
 
+## Lint, then type-check the apps (docs/testing.md, "Type checking").
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 format: $(STAMP)
 	$(BIN)/ruff format .
@@ -39,4 +41,4 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.run $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) staticfiles .pytest_cache .ruff_cache
+	rm -rf $(VENV) staticfiles .pytest_cache .ruff_cache .mypy_cache

@@ -40,12 +40,14 @@ class QoS(redis.QoS):
     def restore_unacked(self, client=None):
         transport = getattr(self.channel, "connection", None)
         if client is None and getattr(transport, "client", None) is None:
+            delivered = self._delivered
+            assert delivered is not None  # kombu's QoS.__init__ sets it; None is the class default
             logger.warning(
                 "broker connection gone: %d unacknowledged message(s) left to the"
                 " visibility timeout",
-                len(self._delivered),
+                len(delivered),
             )
-            self._delivered.clear()
+            delivered.clear()
             return None
         return super().restore_unacked(client)
 

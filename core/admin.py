@@ -1,10 +1,16 @@
 """Admin building blocks shared by every app."""
 
+from typing import Any, ClassVar
+
 from django.contrib import admin, messages
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
     """Show rows without letting anyone edit the machinery's state by hand."""
+
+    # Subclasses list flat field names and reuse the list as readonly_fields,
+    # which the stubs' `fields` type (field groups) cannot be assigned to.
+    fields: ClassVar[Any]
 
     def has_add_permission(self, request) -> bool:
         return False
@@ -18,6 +24,8 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
 class ReadOnlyInline(admin.TabularInline):
     """Show a record's child rows on its page, read-only."""
+
+    fields: ClassVar[Any]  # as ReadOnlyAdmin's
 
     extra = 0
     can_delete = False
@@ -45,7 +53,11 @@ class DueWorkAdmin(ReadOnlyAdmin):
         "done_at",
         "last_error",
     )
-    list_filter = ("needs_attention", ("done_at", admin.EmptyFieldListFilter))
+    # Wide enough for the subclasses' lists that extend it.
+    list_filter: ClassVar[list[Any] | tuple[Any, ...]] = (
+        "needs_attention",
+        ("done_at", admin.EmptyFieldListFilter),
+    )
     actions = ["retry_now"]
 
     def retry_one(self, request, pk) -> bool:

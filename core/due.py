@@ -194,7 +194,7 @@ def lease_due(
     """
     meta = model._meta
     table = connection.ops.quote_name(meta.db_table)
-    pk = connection.ops.quote_name(meta.pk.column)
+    pk = connection.ops.quote_name(meta.pk.column)  # type: ignore[arg-type]  # a pk has a column
     seconds = model.due_policy().lease if lease is None else lease
     sql = (
         f"WITH due AS (SELECT {pk} FROM {table}"

@@ -13,6 +13,8 @@ deployment, not one host.
 
 from __future__ import annotations
 
+import contextvars
+
 import prometheus_client
 from celery.signals import task_postrun, task_prerun, task_retry
 from prometheus_client import Counter, Histogram
@@ -51,7 +53,7 @@ task_retry.connect(_count_retry, weak=False, dispatch_uid="shop.task_retries")
 
 # --- Celery: the log context of a task ------------------------------------------
 
-_task_tokens: dict[str, object] = {}
+_task_tokens: dict[str, contextvars.Token] = {}
 
 
 def _task_started(task_id=None, task=None, **_kwargs) -> None:

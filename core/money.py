@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from decimal import Decimal
+from typing import cast
 
 from django.conf import settings
 from drf_spectacular.utils import extend_schema_field
@@ -68,7 +69,7 @@ class MoneyField(serializers.Field):
             self.fail("invalid")
         amount = Decimal(data)
         places = minor_units()
-        if -amount.as_tuple().exponent > places:
+        if -cast(int, amount.as_tuple().exponent) > places:  # finite: matched _MONEY_RE
             self.fail("places", places=places)
         if amount < 0 and not self.allow_negative:
             self.fail("negative")

@@ -171,8 +171,9 @@ def exception_to_problem(exc: Exception) -> tuple[dict[str, Any], int, dict[str,
         code, detail = "not_acceptable", str(exc.detail)
     elif isinstance(exc, drf.Throttled):
         code, detail = "throttled", str(exc.detail)
-        if exc.wait is not None:
-            headers["Retry-After"] = str(max(1, int(exc.wait + 0.999)))
+        wait = exc.wait  # type: ignore[attr-defined]  # the stubs' Throttled has no .wait
+        if wait is not None:
+            headers["Retry-After"] = str(max(1, int(wait + 0.999)))
     else:
         code = getattr(exc, "default_code", "error") or "error"
         detail = str(exc.detail)

@@ -24,6 +24,8 @@ serializer's `openapi_extra` (e.g. `minProperties`) is merged in.
 
 from __future__ import annotations
 
+from typing import Any
+
 from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.plumbing import is_list_serializer
 from rest_framework import serializers
@@ -56,7 +58,10 @@ class ProblemSerializer(serializers.Serializer):
     status = serializers.IntegerField(help_text="The HTTP status code.")
     code = serializers.CharField(help_text="Stable snake_case string clients switch on.")
     detail = serializers.CharField(required=False)
-    errors = serializers.JSONField(required=False, help_text="Details: {field: [messages]}, ...")
+    # The metaclass moves declared fields off the class, so `.errors` stays the property.
+    errors = serializers.JSONField(  # type: ignore[assignment]
+        required=False, help_text="Details: {field: [messages]}, ..."
+    )
 
     class Meta:
         ref_name = "Problem"
@@ -73,12 +78,13 @@ class ShopAutoSchema(AutoSchema):
         for name, field in serializer.fields.items():
             if field.read_only or name not in properties or not is_list_serializer(field):
                 continue
+            lengths: Any = field  # the stubs' ListSerializer has no min_length / max_length
             if not field.allow_empty:
-                properties[name]["minItems"] = max(1, field.min_length or 0)
-            elif field.min_length:
-                properties[name]["minItems"] = field.min_length
-            if field.max_length is not None:
-                properties[name]["maxItems"] = field.max_length
+                properties[name]["minItems"] = max(1, lengths.min_length or 0)
+            elif lengths.min_length:
+                properties[name]["minItems"] = lengths.min_length
+            if lengths.max_length is not None:
+                properties[name]["maxItems"] = lengths.max_length
         schema.update(getattr(serializer, "openapi_extra", {}))
         return schema
 

@@ -58,7 +58,7 @@ class OutboxMessageAdmin(DueWorkAdmin):
 
 
 class _DeliveryAdmin(DueWorkAdmin):
-    list_display = (
+    list_display: tuple[str, ...] = (
         "consumer",
         "message_id",
         "event_type",

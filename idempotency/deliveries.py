@@ -77,7 +77,8 @@ def delivery_consume(
         else None
     )
     delivery = (
-        Delivery.objects.filter(consumer=consumer, message_id=message_id)
+        # A UUID's text is a valid lookup (checked above); the stubs want a UUID.
+        Delivery.objects.filter(consumer=consumer, message_id=message_id)  # type: ignore[misc]
         .values("pk", "done_at", "needs_attention", "attempts")
         .first()
         if message is not None

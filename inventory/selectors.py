@@ -1,5 +1,8 @@
 """Reads of the catalog and stock."""
 
+from collections.abc import Mapping
+from typing import Any
+
 from django.db.models import F, Q, QuerySet, Sum
 from django.db.models.functions import Coalesce
 
@@ -26,7 +29,7 @@ def product_get(*, sku: str) -> Product:
     return product
 
 
-def stock_drift() -> list[dict]:
+def stock_drift() -> list[Mapping[str, Any]]:
     """Return stock items whose `reserved` differs from the sum of their held flags.
 
     Empty when the books balance; a reconciliation check, never a repair.

@@ -9,12 +9,13 @@ committing or releasing it twice changes the counters once.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 from decimal import Decimal
 
 from django.db import IntegrityError, connection, transaction
-from django.db.models import F
+from django.db.models import Expression, F
 from django.db.models.functions import Now
 
 from core.errors import ApplicationError
@@ -201,7 +202,7 @@ def reservations_release(
 
 
 @transaction.atomic(savepoint=False)
-def stock_restock(*, units: Mapping[int, int]) -> None:
+def stock_restock(*, units: Mapping[uuid.UUID, int]) -> None:
     """Put sold units back on hand: {product id: units} (a received return, a cancelled order).
 
     `on_hand += units` by F() in the caller's transaction (no savepoint: the
@@ -238,11 +239,13 @@ def stock_adjust(*, sku: str, delta: int | None = None, set_to: int | None = Non
     assert (delta is None) != (set_to is None), "exactly one of delta and set_to"
     product = selectors.product_get(sku=sku)
     updated = StockItem.objects.filter(product_id=product.id)
+    new_on_hand: Expression | int
     if delta is not None:
         assert abs(delta) <= MAX_ON_HAND
         new_on_hand = F("on_hand") + delta
         updated = updated.filter(reserved__lte=new_on_hand, on_hand__lte=MAX_ON_HAND - delta)
     else:
+        assert set_to is not None
         if not 0 <= set_to <= MAX_ON_HAND:
             raise StockLimitExceeded(f"On hand must be between 0 and {MAX_ON_HAND}.")
         new_on_hand = set_to
@@ -251,6 +254,7 @@ def stock_adjust(*, sku: str, delta: int | None = None, set_to: int | None = Non
         # Only to explain the refusal; the decision was the UPDATE's.
         stock = StockItem.objects.get(product_id=product.id)
         target = stock.on_hand + delta if delta is not None else set_to
+        assert target is not None
         if target > MAX_ON_HAND:
             raise StockLimitExceeded(
                 f"At most {MAX_ON_HAND} units may be on hand.",

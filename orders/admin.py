@@ -8,6 +8,7 @@ shows them and changes nothing.
 
 import functools
 import hashlib
+from decimal import Decimal
 
 from django import forms
 from django.contrib import admin
@@ -285,8 +286,8 @@ class OrderAdmin(ReadOnlyAdmin):
             if answer is not None:
                 return answer
         payment = order.payment
-        captured = payment.amount_captured if payment else 0
-        reserved = payment.refund_reserved if payment else 0
+        captured = payment.amount_captured if payment else Decimal(0)
+        reserved = payment.refund_reserved if payment else Decimal(0)
         return TemplateResponse(
             request,
             "admin/orders/order/refund.html",

@@ -261,7 +261,7 @@ class CancellationStepInline(ReadOnlyInline):
         return super().get_queryset(request).filter(kind=CompensationKind.CANCELLATION)
 
 
-def extend_order_admin(order_admin: type) -> None:
+def extend_order_admin(order_admin: type[admin.ModelAdmin]) -> None:
     """Add returns, cancellation steps and the "Cancel order" action to the orders' admin."""
     order_admin.inlines = [*order_admin.inlines, ReturnInline, CancellationStepInline]
 
@@ -273,7 +273,7 @@ def extend_order_admin(order_admin: type) -> None:
             return None
         return HttpResponseRedirect(reverse("admin:orders_order_cancel", args=[ids[0]]))
 
-    order_admin.actions = [*order_admin.actions, cancel_order]
+    order_admin.actions = [*(order_admin.actions or ()), cancel_order]
     base_urls = order_admin.get_urls
 
     def cancel_view(self, request, object_id):
@@ -301,4 +301,4 @@ def extend_order_admin(order_admin: type) -> None:
             *base_urls(self),
         ]
 
-    order_admin.get_urls = get_urls
+    order_admin.get_urls = get_urls  # type: ignore[method-assign]  # extending the class is the point

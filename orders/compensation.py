@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from contextlib import contextmanager
 from datetime import timedelta
 from decimal import Decimal
@@ -346,7 +346,7 @@ def _restock(step: CompensationStep) -> str:
         if not won:
             return "already done"
         if step.order_return_id is not None:
-            units: dict[int, int] = {}
+            units: dict[uuid.UUID, int] = {}
             for product_id, quantity in ReturnRequest.objects.get(
                 id=step.order_return_id
             ).lines.values_list("order_line__product_id", "quantity"):
@@ -361,7 +361,7 @@ def _restock(step: CompensationStep) -> str:
     return "done"
 
 
-def _cancel_lines(step: CompensationStep) -> dict[int, int]:
+def _cancel_lines(step: CompensationStep) -> dict[uuid.UUID, int]:
     """The cancelled order's confirmed lines → `cancelled` (with events); their units by product."""
     lines = lock_objects.order_lines_lock(order_id=step.order_id)
     confirmed = [line for line in lines if line.status == LineStatus.CONFIRMED]
@@ -519,7 +519,8 @@ def _notify(step: CompensationStep) -> str:
     return "done"
 
 
-_HANDLERS = {
+# Keyed by the step's name as stored (a plain str, equal to its StepName).
+_HANDLERS: dict[str, Callable[[CompensationStep], str]] = {
     StepName.RESTOCK: _restock,
     StepName.REFUND: _refund,
     StepName.HISTORY: _publish_once,

@@ -33,6 +33,9 @@ def _choices_check(field: str, choices: type[models.TextChoices], name: str):
 class Order(models.Model):
     """A shopper's order: its lines hold reservation flags until it is paid or let go."""
 
+    # Not a field: set by services.order_cancel for its caller (True: this call started it).
+    cancel_started: bool
+
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     number = models.BigIntegerField(
         db_default=models.Func(
@@ -240,6 +243,12 @@ class ReturnRequest(models.Model):
     `quantity_returned` and inserts its compensation steps, in one
     transaction.
     """
+
+    # Not fields: the lines and steps as prefetched or just created, and
+    # whether this call started the return's compensation (returns.py).
+    line_list: "list[ReturnLine]"
+    step_list: "list[CompensationStep]"
+    started: bool
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     order = models.ForeignKey(Order, on_delete=models.PROTECT, related_name="returns")

@@ -38,6 +38,7 @@ from __future__ import annotations
 import uuid
 from decimal import Decimal
 
+from core.errors import ApplicationError
 from idempotency.failpoints import failpoint
 from idempotency.keys import KeyRun
 from idempotency.models import STARTED
@@ -89,6 +90,7 @@ def order_result(order: Order) -> Result:
         return Result.done(order)
     if order.status == OrderStatus.PAYMENT_PENDING:
         return Result.pending(order)
+    refusal: ApplicationError
     if order.status == OrderStatus.PAYMENT_FAILED:
         refusal = services.PaymentDeclined(
             "The payment was declined; nothing was charged.", extra=extra
@@ -232,7 +234,8 @@ def refund_create_keyed(
             origin=RefundOrigin.GOODWILL,
             requested_by=requested_by,
         )
-        refund.order_id = order_id
+        # Not a Refund field: the answer's order, for the presenter (payments knows no orders).
+        refund.order_id = order_id  # type: ignore[attr-defined]
         close_run(run, Result.done(refund), present)
 
 

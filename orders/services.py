@@ -17,7 +17,7 @@ an order (compensation) must take the payment first, too.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -141,6 +141,7 @@ def _transition(
     events = [OrderEvent(order_id=order.id, kind=kind, from_status=source, to_status=target)]
     moving: list[OrderLine] = []
     if line_source is not None:
+        assert line_target is not None  # lines move only with a target
         check_transition(LINE_TRANSITIONS, line_source, line_target)
         if lines is None:
             lines = list(OrderLine.objects.filter(order_id=order.id).order_by("position"))
@@ -165,7 +166,7 @@ def _transition(
     return moving
 
 
-def _reservation_ids(lines: Sequence[OrderLine]) -> list:
+def _reservation_ids(lines: Iterable[OrderLine]) -> list:
     return [line.reservation_id for line in lines if line.reservation_id is not None]
 
 

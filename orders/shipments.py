@@ -176,5 +176,6 @@ def shipment_create(
             "lines": lines_data,
         },
     )
-    shipment.line_list = shipment_lines
+    # The plugin knows line_list only where selectors prefetch it (to_attr).
+    shipment.line_list = shipment_lines  # type: ignore[attr-defined]
     return shipment

@@ -81,6 +81,7 @@ def reconcile_payments(*, gateway: PaymentGateway | None = None) -> Reconciliati
         provider_moved = op is not None and op["status"] == "succeeded"
         shop_moved = txn is not None and txn.status == TransactionStatus.SUCCEEDED
         if shop_moved and not provider_moved:
+            assert txn is not None  # shop_moved
             state = op["status"] if op else "no operation"
             diffs.append(
                 Difference(
@@ -90,6 +91,7 @@ def reconcile_payments(*, gateway: PaymentGateway | None = None) -> Reconciliati
                 )
             )
         elif provider_moved and not shop_moved:
+            assert op is not None  # provider_moved
             money = f"provider {op['kind']} {_money(op['amount'], op['currency'])}"
             if txn is not None and txn.status == TransactionStatus.PENDING:
                 diffs.append(Difference(UNRECORDED, key, f"{money}; shop still pending"))
@@ -97,6 +99,7 @@ def reconcile_payments(*, gateway: PaymentGateway | None = None) -> Reconciliati
                 state = f"shop {txn.status}" if txn else "shop has no transaction"
                 diffs.append(Difference(EXTRA_AT_PROVIDER, key, f"{money}; {state}"))
         elif provider_moved and shop_moved:
+            assert op is not None and txn is not None
             theirs = (op["kind"], Decimal(op["amount"]), op["currency"])
             ours = (txn.kind, txn.amount, txn.currency)
             if theirs != ours:
@@ -122,7 +125,7 @@ def reconcile_payments(*, gateway: PaymentGateway | None = None) -> Reconciliati
         op, refund = ops.get(key), refunds.get(key)
         provider_moved = op is not None and op["status"] == "succeeded"
         if refund is None:
-            if provider_moved:
+            if op is not None and provider_moved:
                 diffs.append(
                     Difference(
                         REFUND_UNMATCHED,
@@ -133,7 +136,7 @@ def reconcile_payments(*, gateway: PaymentGateway | None = None) -> Reconciliati
             continue
         if refund.outside_shop:
             outside[refund.payment.reference] += refund.amount
-            if provider_moved:
+            if op is not None and provider_moved:
                 diffs.append(
                     Difference(
                         REFUND_DIFFERENT,
@@ -153,9 +156,10 @@ def reconcile_payments(*, gateway: PaymentGateway | None = None) -> Reconciliati
                     f"{op['status'] if op else 'no operation'}",
                 )
             )
-        elif provider_moved and (Decimal(op["amount"]), op["currency"]) != (
-            refund.amount,
-            refund.currency,
+        elif (
+            op is not None
+            and provider_moved
+            and (Decimal(op["amount"]), op["currency"]) != (refund.amount, refund.currency)
         ):
             diffs.append(
                 Difference(
@@ -165,7 +169,7 @@ def reconcile_payments(*, gateway: PaymentGateway | None = None) -> Reconciliati
                     f"refund row {_money(refund.amount, refund.currency)}",
                 )
             )
-        elif provider_moved and not booked:
+        elif op is not None and provider_moved and not booked:
             diffs.append(
                 Difference(
                     UNRECORDED if refund.status == RefundStatus.PENDING else REFUND_DIFFERENT,
@@ -191,19 +195,19 @@ def reconcile_payments(*, gateway: PaymentGateway | None = None) -> Reconciliati
     payments = {p.reference: p for p in Payment.objects.filter(reference__in=references)}
     for reference in sorted(references):
         payment = payments.get(reference)
-        booked = (
+        shop_totals = (
             (payment.amount_captured, payment.amount_refunded - outside.get(reference, 0))
             if payment
             else (Decimal(0),) * 2
         )
         moved = (captured.get(reference, Decimal(0)), refunded.get(reference, Decimal(0)))
-        if booked != moved:
+        if shop_totals != moved:
             diffs.append(
                 Difference(
                     DIFFERENT_TOTAL,
                     reference,
                     f"provider captured {moved[0]} refunded {moved[1]}; "
-                    f"shop captured {booked[0]} refunded {booked[1]}",
+                    f"shop captured {shop_totals[0]} refunded {shop_totals[1]}",
                 )
             )
     return report

@@ -46,7 +46,7 @@ def install_id_or_none() -> str | None:
 def settlements_needing_attention() -> QuerySet[PaymentSettlement]:
     """Settlements that ran out of attempts (or met a contradiction) and wait for staff."""
     return PaymentSettlement.objects.filter(
-        settled_at__isnull=True, needs_attention=True
+        done_at__isnull=True, needs_attention=True
     ).select_related("transaction__payment")
 
 

@@ -19,9 +19,11 @@ from __future__ import annotations
 import json
 import logging
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from decimal import Decimal
+from typing import Any, cast
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -165,7 +167,9 @@ def payment_create(
     """
     validate_payment_method(payment_method)
     check_currency(currency)
-    if amount <= 0 or -amount.as_tuple().exponent > minor_units(currency):
+    places = minor_units(currency)
+    # A non-finite amount is refused like any other (its exponent is a letter).
+    if not amount.is_finite() or amount <= 0 or -cast(int, amount.as_tuple().exponent) > places:
         raise InvalidRequest(
             f"Invalid payment amount {amount}.", errors={"amount": ["Must be positive."]}
         )
@@ -226,7 +230,7 @@ def _transaction_get_or_insert(
         "  ON CONFLICT ON CONSTRAINT payments_settlement_transaction_uniq DO NOTHING)"
         " SELECT id FROM txn"
     )
-    params = [
+    params: list[Any] = [
         payment.id,
         kind,
         key,
@@ -482,7 +486,8 @@ def _capture_record(
     return payment
 
 
-_RECORDERS = {TransactionKind.CAPTURE: _capture_record}
+# Keyed by the kind as stored (a plain str, equal to its TransactionKind).
+_RECORDERS: dict[str, Callable[..., Payment]] = {TransactionKind.CAPTURE: _capture_record}
 
 
 # -- settlement ------------------------------------------------------------------
@@ -632,7 +637,7 @@ def _refund_amount_check(*, amount: Decimal, currency: str) -> None:
         not isinstance(amount, Decimal)
         or not amount.is_finite()
         or amount <= 0
-        or -amount.as_tuple().exponent > minor_units(currency)
+        or -cast(int, amount.as_tuple().exponent) > minor_units(currency)
     ):
         raise InvalidRequest(
             f"Invalid refund amount {amount}.",

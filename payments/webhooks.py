@@ -228,6 +228,9 @@ def parse_event(body: bytes) -> WebhookEvent:
             "Invalid event: " + ", ".join(sorted(errors)) + ".",
             errors={key: value for key, value in errors.items()},
         )
+    # No errors: each was checked above.
+    assert isinstance(event_id, str) and isinstance(event_type, str)
+    assert isinstance(created, int) and isinstance(data, dict)
     if event_type in EVENT_TYPES:
         _decimal_text(data["amount"], "amount")
     return WebhookEvent(id=event_id, type=event_type, created=created, data=data, raw=raw)
@@ -438,7 +441,7 @@ def _stored_event(
     for row in rows:
         data = row.payload.get("data") or {}
         try:
-            same = (Decimal(data.get("amount")), data.get("currency")) == (amount, currency)
+            same = (Decimal(data.get("amount", "")), data.get("currency")) == (amount, currency)
         except (InvalidOperation, TypeError):
             same = False
         if not same:

@@ -32,7 +32,9 @@ class DailySalesReportListView(GenericAPIView):
     permission_classes = [IsAuthenticated, IsStaff]
 
     def paginate_queryset(self, queryset):
-        self.paginator.ordering = "-date"  # one row per day: a unique, stable cursor
+        # One row per day: a unique, stable cursor. (The paginator is the settings'
+        # CursorPage; the stubs only know BasePagination | None.)
+        self.paginator.ordering = "-date"  # type: ignore[union-attr]
         return super().paginate_queryset(queryset)
 
     @extend_schema(responses=DailySalesReportOut(many=True))

@@ -292,4 +292,5 @@ def run(*, day: date, from_step: str = "extract") -> DailySalesReport:
     report = None
     for step in STEPS[STEPS.index(from_step) :]:
         report = STEP_FUNCTIONS[step](day=day)
+    assert isinstance(report, DailySalesReport)  # the last step, publish, returns it
     return report

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -42,7 +43,7 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser, args) -> 
         # Another session of this checkout uses var/test: run on servers of
         # our own in a throwaway folder.
         root.parent.mkdir(parents=True, exist_ok=True)
-        root = tempfile.mkdtemp(prefix="test-", dir=root.parent)
+        root = Path(tempfile.mkdtemp(prefix="test-", dir=root.parent))
         services = EmbeddedServices(root=root, durable=False)
         early_config.add_cleanup(lambda: _remove(services))
         urls = services.start()

@@ -322,10 +322,12 @@ class Supervisor:
         running = [c for c in self.children if c.proc is not None]
         # Each leader stops its own workers gracefully; all stop in parallel.
         for child in running:
+            assert child.proc is not None  # running
             if child.proc.poll() is None:
                 child.proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + STOP_TIMEOUT
         for child in running:
+            assert child.proc is not None  # running
             try:
                 child.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:

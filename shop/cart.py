@@ -42,7 +42,8 @@ class CartItem:
 
     @property
     def available(self) -> int:
-        return 0 if self.product is None else max(self.product.available, 0)
+        # product_list()'s annotation; its QuerySet[Product] type does not carry it.
+        return 0 if self.product is None else max(self.product.available, 0)  # type: ignore[attr-defined]
 
     @property
     def subtotal(self) -> Decimal:

@@ -80,6 +80,7 @@ def checkout_redirect(result: Result) -> Reply:
     order_id = _refusal_order_id(result)
     if order_id is not None:
         return Reply(status=303, headers={"Location": order_url(order_id)})
+    assert result.refusal is not None  # no order: a refusal that names none
     return Reply(status=303, headers={"Location": f"/checkout/?problem={result.refusal.code}"})
 
 
@@ -90,8 +91,10 @@ def decision_redirect(result: Result) -> Reply:
     if order_id is not None:
         location = order_url(order_id)
         if result.value is None:
+            assert result.refusal is not None  # the order id came from the refusal
             location += f"?problem={result.refusal.code}"
         return Reply(status=303, headers={"Location": location})
+    assert result.refusal is not None  # no order: a refusal that names none
     return Reply(status=303, headers={"Location": f"/orders/?problem={result.refusal.code}"})
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from decimal import Decimal, InvalidOperation
+from typing import cast
 
 from django import forms
 from django.conf import settings
@@ -41,7 +42,8 @@ class AccessibleForm(forms.Form):
     def add_error(self, field, error) -> None:
         super().add_error(field, error)
         # Tie each field's errors to it (the template renders them as id_<name>_error).
-        for name in list(self._errors or ()):
+        # Not self.errors, which would clean the form; the stubs omit _errors.
+        for name in list(self._errors or ()):  # type: ignore[attr-defined]
             if name in self.fields:
                 widget = self.fields[name].widget
                 widget.attrs["aria-invalid"] = "true"
@@ -90,7 +92,7 @@ class CheckoutForm(AccessibleForm):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["on_shortage"].choices = _shortage_choices()
+        cast(forms.ChoiceField, self.fields["on_shortage"]).choices = _shortage_choices()
 
     def clean_country(self) -> str:
         return self.cleaned_data["country"].strip().upper()
@@ -171,6 +173,7 @@ class ReturnForm(AccessibleForm):
 
     def clean(self):
         data = super().clean()
+        assert data is not None  # Form.clean returns cleaned_data
         if not self.errors and not any(
             data.get(f"quantity_{line.id}") for line, _name, _r in self.lines
         ):

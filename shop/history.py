@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.db import connection, transaction
@@ -62,7 +63,7 @@ _NET = (
 
 def _upsert(fact: events.OrderFact, update: str, *, confirmed: bool, returned: bool) -> None:
     cancelled = fact.event_type == events.ORDER_CANCELLED
-    rows = [
+    rows: list[dict[str, Any]] = [
         {
             "user_id": fact.owner_id,
             "order_id": fact.order_id,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from typing import TYPE_CHECKING
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.password_validation import validate_password
@@ -12,7 +13,10 @@ from rest_framework.authtoken.models import Token
 
 from core.errors import ApplicationError, InvalidRequest
 
-User = get_user_model()
+if TYPE_CHECKING:  # the default user model (AUTH_USER_MODEL is not set)
+    from django.contrib.auth.models import User
+else:
+    User = get_user_model()
 
 
 class UsernameTaken(ApplicationError):

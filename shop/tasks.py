@@ -11,6 +11,8 @@ on its row and the delivery sweeper publishes it after the backoff.
 
 from __future__ import annotations
 
+from typing import Any
+
 from celery import shared_task
 
 from idempotency.deliveries import delivery_consume
@@ -20,7 +22,12 @@ from . import history, loyalty
 LOYALTY = "loyalty"
 HISTORY = history.CONSUMER  # "purchase_history": the inbox's consumer name too
 
-_OPTIONS = {"bind": True, "acks_late": True, "reject_on_worker_lost": True, "max_retries": 0}
+_OPTIONS: dict[str, Any] = {
+    "bind": True,
+    "acks_late": True,
+    "reject_on_worker_lost": True,
+    "max_retries": 0,
+}
 
 
 def _loyalty(*, message_id: str, event_type: str, payload: dict):

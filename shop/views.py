@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import math
 from decimal import Decimal
+from typing import cast
 
 from django.contrib import messages
 from django.contrib.auth import login as auth_login
@@ -28,6 +29,7 @@ from idempotency.keys import key_lookup
 from idempotency.models import STARTED
 from idempotency.views import idempotent_form
 from inventory import selectors as inventory_selectors
+from inventory.models import Product
 from orders import operations as order_operations
 from orders import returns as order_returns
 from orders import selectors as order_selectors
@@ -102,6 +104,7 @@ def product_page(request: HttpRequest, sku: str) -> HttpResponse:
     if request.method == "POST":
         if not request.user.is_authenticated:
             return redirect_to_login(request.get_full_path())
+        assert cart is not None  # the shopper is logged in
         form = QuantityForm(request.POST)
         if form.is_valid():
             try:
@@ -231,6 +234,7 @@ def _checkout_submit(request: HttpRequest, *, key) -> HttpResponse | None:
     if version != cart.version:
         # An older version of the cart: only a key already under way may go on (it
         # answers its own order); anything else would order what the page no longer shows.
+        assert request.user.pk is not None  # checkout is for logged-in shoppers
         row = key_lookup(owner_id=request.user.pk, key=key.key)
         if row is None or row.recovery_point == STARTED:
             return _checkout_page(request, form=form, problem="cart_changed", status=409)
@@ -249,7 +253,12 @@ def _checkout_submit(request: HttpRequest, *, key) -> HttpResponse | None:
         run=key.claim(),
         present=checkout.checkout_redirect,
         user=request.user,
-        lines=[LineRequest(product=item.product, quantity=item.quantity) for item in items],
+        # A product is None only under a key past STARTED (refused above otherwise),
+        # whose resumed run never reads the lines.
+        lines=[
+            LineRequest(product=cast(Product, item.product), quantity=item.quantity)
+            for item in items
+        ],
         on_shortage=data["on_shortage"],
         payment_method=data["payment_method"],
         shipping_address=form.shipping_address(),
@@ -277,7 +286,8 @@ def _own_order(request: HttpRequest, order_id: str):
 def order_list(request: HttpRequest) -> HttpResponse:
     orders = (
         order_selectors.order_list_for_user(user=request.user)
-        .filter(owner=request.user)
+        # login_required: an authenticated User; the stubs cannot narrow request.user.
+        .filter(owner=request.user)  # type: ignore[misc]
         .order_by("-number")[:100]
     )
     return render(
@@ -483,7 +493,8 @@ def account_delete(request: HttpRequest) -> HttpResponse:
     if request.POST.get("confirm") != "yes":
         messages.error(request, "Tick the box to confirm that you want to delete your account.")
         return see_other("/account/")
-    services.user_anonymise(user=request.user)
+    # login_required: an authenticated User; the stubs cannot narrow request.user.
+    services.user_anonymise(user=request.user)  # type: ignore[arg-type]
     auth_logout(request)
     messages.success(request, "Your account was deleted. Your orders stay on record, anonymised.")
     return see_other("/")

@@ -7,6 +7,7 @@ before Django loads (see docs/running.md); settings never start anything.
 """
 
 from pathlib import Path
+from typing import Any
 
 import environ
 from celery.schedules import crontab
@@ -239,7 +240,7 @@ REST_FRAMEWORK = {
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
 }
 
-SPECTACULAR_SETTINGS = {
+SPECTACULAR_SETTINGS: dict[str, Any] = {
     "TITLE": "Shop API",
     "DESCRIPTION": "Exactly-once effects on at-least-once infrastructure.",
     "VERSION": "1.0.0",

@@ -58,6 +58,7 @@ def answer_for_problem(exc: ApplicationError) -> Answer:
 
 
 def _stored_answer(row: IdempotencyKey) -> Answer:
+    assert row.response_status is not None  # only a finished row is replayed
     return Answer(
         status=row.response_status, body=row.response_body, headers=dict(row.response_headers)
     )

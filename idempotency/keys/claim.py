@@ -87,7 +87,8 @@ def _key_take_over(*, key_id: int, abandoned: bool = False) -> KeyRun | None:
 def _in_use(row: IdempotencyKey | None = None) -> IdempotencyKeyInUse:
     remaining = _lease_ttl()
     if row is not None and row.leased_at is not None:
-        remaining -= (row.db_now - row.leased_at).total_seconds()
+        # db_now: key_lookup's annotation, which the model's type does not know.
+        remaining -= (row.db_now - row.leased_at).total_seconds()  # type: ignore[attr-defined]
     retry_after = max(1, min(int(settings.IDEMPOTENCY_RETRY_AFTER), math.ceil(remaining)))
     metrics.duplicate_suppressed(mechanism=metrics.KEY_IN_USE, key=row and row.key)
     return IdempotencyKeyInUse(
@@ -100,7 +101,7 @@ def _lease_live(row: IdempotencyKey) -> bool:
     return (
         row.leased_by is not None
         and row.leased_at is not None
-        and row.leased_at > row.db_now - timedelta(seconds=_lease_ttl())
+        and row.leased_at > row.db_now - timedelta(seconds=_lease_ttl())  # type: ignore[attr-defined]
     )
 
 

@@ -50,6 +50,6 @@ def body_fingerprint(data: Any) -> str:
     """
     if data is None:
         data = {}
-    elif hasattr(data, "getlist") and isinstance(data, Mapping):
+    elif isinstance(data, Mapping) and hasattr(data, "getlist"):
         data = {name: data.getlist(name) for name in data}
     return hashlib.sha256(canonical_json(data)).hexdigest()

@@ -217,6 +217,7 @@ class KeyRun:
         failpoint("idempotency.claim.before_insert")
         finished = recovery_point == FINISHED
         assert answer is not None or not finished
+        final = answer if finished else None
         table = connection.ops.quote_name(IdempotencyKey._meta.db_table)
         sql = (
             f"INSERT INTO {table} (owner_id, key, operation, request_method, request_path,"
@@ -226,7 +227,7 @@ class KeyRun:
             " CASE WHEN %s THEN now() END, 1, %s, %s, %s::jsonb, CASE WHEN %s THEN now() END)"
             f" ON CONFLICT ON CONSTRAINT {OWNER_KEY_CONSTRAINT} DO NOTHING RETURNING id"
         )
-        params = [
+        params: list[Any] = [
             identity.owner_id,
             identity.key,
             identity.operation,
@@ -236,9 +237,9 @@ class KeyRun:
             recovery_point,
             self.token if locked else None,
             locked,
-            answer.status if finished else None,
-            answer.body if finished else None,
-            json.dumps(answer.headers if finished else {}),
+            final.status if final else None,
+            final.body if final else None,
+            json.dumps(final.headers if final else {}),
             finished,
         ]
         with connection.cursor() as cursor:
@@ -284,6 +285,7 @@ class KeyRun:
             # Each committed phase renews the lock: the TTL bounds one phase
             # plus one outside call, not the whole operation.
             fields["leased_at"] = Now()
+        assert self.key_id is not None  # only a row inserted by an earlier phase is updated
         updated = IdempotencyKey.objects.filter(pk=self.key_id, leased_by=self.token).update(
             **fields
         )

@@ -31,7 +31,8 @@ class ProductListView(GenericAPIView):
         return selectors.product_list()
 
     def paginate_queryset(self, queryset):
-        self.paginator.ordering = "sku"
+        # The settings' CursorPage; the stubs only know BasePagination | None.
+        self.paginator.ordering = "sku"  # type: ignore[union-attr]
         return super().paginate_queryset(queryset)
 
     @extend_schema(responses=ProductOut(many=True))

@@ -37,7 +37,8 @@ class RefundsView(GenericAPIView):
 
     def paginate_queryset(self, queryset):
         # Refund ids are random: order by creation time, then id (a stable cursor).
-        self.paginator.ordering = ("created_at", "id")
+        # The settings' CursorPage; the stubs only know BasePagination | None.
+        self.paginator.ordering = ("created_at", "id")  # type: ignore[union-attr]
         return super().paginate_queryset(queryset)
 
     @extend_schema(responses={200: RefundOut(many=True), 404: PROBLEM})

@@ -32,7 +32,8 @@ class ReturnLineIn(ClosedSerializer):
 
 
 class ReturnIn(ClosedSerializer):
-    lines = ReturnLineIn(many=True, allow_empty=False, max_length=100)
+    # many=True makes a ListSerializer, which takes max_length; the stubs do not say so.
+    lines = ReturnLineIn(many=True, allow_empty=False, max_length=100)  # type: ignore[call-arg]
     reason = StrictCharField(max_length=500, required=False, allow_blank=True, default="")
 
     def validate_lines(self, lines: list[dict]) -> list[returns.ReturnLineRequest]:

@@ -32,7 +32,8 @@ def sku_lines(lines: list[dict], make):
     """Return `make(sku=, quantity=)` per line, refusing a sku that appears twice (400)."""
     errors = repeated_sku_errors([line["sku"] for line in lines])
     if errors:
-        raise serializers.ValidationError(errors)
+        # Item errors keyed by line index, as DRF gives them; the stubs want str keys.
+        raise serializers.ValidationError(errors)  # type: ignore[arg-type]
     return [make(sku=line["sku"], quantity=line["quantity"]) for line in lines]
 
 
@@ -65,7 +66,8 @@ class PaymentMethodField(StrictCharField):
 class OrderIn(ClosedSerializer):
     """POST /orders/ body. Products are looked up here, so an unknown sku is a 400."""
 
-    lines = OrderLineIn(many=True, allow_empty=False, max_length=MAX_LINES)
+    # many=True makes a ListSerializer, which takes max_length; the stubs do not say so.
+    lines = OrderLineIn(many=True, allow_empty=False, max_length=MAX_LINES)  # type: ignore[call-arg]
     on_shortage = serializers.ChoiceField(choices=OnShortage.choices, default=OnShortage.REJECT)
     payment_method = PaymentMethodField(max_length=64)
     shipping_address = ShippingAddressIn()
@@ -90,7 +92,7 @@ class OrderIn(ClosedSerializer):
             if index not in errors and sku not in products:
                 errors[index] = {"sku": ["Unknown sku."]}
         if errors:
-            raise serializers.ValidationError(errors)
+            raise serializers.ValidationError(errors)  # type: ignore[arg-type]  # as sku_lines'
         return [
             LineRequest(product=products[line["sku"]], quantity=line["quantity"]) for line in lines
         ]

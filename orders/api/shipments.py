@@ -53,7 +53,10 @@ class ShipmentLineIn(ClosedSerializer):
 class ShipmentIn(ClosedSerializer):
     """POST /orders/{id}/shipments/ body; every member optional (no lines: ship everything)."""
 
-    lines = ShipmentLineIn(many=True, required=False, allow_empty=False, max_length=100)
+    # many=True makes a ListSerializer, which takes max_length; the stubs do not say so.
+    lines = ShipmentLineIn(  # type: ignore[call-arg]
+        many=True, required=False, allow_empty=False, max_length=100
+    )
     carrier = StrictCharField(max_length=64, required=False, allow_null=True, allow_blank=True)
     tracking_number = StrictCharField(
         max_length=128, required=False, allow_null=True, allow_blank=True

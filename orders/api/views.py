@@ -27,7 +27,8 @@ class OrderListView(GenericAPIView):
 
     def paginate_queryset(self, queryset):
         # Numbers are unique and increase with time: a stable cursor.
-        self.paginator.ordering = "-number"
+        # The settings' CursorPage; the stubs only know BasePagination | None.
+        self.paginator.ordering = "-number"  # type: ignore[union-attr]
         return super().paginate_queryset(queryset)
 
     @extend_schema(responses=OrderOut(many=True))

@@ -33,7 +33,8 @@ class WebhookEventIn(serializers.Serializer):
     id = serializers.CharField(max_length=255)
     type = serializers.ChoiceField(choices=sorted(webhooks.EVENT_TYPES))
     created = serializers.IntegerField(help_text="Unix seconds.")
-    data = WebhookEventDataIn()
+    # The metaclass moves declared fields off the class, so `.data` stays the property.
+    data = WebhookEventDataIn()  # type: ignore[assignment]
 
 
 class WebhookAckOut(serializers.Serializer):

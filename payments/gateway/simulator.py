@@ -52,7 +52,7 @@ class SimulatorGateway(PaymentGateway):
         payment_method: str | None = None,
         authorization_key: str | None = None,
     ) -> ProviderResult:
-        body = {
+        body: dict[str, str | None] = {
             "amount": format_money(amount, currency),
             "currency": currency,
             "reference": reference,
@@ -101,10 +101,11 @@ class SimulatorGateway(PaymentGateway):
     def operations(self, *, key_prefix: str) -> Iterator[dict]:
         after = 0
         while True:
+            params: dict[str, str | int] = {"key_prefix": key_prefix, "after": after, "limit": 500}
             try:
                 response = requests.get(
                     f"{self.base_url}/v1/ledger",
-                    params={"key_prefix": key_prefix, "after": after, "limit": 500},
+                    params=params,
                     timeout=self.timeout,
                 )
                 response.raise_for_status()

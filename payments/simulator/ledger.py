@@ -9,6 +9,7 @@ killed at any instant leaves either both or neither.
 
 from __future__ import annotations
 
+import builtins
 import hashlib
 import json
 import sqlite3
@@ -16,6 +17,7 @@ import threading
 import uuid
 from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
+from typing import cast
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS operations (
@@ -100,7 +102,7 @@ def parse_amount(value, currency: str) -> Decimal:
     except InvalidOperation as exc:
         raise RequestError(400, "invalid_amount", f"not an amount: {value!r}") from exc
     places = MINOR_UNITS.get(currency, 2)
-    if not amount.is_finite() or amount <= 0 or -amount.as_tuple().exponent > places:
+    if not amount.is_finite() or amount <= 0 or -cast(int, amount.as_tuple().exponent) > places:
         raise RequestError(400, "invalid_amount", f"amount must be > 0 with <= {places} places")
     return amount.quantize(Decimal(1).scaleb(-places))
 
@@ -172,7 +174,8 @@ class Ledger:
 
     # -- webhook events (the sender's queue) ----------------------------------
 
-    def events_due(self, *, now: float, limit: int = 20) -> list[dict]:
+    # `builtins.list`: the method `list` above shadows the name in this class.
+    def events_due(self, *, now: float, limit: int = 20) -> builtins.list[dict]:
         rows = self._conn().execute(
             "SELECT * FROM events WHERE sends_left > 0 AND next_attempt_at <= ? "
             "ORDER BY next_attempt_at, seq LIMIT ?",
@@ -180,8 +183,9 @@ class Ledger:
         )
         return [dict(row) for row in rows]
 
-    def events_list(self, *, operation_key: str | None = None) -> list[dict]:
-        sql, params = "SELECT * FROM events", ()
+    def events_list(self, *, operation_key: str | None = None) -> builtins.list[dict]:
+        sql = "SELECT * FROM events"
+        params: tuple[str, ...] = ()
         if operation_key is not None:
             sql, params = sql + " WHERE operation_key = ?", (operation_key,)
         return [dict(row) for row in self._conn().execute(sql + " ORDER BY seq", params)]
@@ -331,6 +335,7 @@ class Ledger:
             if remaining <= 0:
                 raise RequestError(400, "nothing_to_void", "the authorization is fully captured")
             return remaining, parent["currency"]
+        assert amount is not None  # only a void comes without an amount (server.py)
         if amount > remaining:
             code = "amount_exceeds_capture" if kind == "refund" else "amount_exceeds_authorization"
             raise RequestError(400, code, f"at most {remaining} remains")

@@ -36,6 +36,7 @@ import urllib.error
 import urllib.request
 from collections import Counter
 from datetime import datetime
+from typing import Any
 
 from .ledger import Ledger
 
@@ -85,7 +86,10 @@ class WebhookSender:
         self.url = url
         self.secret = secret or ""
         self.timeout = timeout
-        self.defaults = {"duplicate_rate": duplicate_rate, "max_delay_ms": max_delay_ms}
+        self.defaults: dict[str, Any] = {
+            "duplicate_rate": duplicate_rate,
+            "max_delay_ms": max_delay_ms,
+        }
         self.duplicate_rate = duplicate_rate
         self.max_delay_ms = max_delay_ms
         self.paused = False
@@ -185,6 +189,7 @@ class WebhookSender:
                     )
 
     def _send(self, row: dict) -> None:
+        assert self.url is not None  # start() runs the sender only with a URL
         body = event_body(row)
         timestamp = int(time.time())
         request = urllib.request.Request(

@@ -254,6 +254,7 @@ class EmbeddedPostgres:
     def _wait_ready(self, timeout: float) -> None:
         import psycopg
 
+        assert self._proc is not None  # started just before
         deadline = time.monotonic() + timeout
         while True:
             if self._proc.poll() is not None:

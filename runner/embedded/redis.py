@@ -178,6 +178,7 @@ class EmbeddedRedis:
         """Wait for PING; False when the server exited (e.g. the port was taken)."""
         import redis
 
+        assert self.port is not None and self._proc is not None  # start() set them
         client = redis.Redis(host="127.0.0.1", port=self.port, socket_connect_timeout=1)
         deadline = time.monotonic() + timeout
         try:

@@ -22,7 +22,9 @@ class TokenAddressThrottle(SimpleRateThrottle):
 
     def get_rate(self):
         # An address may try a few usernames; five times the per-user rate.
-        num, period = super().get_rate().split("/")
+        rate = super().get_rate()
+        assert rate is not None  # the settings give auth_token a rate
+        num, period = rate.split("/")
         return f"{int(num) * 5}/{period}"
 
     def get_cache_key(self, request, view):
@@ -56,6 +58,7 @@ def login_wait(request, *, username: str) -> float | None:
     waits = [
         throttle.wait() or 1.0
         for throttle in (TokenUsernameThrottle(), TokenAddressThrottle())
-        if not throttle.allow_request(attempt, None)
+        # Duck-typed: the throttles read only what _LoginAttempt has; no view.
+        if not throttle.allow_request(attempt, None)  # type: ignore[arg-type]
     ]
     return max(waits) if waits else None

@@ -122,7 +122,8 @@ class PurchaseHistoryView(GenericAPIView):
 
     def paginate_queryset(self, queryset):
         # (order number, position, sku) is unique: a stable cursor.
-        self.paginator.ordering = ("-order_number", "position", "sku")
+        # The settings' CursorPage; the stubs only know BasePagination | None.
+        self.paginator.ordering = ("-order_number", "position", "sku")  # type: ignore[union-attr]
         return super().paginate_queryset(queryset)
 
     @extend_schema(responses=PurchaseHistoryOut(many=True))

@@ -6,6 +6,7 @@ import pytest
 from django.db.models.functions import Now
 
 from payments.models import PaymentSettlement, PaymentTransaction
+from payments.selectors import settlements_needing_attention
 from payments.services import payment_create
 
 pytestmark = pytest.mark.django_db
@@ -47,3 +48,26 @@ def test_retry_now_gives_a_fresh_budget(staff_client):
     assert response.status_code == 302
     settlement.refresh_from_db()
     assert (settlement.needs_attention, settlement.attempts) == (False, 0)
+
+
+def test_settlements_needing_attention_lists_the_open_flagged_ones():
+    # It filtered on `settled_at`, a property (the field is `done_at`): a FieldError.
+    payment = payment_create(
+        reference="order-attn", amount=Decimal("5.00"), currency="EUR", payment_method="pm_card_ok"
+    )
+    flagged, done, fine = (
+        PaymentSettlement.objects.create(
+            transaction=PaymentTransaction.objects.create(
+                payment=payment,
+                kind="capture",
+                provider_key=f"k-attn-{n}",
+                amount=1,
+                currency="EUR",
+            ),
+            needs_attention=attention,
+            next_attempt_at=Now(),
+            done_at=Now() if finished else None,
+        )
+        for n, (attention, finished) in enumerate([(True, False), (True, True), (False, False)])
+    )
+    assert [s.id for s in settlements_needing_attention()] == [flagged.id]

@@ -84,6 +84,9 @@ def test_create_inside_the_callers_transaction_rolls_back_with_it():
         ({"currency": "USD"}, "currency_mismatch"),
         ({"amount": Decimal("0")}, "invalid_request"),
         ({"amount": Decimal("1.001")}, "invalid_request"),
+        # Not finite: a 400 like any bad amount (were a TypeError and an InvalidOperation).
+        ({"amount": Decimal("Infinity")}, "invalid_request"),
+        ({"amount": Decimal("NaN")}, "invalid_request"),
     ],
 )
 def test_create_refuses_bad_input(kwargs, code):

@@ -9,6 +9,7 @@ from datetime import date, timedelta
 from django.core.management.base import BaseCommand, CommandError
 
 from reports import pipeline
+from reports.models import DailySalesReport
 
 
 def _day(value: str) -> date:
@@ -64,6 +65,7 @@ class Command(BaseCommand):
                 report = pipeline.STEP_FUNCTIONS[step](day=day)
                 done += 1
             self._progress(done, total, f"{day} published", end="\n")
+            assert isinstance(report, DailySalesReport)  # the last step, publish, returns it
             self.stdout.write(
                 f"{day} revision {report.revision} orders {report.orders} units {report.units} "
                 f"revenue {report.revenue} {report.currency} hash {report.content_hash}"
