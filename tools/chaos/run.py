@@ -85,7 +85,7 @@ FAILPOINTS = (
 # Shorter clocks than production so that what a kill leaves open is finished
 # (by a retry, the completer, settlement, expiry) within the wait.
 TUNING = {
-    "IDEMPOTENCY_LOCK_TTL": "30",
+    "IDEMPOTENCY_LOCK_TTL": "20",
     "IDEMPOTENCY_ABANDON_AFTER": "30",
     "IDEMPOTENCY_COMPLETER_EVERY": "10",
     "ORDER_RESERVATION_TTL_SECONDS": "60",
@@ -353,7 +353,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=None, help="random seed (default: random)")
     parser.add_argument("--run-dir", type=Path, default=None, help="default var/chaos/<UTC time>/")
     parser.add_argument("--keep", action="store_true", help="keep the scratch database")
-    parser.add_argument("--shoppers", type=int, default=None, help="shopper threads (4 per host)")
+    parser.add_argument("--shoppers", type=int, default=None, help="shopper threads (6 per host)")
     parser.add_argument("--wait-timeout", type=int, default=WAIT_TIMEOUT)
     args = parser.parse_args(argv)
     if args.long:
@@ -362,7 +362,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.seed is None:
         args.seed = random.SystemRandom().randrange(1_000_000)
     if args.shoppers is None:
-        args.shoppers = 4 * args.hosts
+        args.shoppers = 6 * args.hosts
     return args
 
 
@@ -655,6 +655,11 @@ class Run:
         statuses = ", ".join(f"{k}: {v}" for k, v in sorted(by_status.items()))
         print(f"requests {total} ({statuses})")
         print(f"journeys: {dict(sorted(workload.counts.items()))}")
+        if workload.retrier is not None:
+            print(
+                f"keys handed to the retrier: {workload.retrier.handed}"
+                f" (finished by a retry: {workload.retrier.finished})"
+            )
         print(f"kills {len(killer.kills)}: {dict(sorted(kinds.items()))}")
         print(f"failpoint exits {len(fired)}: {', '.join(fired) or '-'}")
         print(f"Redis restarted empty: {self.timeline.counts['redis_restart']}; "

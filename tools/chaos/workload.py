@@ -105,6 +105,7 @@ class Client:
         self.log = log
         self.rng = rng
         self.local = threading.local()
+        self.retrier: Retrier | None = None
 
     def _session(self) -> requests.Session:
         session = getattr(self.local, "session", None)
@@ -184,6 +185,7 @@ class Client:
         stop: threading.Event,
         copies: int | None = None,
         key: str | None = None,
+        patience: float = 6.0,
     ) -> Answer:
         """Send one keyed POST 1-3 times (some at once), then again until it has a final answer.
 
@@ -210,15 +212,55 @@ class Client:
                 if self.rng.random() < 0.3:
                     time.sleep(self.rng.uniform(0, 0.5))
         final = [a for a in answers if _final(a)]
-        # Retry until a final answer: the key is resumed or its answer replayed.
-        deadline = time.monotonic() + 90
+        # Retry a little while in line; a key still open after that (its lock
+        # held by a killed process until the TTL) goes to the retrier, which
+        # sends it again until its final answer, and the shopper moves on.
+        deadline = time.monotonic() + patience
         while not final and time.monotonic() < deadline and not stop.is_set():
             last = answers[-1]
             time.sleep(max(last.retry_after, 1.0) + self.rng.uniform(0, 1.5))
             answers.append(self.send(kind, "POST", path, body=body, key=key))
             if _final(answers[-1]):
                 final.append(answers[-1])
+        if not final and self.retrier is not None:
+            self.retrier.add(self, kind, path, body, key)
         return final[-1] if final else answers[-1]
+
+
+class Retrier:
+    """Send open keys again now and then until each has a final answer (or gives up)."""
+
+    GIVE_UP = 150.0  # seconds; the completer finishes what is left
+
+    def __init__(self, stop: threading.Event) -> None:
+        self.stop = stop
+        self.lock = threading.Lock()
+        self.items: list[tuple[float, Client, str, str, Any, str]] = []
+        self.handed = 0
+        self.finished = 0
+        self.thread = threading.Thread(target=self._loop, name="retrier", daemon=True)
+
+    def add(self, client: Client, kind: str, path: str, body: Any, key: str) -> None:
+        with self.lock:
+            self.handed += 1
+            self.items.append((time.monotonic() + self.GIVE_UP, client, kind, path, body, key))
+
+    def _loop(self) -> None:
+        while not self.stop.wait(3.0):
+            with self.lock:
+                items, self.items = self.items, []
+            keep = []
+            for item in items:
+                deadline, client, kind, path, body, key = item
+                if self.stop.is_set():
+                    keep.append(item)
+                    continue
+                if _final(client.send(kind, "POST", path, body=body, key=key)):
+                    self.finished += 1
+                elif time.monotonic() < deadline:
+                    keep.append(item)
+            with self.lock:
+                self.items.extend(keep)
 
 
 def _final(answer: Answer) -> bool:
@@ -248,12 +290,15 @@ class Workload:
     resend_webhooks: Callable[[Client], None] | None = None
     counts: Counter[str] = field(default_factory=Counter)
     counts_lock: threading.Lock = field(default_factory=threading.Lock)
+    retrier: Retrier | None = None
 
     def count(self, what: str) -> None:
         with self.counts_lock:
             self.counts[what] += 1
 
     def start(self) -> None:
+        self.retrier = Retrier(self.stop)
+        self.threads.append(self.retrier.thread)
         for index, (username, token) in enumerate(self.shoppers):
             rng = random.Random(self.seed * 1000 + index)
             shopper = Client(actor=username, token=token, hosts=self.hosts, log=self.log, rng=rng)
@@ -263,6 +308,8 @@ class Workload:
             courier = Client(
                 actor="courier", token=self.courier_token, hosts=self.hosts, log=self.log, rng=rng
             )
+            for client in (shopper, staff, courier):
+                client.retrier = self.retrier
             thread = threading.Thread(
                 target=self._shopper_loop,
                 args=(shopper, staff, courier, rng),
@@ -360,7 +407,9 @@ class Workload:
         for _ in range(6):
             if self.stop.wait(rng.uniform(2, 5)):
                 break
-            answer = client.keyed(kind, path, body, stop=self.stop, key=key, copies=1)
+            answer = client.keyed(
+                kind, path, body, stop=self.stop, key=key, copies=1, patience=30.0
+            )
             if _body_status(answer) != "payment_pending":
                 break
         return answer
