@@ -59,7 +59,7 @@ def _summary(pending: dict[str, list[str]]) -> str:
 
 def cmd_wait(run_dir: Path, timeout: float) -> int:
     """Poll until nothing is pending twice in a row; 3 (and what is left) on timeout."""
-    from django.db import close_old_connections
+    from django.db import close_old_connections, connection
 
     from .invariants import pending_work
 
@@ -68,8 +68,15 @@ def cmd_wait(run_dir: Path, timeout: float) -> int:
     next_progress = start
     quiet_polls = 0
     while True:
-        close_old_connections()
-        pending = pending_work()
+        if not connection.in_atomic_block:
+            close_old_connections()  # a database restarted meanwhile: reconnect
+        try:
+            pending = pending_work()
+        except Exception as exc:  # noqa: BLE001
+            # The database or the broker is down for a moment (a kill): not quiet yet.
+            pending = {"unreachable": [f"{type(exc).__name__}: {exc}"]}
+            if not connection.in_atomic_block:
+                connection.close()
         busy = any(pending.values())
         quiet_polls = 0 if busy else quiet_polls + 1
         now = time.monotonic()

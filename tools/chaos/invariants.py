@@ -41,6 +41,8 @@ HANDLED_TYPES = (
 CONSUMERS = ("loyalty", "purchase_history")
 WEBHOOK_CONSUMER = "payments.provider"
 MAX_SHOWN = 5
+# kombu's Redis transport keeps delivered, unacknowledged messages in this hash.
+UNACKED_KEY = "unacked"
 
 
 @dataclass
@@ -537,12 +539,20 @@ def check_reservations_expiry() -> Invariant:
 # -- events --------------------------------------------------------------------------------
 
 
+def _json(value: Any) -> Any:
+    """A jsonb column read by a raw cursor (Django's psycopg loads it as text)."""
+    return json.loads(value) if isinstance(value, str | bytes) else value
+
+
 def _handled_messages() -> list[tuple]:
-    return rows(
-        "SELECT id::text, event_type, payload, done_at IS NOT NULL, needs_attention "
-        "FROM idempotency_outboxmessage WHERE event_type = ANY(%s) ORDER BY created_at, id",
-        [list(HANDLED_TYPES)],
-    )
+    return [
+        (message_id, event_type, _json(payload), published, attention)
+        for message_id, event_type, payload, published, attention in rows(
+            "SELECT id::text, event_type, payload, done_at IS NOT NULL, needs_attention "
+            "FROM idempotency_outboxmessage WHERE event_type = ANY(%s) ORDER BY created_at, id",
+            [list(HANDLED_TYPES)],
+        )
+    ]
 
 
 def _deliveries() -> dict[tuple[str, str], tuple[bool, bool]]:
@@ -875,7 +885,7 @@ def _redis_messages(url: str) -> list[BrokerMessage]:
                     continue
                 label = name.decode(errors="replace").replace("\x06\x16", ":")
                 found += [_message(raw, label) for raw in client.lrange(name, 0, -1)]
-        for raw in client.hvals("unacked"):
+        for raw in client.hvals(UNACKED_KEY):
             found.append(_message(raw, "unacked"))
     finally:
         client.close()
