@@ -8,7 +8,7 @@ Steps (each printed as it happens; docs/failure-model.md, "Chaos run"):
    own empty redis-server on a free port, the broker (Redis database 1 of
    that server, or a RabbitMQ vhost `chaos_<timestamp>`), one payment
    simulator shared by every host (duplicated, delayed webhooks);
-2. migrate and seed_demo once, then 1 or 2 hosts: each a supervisor
+2. migrate and a staff user and a courier, once; then 1 or 2 hosts: each a supervisor
    (`python -m runner`) with its own gunicorn, celery workers, beat and relay;
 3. products with scarce stock, shopper accounts, `check snapshot`;
 4. the workload (tools/chaos/workload.py) and the killer (tools/chaos/killer.py)
@@ -99,6 +99,18 @@ TUNING = {
     "SHOP_TOKEN_THROTTLE_RATE": "10000/min",
     "LOG_LEVEL": "WARNING",
 }
+
+
+# Run by `manage.py shell -c` before the hosts start: the staff user and the courier.
+STAFF_SCRIPT = """
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
+from core.permissions import COURIERS_GROUP
+User = get_user_model()
+User.objects.create_user("chaos-staff", password="{password}", is_staff=True)
+courier = User.objects.create_user("chaos-courier", password="{password}")
+courier.groups.add(Group.objects.get_or_create(name=COURIERS_GROUP)[0])
+"""
 
 
 def say(message: str) -> None:
@@ -382,6 +394,7 @@ class Run:
         self.answers = AnswerLog(self.run_dir / "answers.jsonl")
         self.env: dict[str, str] = {}
         self.problems: list[str] = []
+        self.staff_password = ""
 
     # -- setup -----------------------------------------------------------------
 
@@ -434,9 +447,12 @@ class Run:
             f" (control {self.simulator.control_port})"
         )
         self.manage("migrate", "--noinput", "-v0")
-        # Seeded here, before any failpoint is armed: seed_demo's demo orders
-        # go through checkout, whose failpoints would end it.
-        self.manage("seed_demo")
+        # Our own staff and courier instead of seed_demo: its demo return that
+        # waits for staff (needs_attention) keeps its later steps polling, so
+        # the broker would never be quiet; and its demo orders go through
+        # checkout, whose failpoints would end it.
+        self.staff_password = secrets.token_urlsafe(12)
+        self.manage("shell", "-c", STAFF_SCRIPT.format(password=self.staff_password))
         for index, port in enumerate(ports):
             host_name = "ab"[index]
             host_env = {
@@ -494,8 +510,8 @@ class Run:
             response.raise_for_status()
             return response.json()["token"]
 
-        staff = token("staff", "staff-demo")
-        courier = token("courier", "courier-demo")
+        staff = token("chaos-staff", self.staff_password)
+        courier = token("chaos-courier", self.staff_password)
         admin = Client(actor="staff", token=staff, hosts=hosts, log=log, rng=self.rng)
         # Two scarce products (reservations conflict), the rest enough for the run.
         plenty = int(60 * max(1.0, self.args.duration / 180) * self.args.hosts)

@@ -443,15 +443,22 @@ class Workload:
         if answer.status != 201 or not isinstance(answer.body, dict):
             return
         self._tracking(courier, rng, answer.body["id"])
-        if rng.random() < 0.3:
-            self._refund(staff, rng, order_id, order)
+        returned = 0.0
         if rng.random() < 0.6:
-            self._return(shopper, staff, rng, order_id, answer.body)
+            returned = self._return(shopper, staff, rng, order_id, order, answer.body)
+        if rng.random() < 0.3:
+            # Goodwill beside a return: at most what the return leaves, or the
+            # return's own refund would exceed the capture and wait for staff.
+            self._refund(staff, rng, order_id, order, leave=returned)
 
-    def _refund(self, staff: Client, rng: random.Random, order_id: str, order: dict) -> None:
+    def _refund(
+        self, staff: Client, rng: random.Random, order_id: str, order: dict, leave: float = 0.0
+    ) -> None:
+        total = float(order.get("total") or "0") - leave
+        if total < 0.03:
+            return
         self.count("refund")
-        total = float(order.get("total") or "0")
-        amount = max(0.01, round(rng.uniform(0.01, max(0.01, total / 3)), 2))
+        amount = max(0.01, round(rng.uniform(0.01, total / 3), 2))
         body = {
             "amount": f"{amount:.2f}",
             "currency": order.get("currency", "EUR"),
@@ -482,15 +489,24 @@ class Workload:
             )
 
     def _return(
-        self, shopper: Client, staff: Client, rng: random.Random, order_id: str, shipment: dict
-    ) -> None:
+        self,
+        shopper: Client,
+        staff: Client,
+        rng: random.Random,
+        order_id: str,
+        order: dict,
+        shipment: dict,
+    ) -> float:
+        """Ask for a return of shipped units and receive it twice; return its value."""
         lines = [
             {"sku": line["sku"], "quantity": rng.randint(1, line["quantity"])}
             for line in shipment.get("lines", [])
             if line.get("quantity", 0) > 0 and rng.random() < 0.8
         ]
         if not lines:
-            return
+            return 0.0
+        prices = {line["sku"]: float(line["unit_price"]) for line in order.get("lines", [])}
+        value = sum(prices.get(line["sku"], 0.0) * line["quantity"] for line in lines)
         self.count("return")
         answer = shopper.keyed(
             "return_request",
@@ -499,9 +515,10 @@ class Workload:
             stop=self.stop,
         )
         if answer.status != 201 or not isinstance(answer.body, dict):
-            return
+            return value  # it may still have been made (a lost answer)
         path = f"/api/v1/returns/{answer.body['id']}/receive/"
         # Received twice: two scans (two keys), each maybe sent more than once.
         staff.keyed("return_receive", path, {}, stop=self.stop)
         self.stop.wait(rng.uniform(0, 1))
         staff.keyed("return_receive", path, {}, stop=self.stop)
+        return value
