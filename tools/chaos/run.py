@@ -478,7 +478,7 @@ class Run:
             say(f"host {host_name} up at {host.url} (log {host.log_path})")
 
     def manage(self, *argv: str) -> None:
-        say(f"manage.py {' '.join(argv)}")
+        say(f"manage.py {' '.join(a if len(a) < 40 else '...' for a in argv)}")
         with (self.run_dir / "setup.log").open("ab") as log:
             subprocess.run(
                 [sys.executable, "manage.py", *argv],
