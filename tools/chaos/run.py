@@ -367,6 +367,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--keep", action="store_true", help="keep the scratch database")
     parser.add_argument("--shoppers", type=int, default=None, help="shopper threads (6 per host)")
     parser.add_argument("--wait-timeout", type=int, default=WAIT_TIMEOUT)
+    parser.add_argument(
+        "--publish",
+        action="store_true",
+        help="copy the plot to docs/chaos/ (the table is RUN_DIR/table.md either way)",
+    )
     args = parser.parse_args(argv)
     if args.long:
         args.duration = max(args.duration, LONG_DURATION)
@@ -694,9 +699,45 @@ class Run:
             "table": rows,
         }
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        self.write_table(rows, total, by_status, kinds, fired)
         return (
             wait_code == 0 and verify_code == 0 and not killer.not_restarted and not self.problems
         )
+
+    def write_table(
+        self,
+        rows: list[tuple[str, str, str]],
+        total: int,
+        by_status: dict[str, int],
+        kinds: Counter[str],
+        fired: list[str],
+    ) -> None:
+        """Write RUN_DIR/table.md, the results as docs/failure-model.md shows them."""
+        args = self.args
+        name = f"{self.stamp}-{args.broker}-{args.hosts}h-{args.duration:.0f}s.png"
+        killed = ", ".join(f"{k} {v}" for k, v in sorted(kinds.items()))
+        lines = [
+            f'`make chaos CHAOS_ARGS="--duration {args.duration:.0f} --hosts {args.hosts}'
+            f' --broker {args.broker} --seed {args.seed}"`, {self.stamp}:'
+            f" {total} requests ({', '.join(f'{k}: {v}' for k, v in sorted(by_status.items()))}),"
+            f" {sum(kinds.values())} SIGKILLs ({killed}),"
+            f" {len(fired)} failpoint exits, Redis restarted empty"
+            f" {self.timeline.counts['redis_restart']}×, broker vhost recreated"
+            f" {self.timeline.counts['broker_restart']}×.",
+            "",
+            "| invariant | checked | violations |",
+            "|---|---:|---:|",
+            *(f"| {n} | {c} | {v} |" for n, c, v in rows),
+            "",
+            f"![make chaos {self.stamp}](chaos/{name})",
+            "",
+        ]
+        (self.run_dir / "table.md").write_text("\n".join(lines))
+        if args.publish:
+            target = ROOT / "docs" / "chaos"
+            target.mkdir(exist_ok=True)
+            (target / name).write_bytes((self.run_dir / "chaos.png").read_bytes())
+            say(f"published docs/chaos/{name}; table in {self.run_dir / 'table.md'}")
 
     def close(self) -> None:
         for host in reversed(self.hosts):
