@@ -4,6 +4,7 @@ import redis
 from django.conf import settings
 from django.db import connection
 from django.http import JsonResponse
+from kombu import Connection
 
 from core.problems import problem_response
 
@@ -21,10 +22,14 @@ def _database_ok() -> tuple[bool, str]:
 
 
 def _broker_ok() -> tuple[bool, str]:
+    url = settings.CELERY_BROKER_URL
     try:
-        client = redis.Redis.from_url(
-            settings.CELERY_BROKER_URL, socket_connect_timeout=1, socket_timeout=1
-        )
+        if not url.startswith(("redis://", "rediss://", "unix://")):
+            # RabbitMQ (amqp://) or another kombu transport: one connection attempt.
+            with Connection(url, connect_timeout=1) as conn:
+                conn.connect()
+            return True, "ok"
+        client = redis.Redis.from_url(url, socket_connect_timeout=1, socket_timeout=1)
         try:
             client.ping()
         finally:

@@ -479,7 +479,7 @@ class Run:
             host = Host(host_name, self.run_dir, port, host_env)
             self.hosts.append(host)
             host.start()
-            host.wait_healthy(180)
+            host.wait_healthy(300)
             say(f"host {host_name} up at {host.url} (log {host.log_path})")
 
     def manage(self, *argv: str) -> None:
