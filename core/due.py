@@ -72,8 +72,14 @@ def max_countdown() -> float:
     until its task ends; past the visibility timeout Redis hands it to a
     second worker. So countdown + the hard time limit stays below the
     visibility timeout, whatever the settings say about CELERY_MAX_COUNTDOWN.
+    RabbitMQ has no visibility timeout; the same window
+    (CELERY_VISIBILITY_TIMEOUT) bounds it there, so both brokers cap alike.
     """
-    visibility = float(settings.CELERY_BROKER_TRANSPORT_OPTIONS["visibility_timeout"])
+    visibility = float(
+        settings.CELERY_BROKER_TRANSPORT_OPTIONS.get(
+            "visibility_timeout", settings.CELERY_VISIBILITY_TIMEOUT
+        )
+    )
     by_limits = visibility - float(settings.CELERY_TASK_TIME_LIMIT) - 1
     return max(0.0, min(float(settings.CELERY_MAX_COUNTDOWN), by_limits))
 

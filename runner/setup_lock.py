@@ -24,6 +24,11 @@ POLL = 0.5
 PROGRESS_EVERY = 10.0
 
 
+def _try_lock(conn: psycopg.Connection) -> bool:
+    row = conn.execute("SELECT pg_try_advisory_lock(%s)", (SETUP_LOCK_KEY,)).fetchone()
+    return bool(row and row[0])
+
+
 @contextlib.contextmanager
 def setup_lock(
     database_url: str,
@@ -39,7 +44,7 @@ def setup_lock(
     try:
         started = time.monotonic()
         told = 0.0
-        while not conn.execute("SELECT pg_try_advisory_lock(%s)", (SETUP_LOCK_KEY,)).fetchone()[0]:
+        while not _try_lock(conn):
             waited = time.monotonic() - started
             if told == 0.0 or waited - told >= PROGRESS_EVERY:
                 say(f"waiting for the setup lock: another host is running setup ({waited:.0f} s)")

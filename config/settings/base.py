@@ -104,7 +104,7 @@ if DB_POOL:
 DATABASES["default"]["CONN_MAX_AGE"] = 0
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
-# --- Redis: broker and cache -------------------------------------------------
+# --- Redis: cache and throttles (and the broker unless CELERY_BROKER_URL) ------
 REDIS_URL = env.str("REDIS_URL", default="redis://127.0.0.1:6379/0")
 CACHES = {
     "default": {
@@ -118,7 +118,16 @@ CACHES = {
 }
 
 # --- Celery (see docs/celery.md for why each value is what it is) -------------
+# The broker: Redis (REDIS_URL, the default) or RabbitMQ (`amqp://`, `amqps://`,
+# `pyamqp://`). Redis stays the cache and throttle store either way.
 CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default=REDIS_URL)
+BROKER_IS_REDIS = CELERY_BROKER_URL.startswith(("redis://", "rediss://"))
+BROKER_IS_AMQP = CELERY_BROKER_URL.startswith(("amqp://", "amqps://", "pyamqp://"))
+if not (BROKER_IS_REDIS or BROKER_IS_AMQP):
+    raise ValueError(
+        "CELERY_BROKER_URL must be redis://, rediss://, amqp://, amqps:// or pyamqp://,"
+        f" not {CELERY_BROKER_URL.split('://')[0]}://"
+    )
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_ACCEPT_CONTENT = ["json"]
@@ -128,27 +137,53 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
-# A lost broker: the worker reconnects by itself, however long Redis is gone
-# (retries every 2, 4, ... at most 30 s, forever), and kombu's Redis transport
-# with the fix for its crash on a lost connection (config/redis_transport.py).
+# A lost broker: the worker reconnects by itself, however long the broker is
+# gone (retries every 2, 4, ... at most 30 s, forever).
 CELERY_BROKER_CONNECTION_RETRY = True
 CELERY_BROKER_CONNECTION_MAX_RETRIES = None
-if CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
-    CELERY_BROKER_TRANSPORT = "config.redis_transport:Transport"
+# The redelivery window (seconds). On Redis it is the visibility timeout: an
+# unacked message older than this is handed to a second worker. RabbitMQ has
+# none (it redelivers when the holding channel closes), but the same number
+# bounds countdowns, time limits and leases there, so both brokers keep the
+# same timings (docs/celery.md, "RabbitMQ").
 CELERY_VISIBILITY_TIMEOUT = env.int("CELERY_VISIBILITY_TIMEOUT", default=60)
-CELERY_BROKER_TRANSPORT_OPTIONS = {
-    "visibility_timeout": CELERY_VISIBILITY_TIMEOUT,
-    "unacked_restore_interval": env.int("CELERY_UNACKED_RESTORE_INTERVAL", default=5),
-    "unacked_restore_throttle": env.int("CELERY_UNACKED_RESTORE_THROTTLE", default=1),
-}
-# No Celery countdown, ETA or retry delay may reach the visibility timeout;
+CELERY_UNACKED_RESTORE_INTERVAL = env.int("CELERY_UNACKED_RESTORE_INTERVAL", default=5)
+CELERY_BROKER_TRANSPORT_OPTIONS: dict = {}
+if BROKER_IS_REDIS:
+    # kombu's Redis transport with the fix for its crash on a lost connection
+    # (config/redis_transport.py); ack emulation with a short visibility timeout.
+    CELERY_BROKER_TRANSPORT = "config.redis_transport:Transport"
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "visibility_timeout": CELERY_VISIBILITY_TIMEOUT,
+        "unacked_restore_interval": CELERY_UNACKED_RESTORE_INTERVAL,
+        "unacked_restore_throttle": env.int("CELERY_UNACKED_RESTORE_THROTTLE", default=1),
+    }
+else:
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        # Publisher confirms: every publish waits for the broker's ack, so a
+        # message the broker refused or lost before taking it raises in the
+        # publisher (the due row stays due and the sweeper rings again)
+        # instead of vanishing silently.
+        "confirm_publish": True,
+    }
+    # AMQP heartbeats: a half-open connection (a partitioned worker) is closed
+    # by the broker after about two missed beats, which redelivers its unacked
+    # messages; the worker notices and reconnects just as soon.
+    CELERY_BROKER_HEARTBEAT = env.int("CELERY_BROKER_HEARTBEAT", default=20)
+    CELERY_BROKER_CONNECTION_TIMEOUT = env.float("CELERY_BROKER_CONNECTION_TIMEOUT", default=4.0)
+    # A lost connection returns every unacked message to the queue at once;
+    # cancel the acks_late tasks still running on it rather than run them next
+    # to their redelivered copies (both would be safe; one is cheaper).
+    CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = True
+# No Celery countdown, ETA or retry delay may reach the redelivery window;
 # longer waits are rows with next_attempt_at swept by beat.
 CELERY_MAX_COUNTDOWN = CELERY_VISIBILITY_TIMEOUT // 3
-# Nor may a task run into the visibility timeout (Redis would hand its message
-# to a second worker), even after the longest countdown: a message is unacked
-# from delivery (its countdown included) until the task ends. The soft limit
+# Nor may a task run into it (Redis would hand its message to a second
+# worker), even after the longest countdown: a message is unacked from
+# delivery (its countdown included) until the task ends. The soft limit
 # raises inside the task, the hard one kills its process; long work is batched
-# with a time budget below them (IDEMPOTENCY_COMPLETER_BUDGET).
+# with a time budget below them (IDEMPOTENCY_COMPLETER_BUDGET). On RabbitMQ
+# the same limits keep every delivery far below its consumer_timeout (30 min).
 CELERY_TASK_TIME_LIMIT = CELERY_VISIBILITY_TIMEOUT - CELERY_MAX_COUNTDOWN - 5
 CELERY_TASK_SOFT_TIME_LIMIT = CELERY_TASK_TIME_LIMIT - 5
 CELERY_BEAT_SCHEDULE: dict = {}
@@ -258,12 +293,10 @@ OUTBOX_RELAY_POLL = env.float("OUTBOX_RELAY_POLL", default=0.1)
 OUTBOX_RELAY_EVERY = env.float("OUTBOX_RELAY_EVERY", default=10.0)
 # A published delivery not done after this long is published again (docs/celery.md):
 # the longest a live copy can still be on its way (visibility timeout + restore
-# sweep + one run of the task).
+# sweep + one run of the task; on RabbitMQ two missed heartbeats + one run, less).
 OUTBOX_DELIVERY_TIMEOUT = env.float(
     "OUTBOX_DELIVERY_TIMEOUT",
-    default=CELERY_VISIBILITY_TIMEOUT
-    + CELERY_BROKER_TRANSPORT_OPTIONS["unacked_restore_interval"]
-    + CELERY_TASK_TIME_LIMIT,
+    default=CELERY_VISIBILITY_TIMEOUT + CELERY_UNACKED_RESTORE_INTERVAL + CELERY_TASK_TIME_LIMIT,
 )
 OUTBOX_DELIVERY_MAX_ATTEMPTS = env.int("OUTBOX_DELIVERY_MAX_ATTEMPTS", default=8)
 OUTBOX_DELIVERY_BACKOFF_BASE = env.float("OUTBOX_DELIVERY_BACKOFF_BASE", default=1.0)

@@ -24,6 +24,7 @@ from config.celery import app
 from idempotency.models import FINISHED, IdempotencyKey, OutboxMessage
 from orders import tasks as order_tasks
 from payments import tasks as payment_tasks
+from tests.support import rabbitmq
 from tests.support.models import ProbeRecord
 from tests.support.servers import wait_until
 
@@ -123,11 +124,18 @@ def _abandoned(key_id: int) -> bool:
 
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("broker", ["redis", pytest.param("amqp", marks=pytest.mark.rabbitmq)])
 def test_a_task_whose_worker_process_is_killed_is_redelivered(
-    gunicorn, celery_worker_process, stub_service, shopper
+    gunicorn, celery_worker_process, stub_service, shopper, broker
 ):
     """The completer's process is SIGKILLed mid-key; the one message we sent runs again
-    (nothing else enqueues it: no beat) and finishes the key, with one effect."""
+    (nothing else enqueues it: no beat) and finishes the key, with one effect. On Redis
+    and on RabbitMQ (acks late + reject on worker lost on both)."""
+    on_amqp: dict[str, str] = {}
+    if broker == "amqp":
+        rabbitmq.require()
+        rabbitmq.purge()
+        on_amqp["CELERY_BROKER_URL"] = rabbitmq.RABBITMQ_URL
     token = Token.objects.create(user=shopper).key
     server = gunicorn(
         failpoints="probe.run.recorded.after_commit=exit@1",
@@ -148,9 +156,13 @@ def test_a_task_whose_worker_process_is_killed_is_redelivered(
         IDEMPOTENCY_LOCK_TTL=str(LOCK_TTL),
         IDEMPOTENCY_ABANDON_AFTER=str(LOCK_TTL),
         SHOP_PROBE_STUB_URL=stub_service.url,
+        **on_amqp,
     )
     wait_until(lambda: _abandoned(key_id), timeout=30)
-    app.send_task("idempotency.complete_abandoned_keys")
+    if broker == "amqp":
+        rabbitmq.send_task("idempotency.complete_abandoned_keys")
+    else:
+        app.send_task("idempotency.complete_abandoned_keys")
     wait_until(lambda: stub_service.calls, timeout=60, message=worker.log())
     assert IdempotencyKey.objects.get().runs == 2  # the worker took it over
     # Its lock expires while it stalls, so a redelivered run may take over at once.
