@@ -249,7 +249,10 @@ def _users_by_name(names: Iterable[str]) -> dict[str, int]:
     names = sorted({n for n in names if n})
     if not names:
         return {}
-    return dict(rows("SELECT username, id FROM auth_user WHERE username = ANY(%s)", [names]))
+    from django.contrib.auth import get_user_model
+
+    table = connection.ops.quote_name(get_user_model()._meta.db_table)
+    return dict(rows(f"SELECT username, id FROM {table} WHERE username = ANY(%s)", [names]))
 
 
 def check_orders_per_key(*, initial: dict, answers: list[dict]) -> Invariant:
@@ -335,7 +338,7 @@ def check_replays(*, answers: list[dict]) -> Invariant:
         try:
             parsed = json.loads(body) if body else None
         except json.JSONDecodeError:
-            parsed = body
+            parsed = None  # not JSON (a redirect, a page): the driver records null too
         stored[(owner_id, key)] = (status, parsed)
     for (actor, key, method, path), group in sorted(groups.items()):
         inv.checked += 1

@@ -16,6 +16,8 @@ import json
 import os
 import shutil
 import sqlite3
+import subprocess
+import sys
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,7 +39,8 @@ from shop.models import LoyaltyAccount, PurchaseHistoryLine
 from shop.tasks import consume_history, consume_loyalty
 from tests.orders.compensation_support import drive
 from tests.orders.conftest import ADDRESS
-from tests.support.simulator import Simulator
+from tests.support.servers import database_url_for_current_connection
+from tests.support.simulator import ROOT, Simulator
 from tools.chaos import check, invariants
 from tools.chaos.invariants import RunFiles, verify
 
@@ -130,7 +133,14 @@ def state(tmp_path, settings, monkeypatch, make_product, shopper_client, staff_c
         make_product("TEE", price="10.00", stock=10)
         make_product("MUG", price="7.50", stock=3)
         make_product("CAP", price="4.00", stock=1)
-        assert check.main(["snapshot", "--run-dir", str(run_dir)]) == 0
+        # The driver's way: a subprocess on the same database.
+        subprocess.run(
+            [sys.executable, "-m", "tools.chaos.check", "snapshot", "--run-dir", str(run_dir)],
+            env={**os.environ, "DATABASE_URL": database_url_for_current_connection()},
+            cwd=ROOT,
+            check=True,
+            timeout=60,
+        )
         built = State(run_dir=run_dir, install="")
 
         paid = _checkout(built, shopper_client, {"TEE": 2}, "k-paid")
