@@ -66,6 +66,7 @@ def broker(monkeypatch, settings):
     name = f"chaos-check-test-{uuid.uuid4().hex[:8]}"
     monkeypatch.setattr(invariants, "_queues", lambda: [name])
     monkeypatch.setattr(invariants, "UNACKED_KEY", f"{name}-unacked")
+    monkeypatch.setattr(invariants, "BROKER_REREAD", 0.05)
     settings.CELERY_BROKER_URL = settings.REDIS_URL
     client = redis.Redis.from_url(settings.REDIS_URL)
     yield client, name
@@ -442,6 +443,16 @@ def test_wait_returns_3_on_timeout_and_prints_what_is_pending(
     assert "t2" not in captured.out
 
 
+def test_a_doorbell_taken_between_the_two_reads_is_not_left_over(monkeypatch):
+    """With the workers running, a message rung a moment ago is on its way, not left."""
+    rung = invariants.BrokerMessage("celery", "orders.compensation_step", "t1", None)
+    reads = iter([[rung], []])
+    monkeypatch.setattr(invariants, "BROKER_REREAD", 0.0)
+    monkeypatch.setattr(invariants, "broker_messages", lambda **_: next(reads))
+    result = invariants.check_broker()
+    assert (result.checked, result.violations) == (1, [])
+
+
 AMQP_URL = os.environ.get("CHAOS_CHECK_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/checker")
 
 
@@ -452,6 +463,7 @@ def test_on_rabbitmq_a_message_left_in_the_queue_is_reported_and_not_consumed(
 
     name = f"chaos-check-test-{uuid.uuid4().hex[:8]}"
     monkeypatch.setattr(invariants, "_queues", lambda: [name, f"{name}-never-declared"])
+    monkeypatch.setattr(invariants, "BROKER_REREAD", 0.05)
     settings.CELERY_BROKER_URL = AMQP_URL
     try:
         conn = Connection(AMQP_URL, connect_timeout=3)
