@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt | sha1sum | cut -c1-12)
 
-.PHONY: venv test lint format run bench mutants clean
+.PHONY: venv test lint format run bench mutants chaos clean
 
 venv: $(STAMP)
 
@@ -26,6 +26,12 @@ run: $(STAMP)
 ## wrong change must fail its guarding tests; DATABASE_URL / REDIS_URL as for test.
 mutants: $(STAMP)
 	$(BIN)/python tools/mutants.py $(MUTANTS_ARGS)
+
+## The chaos run (docs/failure-model.md, "Chaos run"): the real system, two
+## hosts, a mixed workload, SIGKILLs, failpoints, Redis restarted empty, then
+## the invariants. CHAOS_ARGS e.g. "--duration 180 --broker rabbitmq" or "--long".
+chaos: $(STAMP)
+	$(BIN)/python -m tools.chaos $(CHAOS_ARGS)
 
 ## Lint, then type-check the apps (docs/testing.md, "Type checking").
 lint: $(STAMP)

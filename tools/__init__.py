@@ -1,0 +1,1 @@
+"""Dev tooling (never imported by production code)."""
