@@ -29,6 +29,8 @@ from urllib.parse import urlparse
 from django.conf import settings
 from django.db import connection
 
+from core.due import DueWork
+
 # Transient answers: no stored decision behind them (see "Chaos run: invariants").
 TRANSIENT_CODES = frozenset({"idempotency_key_in_use", "idempotency_key_reused", "throttled"})
 ORDER_CREATING_OPERATIONS = ("order.create", "shop.order.create")
@@ -248,14 +250,14 @@ def _is_final(answer: dict) -> bool:
     return True
 
 
-def _users_by_name(names: Iterable[str]) -> dict[str, int]:
-    names = sorted({n for n in names if n})
-    if not names:
+def _users_by_name(names: Iterable[str | None]) -> dict[str, int]:
+    wanted = sorted({n for n in names if n})
+    if not wanted:
         return {}
     from django.contrib.auth import get_user_model
 
     table = connection.ops.quote_name(get_user_model()._meta.db_table)
-    return dict(rows(f"SELECT username, id FROM {table} WHERE username = ANY(%s)", [names]))
+    return dict(rows(f"SELECT username, id FROM {table} WHERE username = ANY(%s)", [wanted]))
 
 
 def check_orders_per_key(*, initial: dict, answers: list[dict]) -> Invariant:
@@ -325,13 +327,13 @@ def check_replays(*, answers: list[dict]) -> Invariant:
     groups: dict[tuple[str, str, str, str], list[dict]] = defaultdict(list)
     for answer in answers:
         if answer.get("key") and _is_final(answer):
-            group = (
+            ident = (
                 answer.get("actor") or "",
                 answer["key"],
                 (answer.get("method") or "").upper(),
                 (answer.get("path") or "").split("?")[0],
             )
-            groups[group].append(answer)
+            groups[ident].append(answer)
     users = _users_by_name(actor for actor, _, _, _ in groups)
     stored: dict[tuple[int, str], tuple[int, Any]] = {}
     for owner_id, key, status, body in rows(
@@ -678,7 +680,7 @@ def expected_loyalty() -> dict[str, int]:
             "WHERE consumer = 'loyalty' AND done_at IS NOT NULL"
         )
     }
-    per_order: dict[tuple[int, str], dict[str, Any]] = {}
+    per_order: dict[tuple[Any, Any], dict[str, Any]] = {}
     for message_id, event_type, payload, _published, _attention in _handled_messages():
         if message_id not in done or not isinstance(payload, dict):
             continue
@@ -767,7 +769,7 @@ def check_history(*, initial: dict) -> Invariant:
 # -- due work, keys, broker ------------------------------------------------------------------
 
 
-def _due_models() -> list[type]:
+def _due_models() -> list[type[DueWork]]:
     from idempotency.models import Delivery, OutboxMessage
     from orders.models import CompensationStep
     from payments.models import PaymentSettlement, Refund
@@ -928,7 +930,7 @@ def _amqp_messages(url: str, *, peek: bool) -> list[BrokerMessage]:
     found: list[BrokerMessage] = []
     with Connection(url, connect_timeout=10) as conn:
         for queue in _queues():
-            channel = conn.channel()
+            channel: Any = conn.channel()  # py-amqp's Channel
             try:
                 _, count, _ = channel.queue_declare(queue=queue, passive=True)
                 peeked = 0

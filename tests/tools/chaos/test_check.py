@@ -275,7 +275,7 @@ def _second_charge_one_key(state: State, run_dir: Path) -> None:
 
 def _refunded_more_than_captured(state: State, run_dir: Path) -> None:
     # Consistent on both sides (so reconciliation agrees): 20.00 captured, 25.00 refunded.
-    payment = Payment.objects.get(id=state.orders["paid"].payment_id)
+    payment = Payment.objects.get(order=state.orders["paid"])
     refund = Refund.objects.get(payment=payment)
     with connection.cursor() as cursor:
         cursor.execute(
@@ -294,7 +294,7 @@ def _refunded_more_than_captured(state: State, run_dir: Path) -> None:
 
 
 def _refund_missing_at_provider(state: State, run_dir: Path) -> None:
-    refund = Refund.objects.get(payment_id=state.orders["paid"].payment_id)
+    refund = Refund.objects.get(payment__order=state.orders["paid"])
     ledger = _ledger(run_dir)
     ledger.execute("DELETE FROM operations WHERE key = ?", (refund.provider_key,))
     ledger.close()
@@ -322,11 +322,11 @@ def _held_past_expiry(state: State, run_dir: Path) -> None:
             "WHERE id = %s",
             [line.reservation_id],
         )
-    assert Reservation.objects.get(id=line.reservation_id).state == "held"
+    assert Reservation.objects.get(order_line=line).state == "held"
 
 
 def _inbox_row_missing(state: State, run_dir: Path) -> None:
-    InboxMessage.objects.filter(consumer="purchase_history").order_by("id").first().delete()
+    InboxMessage.objects.filter(consumer="purchase_history").order_by("id")[:1].get().delete()
 
 
 def _effect_applied_twice(state: State, run_dir: Path) -> None:
@@ -362,7 +362,7 @@ def _left_in_broker(state: State, run_dir: Path, broker) -> None:
 
 
 def _flagged_without_reason(state: State, run_dir: Path) -> None:
-    settlement = PaymentSettlement.objects.order_by("id").first()
+    settlement = PaymentSettlement.objects.order_by("id")[:1].get()
     PaymentSettlement.objects.filter(pk=settlement.pk).update(
         done_at=None, needs_attention=True, last_error=""
     )
@@ -370,13 +370,13 @@ def _flagged_without_reason(state: State, run_dir: Path) -> None:
 
 def _at_budget_not_flagged(state: State, run_dir: Path) -> None:
     budget = OutboxMessage.due_policy().max_attempts
-    OutboxMessage.objects.filter(pk=OutboxMessage.objects.order_by("id").first().pk).update(
+    OutboxMessage.objects.filter(pk=OutboxMessage.objects.order_by("id")[:1].get().pk).update(
         done_at=None, attempts=budget
     )
 
 
 def _left_pending(state: State, run_dir: Path) -> None:
-    Refund.objects.filter(payment_id=state.orders["paid"].payment_id).update(done_at=None)
+    Refund.objects.filter(payment__order=state.orders["paid"]).update(done_at=None)
 
 
 # (what, how, the invariants that must report it: "+"-joined when two must)
