@@ -151,8 +151,11 @@ def _db_seconds_until(step_id) -> float:
     return float(row[0]) if row else 0.0
 
 
-def _wait(*, step_id, seconds: float, note: str) -> None:
-    """Not an attempt: give the attempt back and look again in `seconds` (database clock)."""
+def _wait(*, step_id, seconds: float, note: str, ring: bool = True) -> None:
+    """Not an attempt: give the attempt back and look again in `seconds` (database clock).
+
+    Without `ring` nothing is enqueued: the sweeper finds the row when it is due.
+    """
     CompensationStep.objects.filter(id=step_id, done_at__isnull=True).update(
         attempts=Greatest(F("attempts") - 1, 0),
         next_attempt_at=Now() + timedelta(seconds=seconds),
@@ -162,7 +165,8 @@ def _wait(*, step_id, seconds: float, note: str) -> None:
         lease_expires_at=None,
         updated_at=Now(),
     )
-    due.ring(CompensationStep, step_id, delay=seconds)
+    if ring:
+        due.ring(CompensationStep, step_id, delay=seconds)
 
 
 def _lock_parent(step: CompensationStep):
@@ -307,14 +311,24 @@ def step_run(*, step_id) -> str:
     if step.after:
         before = _siblings(step).filter(name=step.after).values("done_at", "needs_attention")[0]
         if before["done_at"] is None:
-            # Parked while the step it follows needs staff; rung when it is done.
-            parked = before["needs_attention"]
-            seconds = (
-                CompensationStep.due_policy().backoff_max
-                if parked
-                else settings.COMPENSATION_WAIT_SECONDS
+            if before["needs_attention"]:
+                # Parked while the step it follows needs staff: no bell, no
+                # polling (a message every backoff would loop until staff
+                # act). That step's done transaction makes this one due now
+                # and rings it (`_finishing`); the long re-check is only a
+                # safety net, found by the sweeper.
+                _wait(
+                    step_id=step_id,
+                    seconds=settings.COMPENSATION_PARKED_RECHECK,
+                    note=f"parked: {step.after} needs attention",
+                    ring=False,
+                )
+                return "parked"
+            _wait(
+                step_id=step_id,
+                seconds=settings.COMPENSATION_WAIT_SECONDS,
+                note=f"waiting for {step.after}",
             )
-            _wait(step_id=step_id, seconds=seconds, note=f"waiting for {step.after}")
             return "waiting"
     try:
         failpoint(f"compensation.{step.name}.before_effect")

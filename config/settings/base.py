@@ -428,6 +428,9 @@ COMPENSATION_BACKOFF_MAX = env.float("COMPENSATION_BACKOFF_MAX", default=300.0)
 COMPENSATION_LEASE = env.float("COMPENSATION_LEASE", default=CELERY_VISIBILITY_TIMEOUT + 30)
 # How soon a step waiting for its refund (or for the step it follows) looks again.
 COMPENSATION_WAIT_SECONDS = env.float("COMPENSATION_WAIT_SECONDS", default=5.0)
+# A step behind one that needs staff is parked, not polled: it is made due when
+# that step is done; this long re-check is only a safety net.
+COMPENSATION_PARKED_RECHECK = env.float("COMPENSATION_PARKED_RECHECK", default=3600.0)
 COMPENSATION_SWEEP_INTERVAL = env.float("COMPENSATION_SWEEP_INTERVAL", default=5.0)
 COMPENSATION_SWEEP_BATCH = env.int("COMPENSATION_SWEEP_BATCH", default=100)
 CELERY_BEAT_SCHEDULE["orders.sweep_compensation"] = _beat_every(

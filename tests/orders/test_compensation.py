@@ -8,17 +8,19 @@ is `needs_attention` until staff "Retry failed steps".
 
 from __future__ import annotations
 
+from datetime import timedelta
 from decimal import Decimal
 
 import pytest
 from celery import current_app
 from django.core import mail
+from django.db.models.functions import Now
 
 from idempotency.failpoints import hook
 from idempotency.models import OutboxMessage
 from inventory.models import StockItem
 from orders.compensation import return_refund_id, steps_retry_failed
-from orders.models import OrderEvent, ReturnRequest
+from orders.models import CompensationStep, OrderEvent, ReturnRequest
 from payments.models import Refund
 from payments.services import refund_record_outside
 from tests.orders.compensation_support import (
@@ -141,7 +143,7 @@ def test_budget_spent_needs_attention_then_retry_failed_steps(received, provider
     assert_compensated_once(received, provider)
 
 
-def test_refused_refund_needs_attention_until_staff_resolve_it(received, provider):
+def test_refused_refund_needs_attention_until_staff_resolve_it(received, provider, bells):
     provider.faults(decline_refunds=True)
     drive(order_return=received)
     received.refresh_from_db()
@@ -149,6 +151,19 @@ def test_refused_refund_needs_attention_until_staff_resolve_it(received, provide
     step = steps_of(order_return=received).get(name="refund")
     assert step.status == "failed" and "needs_attention" in step.last_error
     assert not OutboxMessage.objects.filter(event_type="return.completed").exists()
+    # The steps behind it are parked: not due for an hour, and no bell rings
+    # them meanwhile (polling every backoff would loop until staff act).
+    from orders.compensation import step_run
+
+    history = steps_of(order_return=received).get(name="history")
+    CompensationStep.objects.filter(id=history.id).update(next_attempt_at=Now())
+    bells.clear()
+    assert step_run(step_id=history.id) == "parked"
+    assert bells == []
+    assert step_run(step_id=history.id) == "not due"
+    assert CompensationStep.objects.filter(
+        id=history.id, next_attempt_at__gt=Now() + timedelta(minutes=50)
+    ).exists()
     # Staff pay it back outside the shop, then retry the return's failed steps.
     refund = Refund.objects.get()
     assert refund_record_outside(refund_id=refund.id)
