@@ -136,7 +136,7 @@ class Bench:
 
     def gunicorn_env(self) -> dict[str, str]:
         """Return gunicorn's environment: the caller's, pointed at the bench database."""
-        return {**self.environ, **self._shop_env(settings="tests.support.bench_settings")}
+        return {**self.environ, **self._shop_env(settings="bench.gunicorn_settings")}
 
     def start_server(self) -> Gunicorn:
         env = self.gunicorn_env()
@@ -216,7 +216,7 @@ class Bench:
                 "warmup_s": args.warmup,
                 "products": len(skus),
                 "database": self.bench_db.dbname,
-                "settings": "tests.support.bench_settings",
+                "settings": "bench.gunicorn_settings",
                 "db_pool": self.environ.get("DB_POOL", "true (default)"),
             },
             "reference": reference_data,
