@@ -203,6 +203,7 @@ class Bench:
             after = self.measure_reference("after")
         reference_data = report.reference_summary(before, after)
         report.add_ratios(scenarios, reference_data)
+        machine["loadavg_at_end"] = _loadavg()
         data = {
             "started_at": self.started.strftime("%Y-%m-%dT%H:%M:%SZ"),
             "finished_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -222,6 +223,7 @@ class Bench:
             "reference": reference_data,
             "scenarios": scenarios,
         }
+        data["targets"] = report.targets(data)
         stem = self.started.strftime("%Y%m%dT%H%M%SZ") + ("-quick" if args.quick else "")
         out_dir = Path(args.results_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -248,6 +250,8 @@ class Bench:
                     + (f" = {ratio:.3f} × pgbench TPS" if ratio is not None else "")
                     + f", p50 {run['latency_ms']['p50']} ms, p99 {run['latency_ms']['p99']} ms"
                 )
+        print("\nTargets (value in this run, target, verdict):", flush=True)
+        print(report.targets_table(data.get("targets", [])), flush=True)
 
     def close(self) -> None:
         """Stop gunicorn, close connections, drop the scratch databases and cache keys."""
