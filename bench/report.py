@@ -47,6 +47,29 @@ def _runs(scenarios: dict) -> list[tuple[str, dict]]:
     ]
 
 
+def _plot_rss(ax, rss: dict) -> None:
+    """RSS of the largest gunicorn worker and Celery process over the checkouts answered."""
+    samples = rss["samples"]
+    x = [s["checkouts"] for s in samples]
+    for series, label, color in (
+        ("gunicorn_worker_max_mb", "gunicorn worker (largest of 4)", "tab:blue"),
+        ("celery_max_mb", "Celery process (largest)", "tab:orange"),
+    ):
+        figures = rss.get(series.replace("_mb", "")) or {}
+        slope = figures.get("slope_mb_per_1000_checkouts")
+        ax.plot(
+            x,
+            [s[series] for s in samples],
+            label=f"{label}: peak {figures.get('peak_mb')} MB, slope {slope} MB / 1,000",
+            color=color,
+        )
+    ax.set_xlabel("checkouts answered")
+    ax.set_ylabel("RSS (MB)")
+    ax.set_title(f"RSS over {rss.get('checkouts', 0):,} checkouts")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+
+
 def plot(path: Path, data: dict) -> None:
     """Draw requests/s per run beside pgbench TPS, and p50/p99 latencies, into a PNG."""
     import matplotlib
@@ -63,7 +86,14 @@ def plot(path: Path, data: dict) -> None:
     ]
 
     width = max(8.0, 1.1 * (len(runs) + 1) + 2)
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(width, 9), constrained_layout=True)
+    samples = (data["scenarios"].get("rss") or {}).get("samples") or []
+    panels = 3 if samples else 2
+    fig, axes = plt.subplots(
+        panels, 1, figsize=(width, 4.5 * panels), constrained_layout=True, squeeze=False
+    )
+    top, bottom = axes[0][0], axes[1][0]
+    if samples:
+        _plot_rss(axes[2][0], data["scenarios"]["rss"])
 
     labels = [label for label, _ in runs]
     values = [run["rps"] for _, run in runs]
