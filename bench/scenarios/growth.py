@@ -39,7 +39,7 @@ NAME = "growth"
 DESCRIPTION = (
     "checkout orders/s and CPU per order: fresh, with 100k orders + 1M keys, while the purge runs"
 )
-ORDER = 60
+ORDER = 90
 
 ORDERS, KEYS, PURGEABLE = 100_000, 1_000_000, 900_000
 QUICK = (5_000, 50_000, 45_000)

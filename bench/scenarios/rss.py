@@ -35,7 +35,7 @@ from bench.server import Gunicorn
 
 NAME = "rss"
 DESCRIPTION = "peak RSS of a gunicorn worker and a Celery worker across 10,000 checkouts"
-ORDER = 70
+ORDER = 95
 
 CHECKOUTS, QUICK_CHECKOUTS, CHUNK = 10_000, 600, 2_500
 CONCURRENCY = 4
