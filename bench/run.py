@@ -158,6 +158,7 @@ class Bench:
             workers=self.args.workers,
             server=self.server,
             log=self.log,
+            rss_checkouts=self.args.rss_checkouts,
         )
         results: dict = {}
         ok = True
@@ -219,6 +220,7 @@ class Bench:
                 "database": self.bench_db.dbname,
                 "settings": "bench.gunicorn_settings",
                 "db_pool": self.environ.get("DB_POOL", "true (default)"),
+                "rss_checkouts": args.rss_checkouts,
             },
             "reference": reference_data,
             "scenarios": scenarios,
@@ -342,13 +344,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--no-reference", action="store_true", help="skip pgbench/redis-benchmark (no ratios)"
     )
+    parser.add_argument(
+        "--rss-checkouts",
+        type=int,
+        help="checkouts the rss scenario samples across (default 10000; quick 600)",
+    )
     parser.add_argument("--list", action="store_true", help="list the scenarios and exit")
     args = parser.parse_args(argv)
     if args.duration is None:
         args.duration = 2.0 if args.quick else 10.0
     if args.warmup is None:
         args.warmup = 0.5 if args.quick else 1.0
-    if args.duration <= 0 or args.workers < 1:
+    if args.rss_checkouts is None:
+        args.rss_checkouts = 600 if args.quick else 10_000
+    if args.duration <= 0 or args.workers < 1 or args.rss_checkouts < 1:
         parser.error("--duration and --workers must be positive")
     return args
 
