@@ -338,8 +338,8 @@ def targets_table(rows: list[dict]) -> str:
     verdict = {True: "**met**", False: "**not met**", None: "not measured"}
     lines = ["| target | issue | this run | target | |", "|---|---|---|---|---|"]
     for row in rows:
+        shown = "no target" if row["goal"].startswith("reported") else verdict[row["met"]]
         lines.append(
-            f"| {row['target']} | {row['issue']} | {row['value']} | {row['goal']} "
-            f"| {verdict[row['met']]} |"
+            f"| {row['target']} | {row['issue']} | {row['value']} | {row['goal']} | {shown} |"
         )
     return "\n".join(lines)
