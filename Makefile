@@ -43,7 +43,14 @@ format: $(STAMP)
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-bench: $(STAMP)
+## The bench's own dependencies (the peer, drf-idempotencykey) never go in requirements.txt.
+BENCH_STAMP := $(VENV)/.bench-installed-$(shell cat bench/requirements.txt | sha1sum | cut -c1-12)
+
+$(BENCH_STAMP): bench/requirements.txt $(STAMP)
+	$(BIN)/pip install --disable-pip-version-check -q -r bench/requirements.txt
+	@rm -f $(VENV)/.bench-installed-* && touch $@
+
+bench: $(STAMP) $(BENCH_STAMP)
 	$(BIN)/python -m bench.run $(BENCH_ARGS)
 
 clean:

@@ -32,6 +32,8 @@ class BenchContext:
     server: Gunicorn
     log: Callable[[str], None]
     default_levels: tuple[int, ...] = (1, 4, 16)
+    # `--rss-checkouts`: how many checkouts the rss scenario samples across.
+    rss_checkouts: int = 10_000
 
     def concurrency_levels(self, levels: Iterable[int] | None = None) -> tuple[int, ...]:
         """Return the concurrency levels to run: all of them, or the middle one when quick."""

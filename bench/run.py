@@ -136,7 +136,7 @@ class Bench:
 
     def gunicorn_env(self) -> dict[str, str]:
         """Return gunicorn's environment: the caller's, pointed at the bench database."""
-        return {**self.environ, **self._shop_env(settings="tests.support.bench_settings")}
+        return {**self.environ, **self._shop_env(settings="bench.gunicorn_settings")}
 
     def start_server(self) -> Gunicorn:
         env = self.gunicorn_env()
@@ -158,6 +158,7 @@ class Bench:
             workers=self.args.workers,
             server=self.server,
             log=self.log,
+            rss_checkouts=self.args.rss_checkouts,
         )
         results: dict = {}
         ok = True
@@ -203,6 +204,7 @@ class Bench:
             after = self.measure_reference("after")
         reference_data = report.reference_summary(before, after)
         report.add_ratios(scenarios, reference_data)
+        machine["loadavg_at_end"] = _loadavg()
         data = {
             "started_at": self.started.strftime("%Y-%m-%dT%H:%M:%SZ"),
             "finished_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -216,12 +218,14 @@ class Bench:
                 "warmup_s": args.warmup,
                 "products": len(skus),
                 "database": self.bench_db.dbname,
-                "settings": "tests.support.bench_settings",
+                "settings": "bench.gunicorn_settings",
                 "db_pool": self.environ.get("DB_POOL", "true (default)"),
+                "rss_checkouts": args.rss_checkouts,
             },
             "reference": reference_data,
             "scenarios": scenarios,
         }
+        data["targets"] = report.targets(data)
         stem = self.started.strftime("%Y%m%dT%H%M%SZ") + ("-quick" if args.quick else "")
         out_dir = Path(args.results_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -248,6 +252,8 @@ class Bench:
                     + (f" = {ratio:.3f} × pgbench TPS" if ratio is not None else "")
                     + f", p50 {run['latency_ms']['p50']} ms, p99 {run['latency_ms']['p99']} ms"
                 )
+        print("\nTargets (value in this run, target, verdict):", flush=True)
+        print(report.targets_table(data.get("targets", [])), flush=True)
 
     def close(self) -> None:
         """Stop gunicorn, close connections, drop the scratch databases and cache keys."""
@@ -338,13 +344,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--no-reference", action="store_true", help="skip pgbench/redis-benchmark (no ratios)"
     )
+    parser.add_argument(
+        "--rss-checkouts",
+        type=int,
+        help="checkouts the rss scenario samples across (default 10000; quick 600)",
+    )
     parser.add_argument("--list", action="store_true", help="list the scenarios and exit")
     args = parser.parse_args(argv)
     if args.duration is None:
         args.duration = 2.0 if args.quick else 10.0
     if args.warmup is None:
         args.warmup = 0.5 if args.quick else 1.0
-    if args.duration <= 0 or args.workers < 1:
+    if args.rss_checkouts is None:
+        args.rss_checkouts = 600 if args.quick else 10_000
+    if args.duration <= 0 or args.workers < 1 or args.rss_checkouts < 1:
         parser.error("--duration and --workers must be positive")
     return args
 

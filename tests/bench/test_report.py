@@ -60,3 +60,44 @@ def test_plot_writes_a_png(tmp_path):
 
     assert (tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"
     assert list(tmp_path.iterdir()) == [tmp_path / "r.png"]
+
+
+def _cpu_run(label: str, rps: float, requests: int, cpu_s: float, concurrency: int = 4) -> dict:
+    return {
+        **_run(label, rps),
+        "concurrency": concurrency,
+        "requests": requests,
+        "server_cpu_s": cpu_s,
+    }
+
+
+def test_targets_are_read_from_the_run_met_not_met_or_not_measured():
+    data = {
+        "reference": {"pgbench_tps": 1000.0},
+        "scenarios": {
+            "catalog_reads": {"runs": [_cpu_run("detail", 500.0, 1000, 1.5)]},
+            "checkout": {
+                "runs": [_cpu_run("order", 90.0, 100, 1.2), _cpu_run("order", 70.0, 100, 1.3, 16)],
+                "ratios": {
+                    "4": {"replay_vs_first": 8.0, "keyed_vs_unkeyed": 0.95},
+                    "16": {"replay_vs_first": 2.5, "keyed_vs_unkeyed": 0.91},
+                },
+            },
+            "growth": {
+                "ratios": {"full": {"orders_per_s_vs_fresh": 0.95, "cpu_per_order_vs_fresh": 1.02}}
+            },
+        },
+    }
+    rows = {row["target"]: row for row in report.targets(data)}
+    # 90/1000 at c=4 meets 0.08, 70/1000 at c=16 does not: every level must meet it.
+    assert rows["checkout orders/s ÷ pgbench TPS"]["met"] is False
+    assert rows["POST /orders/: replay ÷ first"]["met"] is False
+    assert rows["POST /orders/: keyed ÷ unkeyed"]["met"] is True
+    # 12 ms per order ÷ 1.5 ms per read = 8×, above 7×.
+    cpu = rows["gunicorn CPU per keyed checkout ÷ per product read"]
+    assert cpu["met"] is False and cpu["value"].startswith("8.0×")
+    assert rows["growth: full tables ÷ fresh (orders/s, CPU per order)"]["met"] is True
+    assert rows["growth: purging tables ÷ fresh (orders/s, CPU per order)"]["met"] is None
+    assert rows["relay publish events/s"]["met"] is None
+    table = report.targets_table(report.targets(data))
+    assert "**not met**" in table and "**met**" in table and "not measured" in table

@@ -1,0 +1,321 @@
+"""Growth: checkout with full tables (100k orders, 1M request keys) and while the purge runs.
+
+Its own simulator and gunicorn (as `checkout`). Three loads of keyed
+`POST /api/v1/orders/` at 4 in flight, each `duration` s:
+
+1. `fresh`: the bench database as the earlier scenarios left it;
+2. `full`: after a preload in SQL (`INSERT ... SELECT ... generate_series`,
+   each row a copy of one real confirmed order of this run with new ids and
+   unique values): ORDERS orders, each with its line, committed reservation,
+   captured payment, its payment transactions, order and payment events; and
+   KEYS finished request keys spread over the bench's shoppers, PURGEABLE of
+   them finished two days ago (past the 24 h retention), the rest in the last
+   hour. Then `ANALYZE` of the loaded tables (what autovacuum's analyze does
+   after a bulk load);
+3. `purging`: the same load while `keys_purge` (the beat task's function, its
+   batch of IDEMPOTENCY_PURGE_BATCH rows, `FOR UPDATE SKIP LOCKED`) runs in a
+   loop in another thread of the harness.
+
+Target: orders/s and gunicorn CPU per order of `full` and `purging` within
+10 % of `fresh`. Also stored: the EXPLAIN of the hot statements against the
+full tables (key read, purge's batch select, a shopper's order list).
+Not copied (documented): order events keep `line_id` NULL; settlements,
+outbox messages and deliveries are not preloaded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from bench.scenarios.checkout import _order_request, _simulator
+from bench.server import Gunicorn
+
+NAME = "growth"
+DESCRIPTION = (
+    "checkout orders/s and CPU per order: fresh, with 100k orders + 1M keys, while the purge runs"
+)
+ORDER = 90
+
+ORDERS, KEYS, PURGEABLE = 100_000, 1_000_000, 900_000
+QUICK = (5_000, 50_000, 45_000)
+CONCURRENCY = 4
+TARGET_FLAT = 0.10
+
+
+def _columns(cursor, table: str) -> list[str]:
+    cursor.execute(
+        "SELECT column_name FROM information_schema.columns"
+        " WHERE table_name = %s AND table_schema = 'public' AND is_identity = 'NO'"
+        " ORDER BY ordinal_position",
+        [table],
+    )
+    return [row[0] for row in cursor.fetchall()]
+
+
+def _clone(cursor, table: str, where: str, n: int, overrides: dict, params: list) -> int:
+    """Copy the rows of `table` matching `where` n times; `overrides` maps a column to an
+    SQL expression over `src` and `g` (the copy's number), or None to leave it to its default."""
+    columns = [c for c in _columns(cursor, table) if overrides.get(c, "") is not None]
+    select = [overrides.get(c) or f"src.{c}" for c in columns]
+    cursor.execute(
+        f"INSERT INTO {table} ({', '.join(columns)})"
+        f" SELECT {', '.join(select)} FROM {table} AS src"
+        f" CROSS JOIN generate_series(1, {int(n)}) AS g WHERE {where}",
+        params,
+    )
+    return cursor.rowcount
+
+
+def _preload(ctx, owners: list[int], orders: int, keys: int, purgeable: int) -> dict:
+    from django.db import connection, transaction
+
+    from orders.models import Order
+
+    template = Order.objects.filter(status="confirmed", payment__isnull=False).latest("number")
+    owner = f"(%s::int[])[1 + g %% {len(owners)}]"
+    oid, pid, rid = (
+        "md5('growth-order-' || g)::uuid",
+        "md5('growth-payment-' || g)::uuid",
+        "md5('growth-reservation-' || g)::uuid",
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT reservation_id FROM orders_orderline WHERE order_id = %s", [template.id]
+        )
+        [reservation_id] = [row[0] for row in cursor.fetchall()][:1]
+        cursor.execute(
+            "SELECT id FROM idempotency_idempotencykey WHERE data->>'order_id' = %s LIMIT 1",
+            [str(template.id)],
+        )
+        [key_id] = [row[0] for row in cursor.fetchall()][:1]
+    ago = "now() - interval '30 days' + g * interval '1 second'"
+    counts: dict = {}
+    steps = [
+        (
+            "payments_payment",
+            "src.id = %s",
+            orders,
+            {"id": pid, "reference": "src.reference || '-g' || g", "owner_id": owner},
+            [owners, template.payment_id],
+        ),
+        (
+            "inventory_reservation",
+            "src.id = %s",
+            orders,
+            {"id": rid, "created_at": ago, "resolved_at": ago},
+            [reservation_id],
+        ),
+        (
+            "orders_order",
+            "src.id = %s",
+            orders,
+            {
+                "id": oid,
+                "number": None,
+                "payment_id": pid,
+                "owner_id": owner,
+                "created_at": ago,
+                "updated_at": ago,
+            },
+            [owners, template.id],
+        ),
+        (
+            "orders_orderline",
+            "src.order_id = %s",
+            orders,
+            {"order_id": oid, "reservation_id": rid},
+            [template.id],
+        ),
+        (
+            "orders_orderevent",
+            "src.order_id = %s",
+            orders,
+            {"order_id": oid, "line_id": "NULL", "created_at": ago},
+            [template.id],
+        ),
+        (
+            "payments_paymentevent",
+            "src.payment_id = %s",
+            orders,
+            {"payment_id": pid},
+            [template.payment_id],
+        ),
+        (
+            "payments_paymenttransaction",
+            "src.payment_id = %s",
+            orders,
+            {"payment_id": pid, "provider_key": "src.provider_key || '-g' || g"},
+            [template.payment_id],
+        ),
+        (
+            "idempotency_idempotencykey",
+            "src.id = %s",
+            keys,
+            {
+                "key": "'growth-' || g",
+                "owner_id": owner,
+                # The first `purgeable` finished two days ago (past the retention), the rest lately.
+                "finished_at": f"CASE WHEN g <= {int(purgeable)}"
+                " THEN now() - interval '2 days' - g * interval '10 ms'"
+                " ELSE now() - g * interval '1 ms' END",
+                "created_at": "now() - interval '3 days'",
+                "last_run_at": "now() - interval '3 days'",
+            },
+            [owners, key_id],
+        ),
+    ]
+    for table, where, n, overrides, params in steps:
+        started = time.monotonic()
+        with transaction.atomic(), connection.cursor() as cursor:
+            counts[table] = _clone(cursor, table, where, n, overrides, params)
+        ctx.log(f"  preload {table}: {counts[table]:,} rows in {time.monotonic() - started:.1f} s")
+    started = time.monotonic()
+    with connection.cursor() as cursor:
+        for table, *_ in steps:
+            cursor.execute(f"ANALYZE {table}")
+    ctx.log(f"  ANALYZE of the loaded tables: {time.monotonic() - started:.1f} s")
+    return counts
+
+
+def _explain(owner_id: int) -> dict:
+    from django.db import connection
+
+    statements = {
+        "key read (owner, key)": (
+            "SELECT * FROM idempotency_idempotencykey WHERE owner_id = %s AND key = %s",
+            [owner_id, "growth-12345"],
+        ),
+        "purge batch": (
+            "SELECT id FROM idempotency_idempotencykey WHERE recovery_point = 'finished'"
+            " AND finished_at < now() - make_interval(secs => 86400) ORDER BY finished_at"
+            " LIMIT 1000 FOR UPDATE SKIP LOCKED",
+            [],
+        ),
+        "a shopper's orders, newest first": (
+            "SELECT * FROM orders_order WHERE owner_id = %s ORDER BY number DESC LIMIT 51",
+            [owner_id],
+        ),
+    }
+    plans = {}
+    with connection.cursor() as cursor:
+        for name, (sql, params) in statements.items():
+            cursor.execute("EXPLAIN " + sql, params)
+            plans[name] = [row[0] for row in cursor.fetchall()]
+    return plans
+
+
+class _Purger(threading.Thread):
+    """Run keys_purge batch after batch until stopped (its own connection)."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.stop = threading.Event()
+        self.deleted = 0
+        self.batches = 0
+        self.error: str | None = None
+
+    def run(self) -> None:
+        from django.db import connection
+
+        from idempotency.keys.purge import keys_purge
+
+        try:
+            while not self.stop.is_set():
+                deleted = keys_purge(max_batches=1)
+                self.deleted += deleted
+                self.batches += 1
+                if not deleted:
+                    self.stop.wait(0.5)
+        except Exception as exc:  # noqa: BLE001 - reported in the results
+            self.error = repr(exc)
+        finally:
+            connection.close()
+
+
+def _figures(run: dict) -> dict:
+    requests = run.get("requests") or 0
+    return {
+        "orders_per_s": run["rps"],
+        "cpu_ms_per_order": round(1000 * run["server_cpu_s"] / requests, 2) if requests else None,
+    }
+
+
+def run(ctx) -> dict:
+    from rest_framework.authtoken.models import Token
+
+    orders, keys, purgeable = QUICK if ctx.quick else (ORDERS, KEYS, PURGEABLE)
+    tokens = ctx.tokens(16)
+    owners = list(Token.objects.filter(key__in=tokens).values_list("user_id", flat=True))
+    headers = [ctx.auth_headers(token) for token in tokens]
+    skus = list(ctx.skus)
+    with contextlib.ExitStack() as stack:
+        workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-growth-")))
+        provider_url = stack.enter_context(_simulator(workdir))
+        server = Gunicorn(
+            workers=ctx.workers,
+            env={**ctx.server.env, "PAYMENTS_PROVIDER_URL": provider_url},
+            log_path=workdir / "gunicorn.log",
+        )
+        stack.callback(server.stop)
+        server.start()
+        shop = dataclasses.replace(ctx, base_url=server.base_url, server=server)
+
+        def order(worker: int, seq: int):
+            return _order_request(
+                headers[worker % len(headers)], skus[(worker * 7919 + seq) % len(skus)]
+            )
+
+        def load(label: str) -> dict:
+            return shop.load(label=label, concurrency=CONCURRENCY, factory=order, expected=(201,))
+
+        # Warm every worker (imports, pooled connections, the install id) before measuring.
+        shop.load(
+            label="warm",
+            concurrency=CONCURRENCY,
+            factory=order,
+            max_requests=8 * ctx.workers,
+            warmup=0,
+            expected=(201,),
+        )
+        fresh = load("fresh")
+        counts = _preload(ctx, owners, orders, keys, purgeable)
+        full = load("full")
+        purger = _Purger()
+        purger.start()
+        try:
+            purging = load("purging")
+        finally:
+            purger.stop.set()
+            purger.join(60)
+        plans = _explain(owners[0])
+    figures = {name: _figures(r) for name, r in (("fresh", fresh), ("full", full))}
+    figures["purging"] = _figures(purging)
+    ratios = {}
+    for name in ("full", "purging"):
+        rps = figures[name]["orders_per_s"] / fresh["rps"] if fresh["rps"] else None
+        cpu_fresh = figures["fresh"]["cpu_ms_per_order"]
+        cpu = figures[name]["cpu_ms_per_order"] / cpu_fresh if cpu_fresh else None
+        ratios[name] = {
+            "orders_per_s_vs_fresh": round(rps, 3) if rps is not None else None,
+            "cpu_per_order_vs_fresh": round(cpu, 3) if cpu is not None else None,
+        }
+    ctx.log(f"  growth: {figures}; vs fresh {ratios}; purge deleted {purger.deleted:,} keys")
+    return {
+        "runs": [fresh, full, purging],
+        "preloaded_rows": counts,
+        "purgeable_keys": purgeable,
+        "figures": figures,
+        "ratios": ratios,
+        "purge": {
+            "deleted_during_load": purger.deleted,
+            "batches": purger.batches,
+            "error": purger.error,
+        },
+        "explain": plans,
+        "targets": {"flat_within": TARGET_FLAT},
+    }
