@@ -3,6 +3,8 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt | sha1sum | cut -c1-12)
+## The bench's own dependencies (the peer, drf-idempotencykey) never go in requirements.txt.
+BENCH_STAMP := $(VENV)/.bench-installed-$(shell cat bench/requirements.txt | sha1sum | cut -c1-12)
 
 .PHONY: venv test lint format run bench mutants chaos clean
 
@@ -13,8 +15,9 @@ $(STAMP): requirements.txt requirements-dev.txt
 	$(BIN)/pip install --disable-pip-version-check -q -r requirements-dev.txt
 	@rm -f $(VENV)/.installed-* && touch $@
 
-## Run the whole test suite (against DATABASE_URL / REDIS_URL when set).
-test: $(STAMP)
+## Run the whole test suite (against DATABASE_URL / REDIS_URL when set); the
+## bench's own dependencies too, for its tests (tests/bench).
+test: $(STAMP) $(BENCH_STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 ## Run the shop: embedded PostgreSQL and Redis unless DATABASE_URL / REDIS_URL
@@ -43,8 +46,6 @@ format: $(STAMP)
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-## The bench's own dependencies (the peer, drf-idempotencykey) never go in requirements.txt.
-BENCH_STAMP := $(VENV)/.bench-installed-$(shell cat bench/requirements.txt | sha1sum | cut -c1-12)
 
 $(BENCH_STAMP): bench/requirements.txt $(STAMP)
 	$(BIN)/pip install --disable-pip-version-check -q -r bench/requirements.txt

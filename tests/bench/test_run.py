@@ -165,5 +165,5 @@ def test_gunicorn_gets_the_callers_environment_not_the_harness_settings(monkeypa
     env = bench.gunicorn_env()
 
     assert "DB_POOL" not in env  # the shop's default: pooled connections
-    assert env["DJANGO_SETTINGS_MODULE"] == "tests.support.bench_settings"
+    assert env["DJANGO_SETTINGS_MODULE"] == "bench.gunicorn_settings"
     assert env["DATABASE_URL"].endswith("/shop_x_bench")
