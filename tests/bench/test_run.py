@@ -82,7 +82,7 @@ def test_quick_run_writes_results_and_leaves_nothing_behind(tmp_path):
 
     proc = subprocess.run(
         [sys.executable, "-m", "bench.run", "--quick", "--duration", "1"]
-        + ["--results-dir", str(tmp_path)],
+        + ["--scenario", "catalog_reads", "--results-dir", str(tmp_path)],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -114,7 +114,7 @@ def test_ctrl_c_stops_gunicorn_and_drops_the_databases(tmp_path):
     env, base = _bench_env()
     proc = subprocess.Popen(
         [sys.executable, "-m", "bench.run", "--quick", "--no-reference", "--duration", "60"]
-        + ["--results-dir", str(tmp_path)],
+        + ["--scenario", "catalog_reads", "--results-dir", str(tmp_path)],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,
