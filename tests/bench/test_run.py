@@ -120,6 +120,8 @@ def test_ctrl_c_stops_gunicorn_and_drops_the_databases(tmp_path):
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        # Ctrl-C must reach it even from a background run that ignores SIGINT.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         port = None

@@ -63,7 +63,14 @@ def _session(tmp, env, **kwargs):
     (inner / "test_inner.py").write_text(textwrap.dedent(INNER))
     argv = [sys.executable, "-m", "pytest", str(inner), "-p", "no:cacheprovider"]
     argv += ["--rootdir", str(ROOT), "-c", str(ROOT / "pyproject.toml")]
-    return subprocess.Popen(argv, cwd=ROOT, env=env, **kwargs)
+    # SIGINT at its default even when this run was started in the background
+    # by a shell without job control (which ignores it, and Python then
+    # installs no KeyboardInterrupt handler): the tests send the inner one Ctrl-C.
+    return subprocess.Popen(argv, cwd=ROOT, env=env, preexec_fn=_default_sigint, **kwargs)
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def test_session_starts_the_servers_once_and_stops_them(short_tmp, marker):
