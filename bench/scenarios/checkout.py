@@ -74,6 +74,23 @@ ADDRESS = {
 }
 
 
+def _shop_with_provider(stack: contextlib.ExitStack, ctx, *, prefix: str):
+    """Start a work folder, a simulator and a gunicorn using it on `stack`; return them.
+
+    Returns (workdir, provider_url, server); everything stops when the stack closes.
+    """
+    workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=prefix)))
+    provider_url = stack.enter_context(_simulator(workdir))
+    server = Gunicorn(
+        workers=ctx.workers,
+        env={**ctx.server.env, "PAYMENTS_PROVIDER_URL": provider_url},
+        log_path=workdir / "gunicorn.log",
+    )
+    stack.callback(server.stop)
+    server.start()
+    return workdir, provider_url, server
+
+
 @contextlib.contextmanager
 def _simulator(workdir: Path):
     """Run the simulated provider on a free port; yield its base URL."""
@@ -215,16 +232,8 @@ def run(ctx) -> dict:
     token_headers = [ctx.auth_headers(token) for token in tokens]
     skus = list(ctx.skus)
     with contextlib.ExitStack() as stack:
-        workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-checkout-")))
-        provider_url = stack.enter_context(_simulator(workdir))
-        server = Gunicorn(
-            workers=ctx.workers,
-            # The bench's settings mount the unkeyed baseline (the same checkout, no key).
-            env={**ctx.server.env, "PAYMENTS_PROVIDER_URL": provider_url},
-            log_path=workdir / "gunicorn.log",
-        )
-        stack.callback(server.stop)
-        server.start()
+        # The bench's settings mount the unkeyed baseline (the same checkout, no key).
+        workdir, provider_url, server = _shop_with_provider(stack, ctx, prefix="bench-checkout-")
         shop = dataclasses.replace(ctx, base_url=server.base_url, server=server)
         ctx.log(f"  provider {provider_url}; checkout gunicorn on {server.base_url}")
 

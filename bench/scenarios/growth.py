@@ -27,13 +27,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import tempfile
 import threading
 import time
-from pathlib import Path
 
-from bench.scenarios.checkout import _order_request, _simulator
-from bench.server import Gunicorn
+from bench.scenarios.checkout import _order_request, _shop_with_provider
 
 NAME = "growth"
 DESCRIPTION = (
@@ -254,15 +251,7 @@ def run(ctx) -> dict:
     headers = [ctx.auth_headers(token) for token in tokens]
     skus = list(ctx.skus)
     with contextlib.ExitStack() as stack:
-        workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-growth-")))
-        provider_url = stack.enter_context(_simulator(workdir))
-        server = Gunicorn(
-            workers=ctx.workers,
-            env={**ctx.server.env, "PAYMENTS_PROVIDER_URL": provider_url},
-            log_path=workdir / "gunicorn.log",
-        )
-        stack.callback(server.stop)
-        server.start()
+        _, _, server = _shop_with_provider(stack, ctx, prefix="bench-growth-")
         shop = dataclasses.replace(ctx, base_url=server.base_url, server=server)
 
         def order(worker: int, seq: int):

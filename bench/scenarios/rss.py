@@ -21,17 +21,14 @@ import contextlib
 import dataclasses
 import os
 import sys
-import tempfile
 import threading
 import time
 import uuid
-from pathlib import Path
 
 import psutil
 
-from bench.scenarios.checkout import _order_request, _simulator
+from bench.scenarios.checkout import _order_request, _shop_with_provider
 from bench.scenarios.relay import _spawn, _stop
-from bench.server import Gunicorn
 
 NAME = "rss"
 DESCRIPTION = "peak RSS of a gunicorn worker and a Celery worker across 10,000 checkouts"
@@ -79,15 +76,7 @@ def run(ctx) -> dict:
     done = [0]
     samples: list[dict] = []
     with contextlib.ExitStack() as stack:
-        workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-rss-")))
-        provider_url = stack.enter_context(_simulator(workdir))
-        server = Gunicorn(
-            workers=ctx.workers,
-            env={**ctx.server.env, "PAYMENTS_PROVIDER_URL": provider_url},
-            log_path=workdir / "gunicorn.log",
-        )
-        stack.callback(server.stop)
-        server.start()
+        workdir, _, server = _shop_with_provider(stack, ctx, prefix="bench-rss-")
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "DB_POOL": "true"}
         worker = _spawn(
             [sys.executable, "-m", "celery", "-A", "config", "worker", "--concurrency", "2"]
