@@ -292,6 +292,9 @@ OUTBOX_RELAY_LEASE = env.float("OUTBOX_RELAY_LEASE", default=CELERY_VISIBILITY_T
 OUTBOX_RELAY_BATCH = env.int("OUTBOX_RELAY_BATCH", default=500)
 OUTBOX_RELAY_POLL = env.float("OUTBOX_RELAY_POLL", default=0.1)
 OUTBOX_RELAY_EVERY = env.float("OUTBOX_RELAY_EVERY", default=10.0)
+# Deliveries one consumer task claims and applies in one transaction (docs/events.md,
+# "Batched consumers"): one broker message rings for this many.
+OUTBOX_CONSUMER_BATCH = env.int("OUTBOX_CONSUMER_BATCH", default=200)
 # A published delivery not done after this long is published again (docs/celery.md):
 # the longest a live copy can still be on its way (visibility timeout + restore
 # sweep + one run of the task; on RabbitMQ two missed heartbeats + one run, less).
