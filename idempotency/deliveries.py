@@ -61,6 +61,7 @@ from django.db import connection, transaction
 from core import due
 from core.instruments import OUTBOX_LAG
 
+from .failpoints import failpoint
 from .models import Delivery, OutboxMessage
 
 logger = logging.getLogger(__name__)
@@ -294,6 +295,7 @@ def _claim(consumer: str, message_ids: list[str]) -> tuple[_Claim, dict[int, str
             # row is a suspect on the next run, and runs alone).
             cursor.execute(_COUNT_FRESH, [Delivery.due_policy().backoff(1), maybe_fresh])
             claim.fresh = sorted(row[0] for row in cursor.fetchall())
+        failpoint("delivery.claimed")  # the batch's rows still locked by this claim
     claimed = {ids[pk] for pk in ids}
     for message_id in message_ids:
         if message_id not in claimed:
@@ -305,21 +307,22 @@ def _claim(consumer: str, message_ids: list[str]) -> tuple[_Claim, dict[int, str
 def _read_locked(pks: list[int]) -> list[tuple[int, Message]]:
     with connection.cursor() as cursor:
         cursor.execute(_LOCK_AND_READ, [pks])
-        return [
-            (
-                pk,
-                Message(
-                    message_id=message_id,
-                    event_type=event_type,
-                    payload=_json(payload),
-                    aggregate_type=aggregate_type,
-                    aggregate_id=aggregate_id,
-                    created_at=created_at,
-                    copy=done,
-                ),
-            )
-            for pk, message_id, done, event_type, payload, aggregate_type, aggregate_id, created_at in cursor.fetchall()
-        ]
+        rows = cursor.fetchall()
+    return [
+        (
+            pk,
+            Message(
+                message_id=message_id,
+                event_type=event_type,
+                payload=_json(payload),
+                aggregate_type=agg_type,
+                aggregate_id=agg_id,
+                created_at=created_at,
+                copy=done,
+            ),
+        )
+        for pk, message_id, done, event_type, payload, agg_type, agg_id, created_at in rows
+    ]
 
 
 def deliveries_consume(
