@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import uuid
+from datetime import timedelta
 
 import pytest
 from django.db import connection, transaction
@@ -293,3 +294,59 @@ def test_the_unlocked_claim_twin_gives_both_consumers_every_row(make_user, rings
     first, second = _two_consumers_at_once(consume_history, ids)
     assert _applied(first) == _applied(second) == set(ids)  # every row taken by both
     assert [history_quantity(s) for s in shoppers] == [2] * 3  # the inbox, not the claim
+
+
+# -- shop_outbox_lag_seconds ----------------------------------------------------------------
+
+
+def _lag(consumer: str) -> tuple[float, float]:
+    from config import metrics as endpoint
+
+    registry = endpoint.registry()
+    labels = {"consumer": consumer}
+    count = registry.get_sample_value("shop_outbox_lag_seconds_count", labels) or 0.0
+    total = registry.get_sample_value("shop_outbox_lag_seconds_sum", labels) or 0.0
+    return count, total
+
+
+def test_the_lag_is_observed_once_per_applied_delivery_per_consumer(shopper, rings, client):
+    ids = [write(events.ORDER_CONFIRMED, order_payload(shopper, number=i)) for i in range(3)]
+    # Written 1 minute ago by the database clock: the lag is created -> done, not run time.
+    from idempotency.models import OutboxMessage
+
+    OutboxMessage.objects.filter(pk__in=ids).update(created_at=Now() - timedelta(minutes=1))
+    relay.relay_once()
+    before = {c: _lag(c) for c in ("loyalty", "purchase_history")}
+    run(rings)
+    run(rings)  # copies: nothing new is applied, nothing observed
+    for consumer in ("loyalty", "purchase_history"):
+        count, total = _lag(consumer)
+        assert count - before[consumer][0] == 3
+        assert 3 * 60 <= total - before[consumer][1] < 3 * 600
+    # The one-delivery path observes too.
+    one = write(events.ORDER_CONFIRMED, order_payload(shopper, number=9))
+    rings.clear()
+    relay.relay_once()
+    count = _lag("purchase_history")[0]
+    assert consume_history(one) == "applied:applied"
+    assert _lag("purchase_history")[0] == count + 1
+    text = client.get("/metrics").content.decode()
+    assert "# TYPE shop_outbox_lag_seconds histogram" in text
+    assert 'shop_outbox_lag_seconds_bucket{consumer="purchase_history",le="2.0"}' in text
+
+
+def test_a_rolled_back_batch_observes_no_lag(shopper, rings, monkeypatch):
+    write(events.ORDER_CONFIRMED, order_payload(shopper))
+    relay.relay_once()
+
+    def broken(messages):
+        raise RuntimeError("down")
+
+    def broken_one(**kwargs):
+        raise RuntimeError("down")
+
+    monkeypatch.setattr(history, "history_apply_many", broken)
+    monkeypatch.setattr(history, "history_apply", broken_one)
+    before = _lag("purchase_history")[0]
+    assert run([r for r in rings if r[0] == "shop.consume_history"]) == ["failed:1"]
+    assert _lag("purchase_history")[0] == before
