@@ -199,8 +199,11 @@ def _check_id(event_id: object) -> None:
         raise events.PoisonMessage(f"event id must be a non-empty string: {event_id!r}")
 
 
-def _apply_fact(fact: events.OrderFact, event_id: str, attempt_once) -> LoyaltyResult:
-    _ensure_account(fact.owner_id)
+def _apply_fact(
+    fact: events.OrderFact, event_id: str, attempt_once, *, ensure: bool = True
+) -> LoyaltyResult:
+    if ensure:
+        _ensure_account(fact.owner_id)
     for attempt in range(MAX_TRIES):
         result = attempt_once(fact, event_id)
         if result is not None:
@@ -248,8 +251,20 @@ def loyalty_apply_many(messages: Sequence[Message]) -> list[LoyaltyResult]:
         facts.append(events.parse(event_type=message.event_type, payload=message.payload))
     results: list[LoyaltyResult] = [LoyaltyResult(Outcome.IGNORED)] * len(messages)
     todo = [(fact.owner_id, index, fact) for index, fact in enumerate(facts) if fact is not None]
+    owners = sorted({owner for owner, _, _ in todo})
+    for owner in owners:
+        _ensure_account(owner)
+    if owners:
+        # Lock the batch's accounts at once, in owner order: a concurrent batch waits here
+        # (no deadlock) instead of losing versioned UPDATEs and retrying each of them.
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT user_id FROM shop_loyaltyaccount WHERE user_id = ANY(%s)"
+                " ORDER BY user_id FOR UPDATE",
+                [owners],
+            )
     for _, index, fact in sorted(todo, key=lambda item: (item[0], item[1])):
-        results[index] = _apply_fact(fact, messages[index].message_id, _try_here)
+        results[index] = _apply_fact(fact, messages[index].message_id, _try_here, ensure=False)
     return results
 
 
