@@ -45,6 +45,7 @@ def _production_layout() -> dict:
         "DJANGO_SETTINGS_MODULE": "config.settings.production",
         "SECRET_KEY": "production-layout-test",
         "PAYMENTS_WEBHOOK_SECRET": "production-layout-test",
+        "ALLOWED_HOSTS": "shop.example.com",
     }
     out = subprocess.run(
         [sys.executable, "-c", _INSPECT], cwd=ROOT, env=env, capture_output=True, text=True
