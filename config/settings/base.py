@@ -6,6 +6,7 @@ command, `manage.py` and the test suite start embedded servers and set them
 before Django loads (see docs/running.md); settings never start anything.
 """
 
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,8 @@ import environ
 from celery.schedules import crontab
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
+# The shop's one version, from pyproject.toml's [project] (the OpenAPI document shows it).
+SHOP_VERSION: str = tomllib.loads((BASE_DIR / "pyproject.toml").read_text())["project"]["version"]
 
 env = environ.Env()
 # A `.env` file in the checkout (or SHOP_ENV_FILE) fills in what the
@@ -243,7 +246,7 @@ REST_FRAMEWORK = {
 SPECTACULAR_SETTINGS: dict[str, Any] = {
     "TITLE": "Shop API",
     "DESCRIPTION": "Exactly-once effects on at-least-once infrastructure.",
-    "VERSION": "1.0.0",
+    "VERSION": SHOP_VERSION,
     "SERVE_INCLUDE_SCHEMA": False,
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
