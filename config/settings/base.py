@@ -221,7 +221,7 @@ REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         # Token first so that an unauthenticated API call answers 401 with a
         # WWW-Authenticate header rather than 403.
-        "rest_framework.authentication.TokenAuthentication",
+        "core.authentication.ExpiringTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
@@ -242,6 +242,10 @@ REST_FRAMEWORK = {
     "NUM_PROXIES": env.int("SHOP_NUM_PROXIES", default=0),
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
 }
+
+# An API token authenticates for this long after it was issued (database clock),
+# then answers 401 and the client asks POST /api/v1/auth/token/ again.
+API_TOKEN_LIFETIME = env.int("API_TOKEN_LIFETIME", default=30 * 24 * 3600)
 
 SPECTACULAR_SETTINGS: dict[str, Any] = {
     "TITLE": "Shop API",
