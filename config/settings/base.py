@@ -474,3 +474,15 @@ SPECTACULAR_SETTINGS["APPEND_PATHS"]["/metrics"] = {
         },
     }
 }
+
+# --- Error reporting (optional): Sentry's Django and Celery integrations when
+# SENTRY_DSN is set, personal data off (docs/operations.md, "Error reporting").
+SENTRY_DSN = env.str("SENTRY_DSN", default="")
+if SENTRY_DSN:
+    from config.error_reporting import error_reporting_init
+
+    error_reporting_init(
+        dsn=SENTRY_DSN,
+        environment=env.str("SENTRY_ENVIRONMENT", default="production"),
+        release=SHOP_VERSION,
+    )
