@@ -196,3 +196,18 @@ def test_each_process_starts_under_production_settings(where, command, tmp_path)
     with _started(argv, _production_env(port), log) as proc:
         _wait_for(proc, log, _answers(port) if kind == "gunicorn" else STARTED[kind])
         assert "Traceback" not in log.read_text(errors="replace")
+        if kind == "worker":
+            # The worker health check of docs/deployment.md answers for this node.
+            node = argv[argv.index("--hostname") + 1] if "--hostname" in argv else "celery@%h"
+            node = node.replace("%h", socket.gethostname())
+            assert worker_health(node, _production_env(port)).returncode == 0
+            assert worker_health("nobody@nowhere", _production_env(port)).returncode != 0
+
+
+def worker_health(node: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """docs/deployment.md's worker health check: `celery inspect ping` for one node."""
+    return subprocess.run(
+        [sys.executable, "-m", "celery", "--app", "config.celery:app", "inspect", "ping",
+         "--destination", node, "--timeout", "5"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
