@@ -16,6 +16,8 @@ from django.contrib import messages
 from django.template.response import TemplateResponse
 from django.urls import reverse
 
+from core.admin import require_permission
+
 from .operations import (
     Reply,
     Result,
@@ -78,6 +80,10 @@ def keyed_action(
     conditional transition (True if it changed), so two different
     confirmations still change each row once. `done_message(changed, skipped)`.
     """
+    # The changelist offers the action only with its permission
+    # (`permissions=["change_state"]`); checked here again so that no other
+    # way in (a view calling this) can skip it.
+    require_permission(modeladmin.has_change_state_permission(request))
     if request.POST.get("confirm") != "yes":
         rows = list(queryset)
         return TemplateResponse(
