@@ -28,6 +28,12 @@ from .operations import (
 )
 from .views import FORM_FIELD, idempotent_form
 
+# The admin's "Needs attention" page (config/needs_attention.py): each of its
+# actions is a keyed one-phase form under this operation name. Registered here
+# (IdempotencyConfig.ready) because the page's layer has no app of its own;
+# the completer only forgets an abandoned one-phase key, it presents nothing.
+ADMIN_NEEDS_ATTENTION = "admin.needs_attention"
+
 
 def action_key(operation: str, rows) -> str:
     """The request key of a confirmation form: the action and its rows as they are when shown.
