@@ -15,8 +15,12 @@ from django.test import Client
 from django.urls import reverse
 
 from payments.models import PaymentSettlement, Refund
-from tests.config.attention_support import captured_payment, flagged_refund, flagged_settlement
-from tests.config.attention_support import grant
+from tests.config.attention_support import (
+    captured_payment,
+    flagged_refund,
+    flagged_settlement,
+    grant,
+)
 
 pytestmark = pytest.mark.django_db
 
