@@ -225,7 +225,7 @@ class Row:
 def age_text(age: datetime.timedelta) -> str:
     """ "2 d 3 h", "3 h 12 min", "4 min 5 s", "12 s": the two largest units."""
     seconds = max(0, int(age.total_seconds()))
-    parts = []
+    parts: list[str] = []
     for unit, size in (("d", 86400), ("h", 3600), ("min", 60), ("s", 1)):
         if seconds >= size or (unit == "s" and not parts):
             parts.append(f"{seconds // size} {unit}")
