@@ -76,6 +76,8 @@ def _settlement_retry(pk: str, by) -> bool:
     waiting = PaymentSettlement.objects.filter(
         pk=pk, needs_attention=True, done_at__isnull=True
     ).exists()
+    if not PaymentSettlement.objects.filter(pk=pk).exists():
+        return False  # no such row (a forged form): nothing to retry
     settlement = payments_services.settlement_retry_now(settlement_id=int(pk), by=by)
     return waiting and not settlement.needs_attention
 
@@ -220,6 +222,8 @@ class Row:
     return_page: str | None
     age: str
     actions: list[dict]
+    # Some action ends this item, but not one this user may take.
+    forbidden: bool = False
 
 
 def age_text(age: datetime.timedelta) -> str:
@@ -279,6 +283,7 @@ def needs_attention_rows(user) -> dict[str, list[Row]]:
                     for action in actions_of(item)
                     if user.has_perm(action.permission)
                 ],
+                forbidden=any(not user.has_perm(a.permission) for a in actions_of(item)),
             )
         )
     return rows

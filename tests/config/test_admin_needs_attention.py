@@ -261,6 +261,23 @@ def test_bad_input_is_400_and_changes_nothing(superuser, items, body):
     assert CompensationStep.objects.get(id=items["step"].id).status == "failed"
 
 
+@pytest.mark.parametrize(
+    ("kind", "action", "pk"),
+    [
+        ("settlement", "retry", "999999"),
+        ("refund", "outside", "00000000-0000-0000-0000-000000000000"),
+        ("step", "retry", "999999"),
+        ("dead_letter", "requeue", "999999"),
+    ],
+)
+def test_an_action_on_a_row_that_does_not_exist_changes_nothing(superuser, kind, action, pk):
+    client = login(superuser)
+    body = {"kind": kind, "pk": pk, "action": action, "idempotency_key": f"k-{kind}"}
+    answer = client.post(PAGE, body)
+    assert answer.status_code == 303
+    assert "nothing changed" in client.get(answer["Location"]).content.decode()
+
+
 def test_the_page_needs_staff(client, shopper, items):
     client.force_login(shopper)
     assert client.get(PAGE).status_code == 302  # to the admin's log-in
@@ -281,3 +298,18 @@ def test_counts_cover_every_kind(items):
         "step": 1,
         "dead_letter": 1,
     }
+
+
+def test_a_flagged_refund_no_action_here_applies_to_is_listed_with_its_page(superuser, items):
+    # A refund staff recorded outside the shop that the provider then reported too
+    # (flagged with its reason, status succeeded): listed, decided on its own page.
+    Refund.objects.filter(id=items["refund"].id).update(
+        status="succeeded",
+        needs_attention=True,
+        last_error="the provider reports a refund that was recorded as outside the shop",
+    )
+    page = login(superuser).get(PAGE)
+    html = page.content.decode()
+    assert "recorded as outside the shop" in html
+    assert not [f for f in forms(page) if f["kind"] == "refund"]
+    assert f'Decide on <a href="/admin/payments/refund/{items["refund"].id}/change/">' in html
