@@ -16,6 +16,8 @@ from django.contrib import messages
 from django.template.response import TemplateResponse
 from django.urls import reverse
 
+from core.admin import require_permission
+
 from .operations import (
     Reply,
     Result,
@@ -25,6 +27,12 @@ from .operations import (
     single_phase_resume,
 )
 from .views import FORM_FIELD, idempotent_form
+
+# The admin's "Needs attention" page (config/needs_attention.py): each of its
+# actions is a keyed one-phase form under this operation name. Registered here
+# (IdempotencyConfig.ready) because the page's layer has no app of its own;
+# the completer only forgets an abandoned one-phase key, it presents nothing.
+ADMIN_NEEDS_ATTENTION = "admin.needs_attention"
 
 
 def action_key(operation: str, rows) -> str:
@@ -78,6 +86,10 @@ def keyed_action(
     conditional transition (True if it changed), so two different
     confirmations still change each row once. `done_message(changed, skipped)`.
     """
+    # The changelist offers the action only with its permission
+    # (`permissions=["change_state"]`); checked here again so that no other
+    # way in (a view calling this) can skip it.
+    require_permission(modeladmin.has_change_state_permission(request))
     if request.POST.get("confirm") != "yes":
         rows = list(queryset)
         return TemplateResponse(

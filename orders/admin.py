@@ -19,7 +19,7 @@ from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
 
-from core.admin import ReadOnlyAdmin, ReadOnlyInline
+from core.admin import ReadOnlyAdmin, ReadOnlyInline, require_permission
 from core.money import format_money, shop_currency
 from idempotency.operations import Reply, Result
 from idempotency.views import FORM_FIELD, idempotent_form
@@ -260,7 +260,11 @@ class OrderAdmin(ReadOnlyAdmin):
             body,
         )
 
-    @admin.action(description="Refund (amount and reason)")
+    def has_refund_permission(self, request, obj=None) -> bool:
+        """Refunds move money: the custom `orders.refund_order` permission, not "change order"."""
+        return request.user.has_perm("orders.refund_order")
+
+    @admin.action(description="Refund (amount and reason)", permissions=["refund"])
     def refund(self, request, queryset):
         orders = list(queryset.values_list("id", flat=True)[:2])
         if len(orders) != 1:
@@ -279,6 +283,7 @@ class OrderAdmin(ReadOnlyAdmin):
         """The refund form: GET renders it with a fresh key; POST is keyed (one refund per key)."""
         if not request.user.is_staff:
             return HttpResponseRedirect(reverse("admin:login"))
+        require_permission(self.has_refund_permission(request))
         order = get_object_or_404(Order.objects.select_related("payment"), pk=object_id)
         form = RefundForm(request.POST or None) if request.method == "POST" else RefundForm()
         if request.method == "POST":

@@ -19,7 +19,7 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 
-from core.admin import DueWorkAdmin, ReadOnlyAdmin, ReadOnlyInline
+from core.admin import DueWorkAdmin, ReadOnlyAdmin, ReadOnlyInline, require_permission
 from idempotency.keys import KeyRun
 from idempotency.operations import Presenter, Reply, Result, close_run, refusals_presented
 from idempotency.views import idempotent_form
@@ -178,11 +178,11 @@ class ReturnRequestAdmin(ReadOnlyAdmin):
             return None
         return HttpResponseRedirect(reverse(url_name, args=[ids[0]]))
 
-    @admin.action(description="Mark received")
+    @admin.action(description="Mark received", permissions=["change_state"])
     def mark_received(self, request, queryset):
         return self._one(request, queryset, "admin:orders_returnrequest_receive")
 
-    @admin.action(description="Retry failed steps")
+    @admin.action(description="Retry failed steps", permissions=["change_state"])
     def retry_failed_steps(self, request, queryset):
         return self._one(request, queryset, "admin:orders_returnrequest_retry")
 
@@ -198,6 +198,7 @@ class ReturnRequestAdmin(ReadOnlyAdmin):
 
     def action_view(self, request, object_id, *, action: str):
         """GET: the form with a fresh request key; POST: keyed (idempotent_form)."""
+        require_permission(self.has_change_state_permission(request))
         order_return = get_object_or_404(ReturnRequest, pk=object_id)
         if request.method == "POST":
             submit = _receive_submit if action == "receive" else _retry_submit
@@ -265,7 +266,7 @@ def extend_order_admin(order_admin: type[admin.ModelAdmin]) -> None:
     """Add returns, cancellation steps and the "Cancel order" action to the orders' admin."""
     order_admin.inlines = [*order_admin.inlines, ReturnInline, CancellationStepInline]
 
-    @admin.action(description="Cancel order")
+    @admin.action(description="Cancel order", permissions=["change_state"])
     def cancel_order(modeladmin, request, queryset):
         ids = list(queryset.values_list("id", flat=True)[:2])
         if len(ids) != 1:
@@ -277,6 +278,7 @@ def extend_order_admin(order_admin: type[admin.ModelAdmin]) -> None:
     base_urls = order_admin.get_urls
 
     def cancel_view(self, request, object_id):
+        require_permission(self.has_change_state_permission(request))  # orders.change_order
         order = get_object_or_404(Order, pk=object_id)
         if request.method == "POST":
             answer = _cancel_submit(request, order)

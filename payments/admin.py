@@ -98,7 +98,7 @@ class RefundAdmin(DueWorkAdmin):
             ),
         )
 
-    @admin.action(description="Refunded outside the shop")
+    @admin.action(description="Refunded outside the shop", permissions=["change_state"])
     def refunded_outside_shop(self, request, queryset):
         return self._decide(
             request,
@@ -111,7 +111,9 @@ class RefundAdmin(DueWorkAdmin):
             decide=services.refund_record_outside,
         )
 
-    @admin.action(description="Record as failed (release the reserved amount)")
+    @admin.action(
+        description="Record as failed (release the reserved amount)", permissions=["change_state"]
+    )
     def record_failed(self, request, queryset):
         return self._decide(
             request,
