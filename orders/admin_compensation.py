@@ -187,7 +187,6 @@ class ReturnRequestAdmin(ReadOnlyAdmin):
     list_filter = ["status", "created_at"]
     list_select_related = ["order"]
     search_fields = ["=order__number", "order__owner__email"]
-    search_help_text = "Order number (exact) or the shopper's e-mail."
     ordering = ["-created_at"]
     fields = [
         "id",
@@ -303,7 +302,6 @@ class CompensationStepAdmin(DueWorkAdmin):
     list_filter = ["kind", "name", "status", *DueWorkAdmin.list_filter]
     list_select_related = ["order", "order_return"]
     search_fields = ["=order__number", "order__owner__email"]
-    search_help_text = "Order number (exact) or the shopper's e-mail."
     ordering = ["-id"]
 
     def retry_one(self, request, pk) -> bool:

@@ -41,7 +41,6 @@ class PaymentAdmin(ReadOnlyAdmin):
     list_filter = ["status", "payment_method"]
     # `=order__number`: the number staff read off a receipt; the shopper's e-mail.
     search_fields = ["reference", "=order__number", "order__owner__email"]
-    search_help_text = "Reference, order number (exact) or the shopper's e-mail."
     inlines = [TransactionInline, EventInline]
     readonly_fields = ["order_link"]
 
@@ -63,7 +62,6 @@ class PaymentSettlementAdmin(DueWorkAdmin):
         "=transaction__payment__order__number",
         "transaction__payment__order__owner__email",
     ]
-    search_help_text = "Order number (exact) or the shopper's e-mail."
 
     def retry_one(self, request, pk) -> bool:
         # The payment's history records who retried it (a PaymentEvent).
