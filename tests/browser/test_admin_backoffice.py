@@ -7,11 +7,14 @@ axe; each form is double-clicked and still changes once.
 from __future__ import annotations
 
 import re
+import uuid
 
 import pytest
+import requests
+from rest_framework.authtoken.models import Token
 
 from inventory.models import StockItem
-from orders.models import Order, Shipment
+from orders.models import Order, ReturnRequest, Shipment
 from payments.models import Refund
 from tests.browser import ui
 from tests.browser.test_admin import place_order_by_api
@@ -106,3 +109,24 @@ def test_staff_ship_adjust_refund_cancel_and_export_in_the_admin(
     assert export.status == 200 and export.headers["content-type"].startswith("text/csv")
     text = export.text()
     assert str(order.number) in text and str(other.number) in text
+
+    # Bulk "Mark received": the returns' changelist action asks first, then receives once.
+    token = Token.objects.get_or_create(user=shopper)[0].key
+    asked = requests.post(
+        f"{shop.url}/api/v1/orders/{order.id}/returns/",
+        json={"lines": [{"sku": "MUG", "quantity": 1}], "reason": "chipped"},
+        headers={"Authorization": f"Token {token}", "Idempotency-Key": str(uuid.uuid4())},
+        timeout=60,
+    )
+    assert asked.status_code == 201, asked.text
+    ui.visit(page, f"/admin/orders/returnrequest/?q={order.number}")
+    page.locator('input[name="_selected_action"]').first.check()
+    ui.fill_field(page.get_by_role("combobox", name="Action"), "mark_received")
+    page.get_by_role("button", name="Go").click()
+    page.wait_for_load_state()
+    ui.check_page(page, "admin-returns-mark-received")
+    page.get_by_role("button", name="Yes, mark received").dblclick()
+    page.wait_for_url(re.compile(r"/admin/orders/returnrequest/$"))
+    (order_return,) = ReturnRequest.objects.filter(order=order)
+    assert order_return.status != "requested"
+    assert order.events.filter(kind="return_received").count() == 1
