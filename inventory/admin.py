@@ -34,8 +34,10 @@ class ProductForm(forms.ModelForm):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.fields["currency"].choices = [(shop_currency(), shop_currency())]
-        self.fields["currency"].initial = shop_currency()
+        currency = self.fields["currency"]
+        assert isinstance(currency, forms.ChoiceField)
+        currency.choices = [(shop_currency(), shop_currency())]
+        currency.initial = shop_currency()
 
     def clean_currency(self):
         currency = self.cleaned_data["currency"]

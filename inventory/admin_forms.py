@@ -69,7 +69,8 @@ class StockAdjustForm(forms.Form):
     reason = forms.CharField(max_length=500, help_text="Kept in the stock item's history.")
 
     def clean(self):
-        data = super().clean()
+        super().clean()
+        data = self.cleaned_data
         if data.get("mode") == "set" and data.get("quantity") is not None and data["quantity"] < 0:
             self.add_error("quantity", "On hand cannot be negative.")
         return data

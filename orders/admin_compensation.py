@@ -11,6 +11,7 @@ warehouse scanner at once are decided by the services' conditional UPDATEs
 from __future__ import annotations
 
 import functools
+from decimal import Decimal
 
 from django.contrib import admin
 from django.core.exceptions import PermissionDenied
@@ -127,7 +128,8 @@ def cancel_explanation(order: Order) -> str:
     if status in (OrderStatus.CONFIRMED, OrderStatus.PARTIALLY_CONFIRMED):
         if order.fulfillment != Fulfillment.UNFULFILLED:
             return "Part of this order has shipped: it cannot be cancelled; return it instead."
-        captured = order.payment.amount_captured if order.payment_id else 0
+        payment = order.payment
+        captured = payment.amount_captured if payment is not None else Decimal(0)
         return (
             f"The order moves to cancelling. Compensation steps then refund what is still "
             f"refundable of the {format_money(captured)} {order.currency} captured, put its "

@@ -113,7 +113,8 @@ class ShipmentForm(forms.Form):
         return [(line, self[self.line_field(line)]) for line in self.order_lines]
 
     def clean(self):
-        data = super().clean()
+        super().clean()
+        data = self.cleaned_data
         lines = [
             ShipmentLineRequest(sku=line.sku, quantity=data[self.line_field(line)])
             for line in self.order_lines
