@@ -217,3 +217,61 @@ def test_view_only_staff_cannot_cancel(viewer, admin_browser, confirmed):
     assert viewer.get(cancel_url(confirmed)).status_code == 403
     assert viewer.post(cancel_url(confirmed), {"idempotency_key": key}).status_code == 403
     assert Order.objects.get(pk=confirmed.pk).status == "confirmed"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_admin_form_and_the_api_racing_for_the_same_units_ship_once(
+    admin_browser, confirmed, make_user, client_for
+):
+    """Both inside `shipment_create` at once (the first holds the order's lock until the other
+    queues on it): one ships, the other is refused (a message / 422); never 4 of 2 units."""
+    import threading
+
+    from django.db import connection
+
+    from idempotency import failpoints
+    from tests.concurrency import Workers, wait_for_lock_waiters
+
+    key = form_key(admin_browser.get(ship_url(confirmed)))
+    api = client_for(make_user(staff=True))
+    barrier = threading.Barrier(2)
+    first_in = threading.Event()
+
+    def hold_first(_name):
+        if not first_in.is_set():
+            first_in.set()
+            wait_for_lock_waiters(1)  # the overlap is proved, not hoped for
+
+    def admin_form():
+        barrier.wait(timeout=10)
+        try:
+            body = {"idempotency_key": key, "ship-MUG": "2", "ship-TEE-M": "0"}
+            answer = admin_browser.post(ship_url(confirmed), body)
+            return ("admin", answer.status_code, answer["Location"])
+        finally:
+            connection.close()
+
+    def api_call():
+        barrier.wait(timeout=10)
+        try:
+            answer = api.post(
+                f"/api/v1/orders/{confirmed.id}/shipments/",
+                {"lines": [{"sku": "MUG", "quantity": 2}]},
+                format="json",
+                HTTP_IDEMPOTENCY_KEY="api-race",
+            )
+            return ("api", answer.status_code, "")
+        finally:
+            connection.close()
+
+    with failpoints.hook("shipment.create.locked", hold_first):
+        workers = Workers()
+        workers.start(admin_form)
+        workers.start(api_call)
+        outcomes = dict((who, (status, where)) for who, status, where in workers.join())
+    assert first_in.is_set()
+    assert outcomes["admin"][0] == 303
+    admin_shipped = outcomes["admin"][1] == f"/admin/orders/order/{confirmed.pk}/change/"
+    assert outcomes["api"][0] == (422 if admin_shipped else 201), outcomes
+    assert Shipment.objects.filter(order=confirmed).count() == 1
+    assert confirmed.lines.get(sku="MUG").quantity_shipped == 2
