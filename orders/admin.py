@@ -22,6 +22,7 @@ from django.utils.http import urlencode
 from core.admin import ReadOnlyAdmin, ReadOnlyInline
 from core.admin_export import CsvExportMixin
 from core.money import format_money, shop_currency
+from idempotency.admin_actions import refusal_message
 from idempotency.operations import Reply, Result
 from idempotency.views import FORM_FIELD, idempotent_form
 from payments.models import Refund
@@ -51,8 +52,14 @@ def refund_form_key(order, *, after: str = "") -> str:
     return "admin-refund-" + hashlib.sha256(seed.encode()).hexdigest()[:32]
 
 
-def refund_redirect(result: Result, *, order_id=None, form_key: str = "") -> Reply:
-    """The admin form's answer: 303 to the order page; a refusal back to the form, with its code."""
+def refund_redirect(result: Result, *, order_id=None, form_key: str = "", request=None) -> Reply:
+    """The admin form's answer: 303 to the order page; a refusal back to the form, with its code.
+
+    With the request (not the completer's copy) a refusal is also an admin
+    message with the problem's title (idempotency.admin_actions.refusal_message).
+    """
+    if result.refusal is not None and request is not None:
+        refusal_message(request, result.refusal)
     if result.refusal is None:
         order_id = result.value.order_id
         return Reply(
@@ -75,7 +82,9 @@ def _refund_submit(request, order, *, key):
         return None  # re-rendered by the caller: nothing claimed
     operations.refund_create_keyed(
         run=key.claim(),
-        present=functools.partial(refund_redirect, order_id=order.id, form_key=key.key),
+        present=functools.partial(
+            refund_redirect, order_id=order.id, form_key=key.key, request=request
+        ),
         order_id=order.id,
         amount=form.cleaned_data["amount"],
         reason=form.cleaned_data["reason"],

@@ -275,3 +275,13 @@ def test_the_admin_form_and_the_api_racing_for_the_same_units_ship_once(
     assert outcomes["api"][0] == (422 if admin_shipped else 201), outcomes
     assert Shipment.objects.filter(order=confirmed).count() == 1
     assert confirmed.lines.get(sku="MUG").quantity_shipped == 2
+
+
+def test_a_refused_refund_is_a_message_with_the_title(admin_browser, confirmed):
+    """The admin refund form's refusal (no payment here: 409) is an admin message with its title."""
+    url = f"/admin/orders/order/{confirmed.pk}/refund/"
+    key = form_key(admin_browser.get(url))
+    answer = admin_browser.post(url, {"amount": "5.00", "reason": "x", "idempotency_key": key})
+    assert answer.status_code == 303 and answer["Location"].startswith(url)
+    page = admin_browser.get(answer["Location"])
+    assert messages_of(page) == ["Invalid state: Nothing to refund: the order has no payment."]
