@@ -9,6 +9,7 @@ under the storefront's own operation names (shop/checkout.py).
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
 from decimal import Decimal
 from typing import cast
@@ -734,8 +735,10 @@ class PasswordResetView(_SeeOther, auth_views.PasswordResetView):
     success_url = reverse_lazy("password-reset-done")
 
     def post(self, request, *args, **kwargs):
-        email = str(request.POST.get("email", ""))[:254].lower()
-        seconds = _throttled(request, username=f"password-reset:{email}")
+        email = str(request.POST.get("email", ""))[:254].strip().lower()
+        # Hashed: an address is no cache key (spaces), and the key need not show it.
+        digest = hashlib.sha256(email.encode()).hexdigest()[:32]
+        seconds = _throttled(request, username=f"password-reset:{digest}")
         if seconds is not None:
             response = self.render_to_response(
                 self.get_context_data(
