@@ -89,7 +89,7 @@ def test_a_guest_fills_a_cart_and_a_double_click_adds_once(client, catalog):
     assert carts.guest_cart(session=client.session).lines == [("TEE-M", 2), ("MUG", 1)]
     html = client.get("/cart/").content.decode()
     assert "T-shirt, size M" in html and "Enamel mug" in html
-    assert "Cart <span class=\"count\">(3)</span>" in html
+    assert 'Cart <span class="count">(3)</span>' in html
 
 
 def test_a_guest_changes_and_removes_lines_on_the_cart_page(client, catalog):
@@ -103,9 +103,7 @@ def test_a_guest_changes_and_removes_lines_on_the_cart_page(client, catalog):
     version = carts.guest_cart(session=client.session).version
     client.post("/cart/", {"cart_version": version, "sku": "MUG", "action": "remove"})
     assert carts.guest_cart(session=client.session).lines == [("TEE-M", 5)]
-    bad = client.post(
-        "/cart/", {"cart_version": version + 1, "sku": "TEE-M", "quantity": "1001"}
-    )
+    bad = client.post("/cart/", {"cart_version": version + 1, "sku": "TEE-M", "quantity": "1001"})
     assert bad.status_code == 303
     assert carts.guest_cart(session=client.session).lines == [("TEE-M", 5)]
 

@@ -157,9 +157,7 @@ def test_the_email_changes_with_the_current_password(client, make_user):
         user.refresh_from_db()
         assert user.email == "erin@example.com"
 
-    changed = client.post(
-        "/account/email/", {"email": "erin@new.example", "current_password": OLD}
-    )
+    changed = client.post("/account/email/", {"email": "erin@new.example", "current_password": OLD})
     assert changed.status_code == 303 and changed["Location"] == "/account/"
     user.refresh_from_db()
     assert user.email == "erin@new.example"
@@ -172,8 +170,11 @@ def test_the_account_forms_refuse_a_post_without_csrf(make_user):
     browser.force_login(user)
     assert browser.post("/account/email/", {"email": "x@example.com"}).status_code == 403
     assert browser.post("/accounts/password-change/", {}).status_code == 403
-    assert Client(enforce_csrf_checks=True).post(
-        "/accounts/password-reset/", {"email": "fay@example.com"}
-    ).status_code == 403
+    assert (
+        Client(enforce_csrf_checks=True)
+        .post("/accounts/password-reset/", {"email": "fay@example.com"})
+        .status_code
+        == 403
+    )
     user.refresh_from_db()
     assert user.email == "fay@example.com" and mail.outbox == []
