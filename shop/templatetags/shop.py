@@ -54,3 +54,11 @@ def cart_count(context) -> int:
         return sum(n for _sku, n in guest_cart(session=request.session).lines)
     total = CartLine.objects.filter(cart__user=request.user).aggregate(n=Sum("quantity"))["n"]
     return total or 0
+
+
+@register.filter
+def country_name(code: str) -> str:
+    """`{{ address.country|country_name }}` → "United Kingdom" (the code if unknown)."""
+    from django_countries import countries
+
+    return dict(countries).get(str(code).upper(), code)
