@@ -61,8 +61,8 @@ class Accessible:
     def add_error(self, field, error) -> None:
         super().add_error(field, error)  # type: ignore[misc]
         # Tie each field's errors to it (the template renders them as id_<name>_error).
-        # Not self.errors, which would clean the form; the stubs omit _errors.
-        for name in list(self._errors or ()):  # type: ignore[attr-defined]
+        # Not self.errors, which would clean the form.
+        for name in list(self._errors or ()):
             if name in self.fields:
                 widget = self.fields[name].widget
                 widget.attrs["aria-invalid"] = "true"
@@ -120,7 +120,7 @@ class CheckoutForm(AccessibleForm):
         cast(forms.ChoiceField, self.fields["country"]).choices = country_choices()
         if self.is_bound and isinstance(self.data.get("country"), str):
             # An address typed before the list (or by a script): " de " is DE.
-            data = self.data.copy()
+            data = dict(self.data.items())
             data["country"] = data["country"].strip().upper()
             self.data = data
 

@@ -587,7 +587,8 @@ def _account_page(request: HttpRequest, *, email_form=None, status=200) -> HttpR
         "purchases": purchases,
         "currency": shop_currency(),
         "email_form": email_form
-        or EmailChangeForm(user=request.user, initial={"email": request.user.email}),
+        # Logged-in pages only; the stubs cannot narrow request.user.
+        or EmailChangeForm(user=request.user, initial={"email": request.user.email}),  # type: ignore[union-attr]
     }
     return render(request, "shop/account.html", context, status=status)
 

@@ -238,3 +238,15 @@ def test_the_forms_operation_names_are_registered_with_redirecting_presenters():
     assert registered_presenter(checkout.CREATE) is checkout.checkout_redirect
     assert registered_presenter(checkout.CONFIRM) is checkout.decision_redirect
     assert registered_presenter(checkout.CANCEL) is checkout.decision_redirect
+
+
+def test_the_country_is_chosen_from_the_iso_list(browser, catalog, provider):
+    add_to_cart(browser, "TEE-M", 1)
+    unknown = browser.post("/checkout/", checkout_form(browser, country="XX"))
+    assert unknown.status_code == 400
+    assert "Choose a country from the list" in unknown.content.decode()
+    assert not Order.objects.exists()
+    placed = browser.post("/checkout/", checkout_form(browser, country=" gb "))
+    order = Order.objects.get(id=order_id_of(placed))
+    assert order.shipping_address["country"] == "GB"
+    assert "United Kingdom" in browser.get(placed["Location"]).content.decode()
