@@ -3,6 +3,8 @@
 from typing import Any, ClassVar
 
 from django.contrib import admin, messages
+from django.contrib.auth import get_permission_codename
+from django.core.exceptions import PermissionDenied
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -20,6 +22,23 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None) -> bool:
         return False
+
+    def has_change_state_permission(self, request, obj=None) -> bool:
+        """The model's own `change` permission: what every action and button here requires.
+
+        The edit form stays refused to everyone (`has_change_permission`);
+        rows change only through a service, and an action, button or custom
+        view that calls one checks this (`@admin.action(permissions=["change_state"])`,
+        or `require_permission` in a view): a staff user who may only view is refused.
+        """
+        opts = self.opts
+        return request.user.has_perm(f"{opts.app_label}.{get_permission_codename('change', opts)}")
+
+
+def require_permission(allowed: bool) -> None:
+    """Refuse a custom admin view (403) unless `allowed` (a `has_..._permission` answer)."""
+    if not allowed:
+        raise PermissionDenied
 
 
 class ReadOnlyInline(admin.TabularInline):
@@ -66,7 +85,7 @@ class DueWorkAdmin(ReadOnlyAdmin):
 
         return due.retry_now(self.model, pk=pk)
 
-    @admin.action(description="Retry now (fresh attempt budget)")
+    @admin.action(description="Retry now (fresh attempt budget)", permissions=["change_state"])
     def retry_now(self, request, queryset):
         from django.db import transaction
 
