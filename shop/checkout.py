@@ -30,14 +30,17 @@ replay, the next page view) changes nothing:
 from __future__ import annotations
 
 import re
+from typing import cast
 
 from django.urls import reverse
 
 from idempotency.keys import key_lookup
 from idempotency.models import FINISHED, STARTED
 from idempotency.operations import Reply, Result, register_operation, single_phase_resume
+from inventory.models import Product
 from orders import operations as order_operations
 from orders import selectors as order_selectors
+from orders.services import LineRequest
 from orders.states import OrderStatus
 
 from . import cart as carts
@@ -56,6 +59,20 @@ ENDED = frozenset({OrderStatus.PAYMENT_FAILED, OrderStatus.EXPIRED, OrderStatus.
 def checkout_key(cart: Cart) -> str:
     """The request key of checking out this version of the cart."""
     return f"checkout:{cart.id}:{cart.version}"
+
+
+def key_under_way(*, owner_id: int, key: str) -> bool:
+    """Has this checkout key got past its first phase (an order exists, payment under way)?"""
+    row = key_lookup(owner_id=owner_id, key=key)
+    return row is not None and row.recovery_point != STARTED
+
+
+def line_requests(items: list[carts.CartItem]) -> list[LineRequest]:
+    """The order lines of the cart's items. A product is None only under a key past
+    STARTED (the view refuses it otherwise), whose resumed run never reads the lines."""
+    return [
+        LineRequest(product=cast(Product, item.product), quantity=item.quantity) for item in items
+    ]
 
 
 def cancel_key(order) -> str:

@@ -12,7 +12,6 @@ import functools
 import hashlib
 import math
 from decimal import Decimal
-from typing import cast
 
 from django.contrib import messages
 from django.contrib.auth import login as auth_login
@@ -29,22 +28,17 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from core.errors import ApplicationError, InvalidRequest, NotFound
 from core.money import shop_currency
-from idempotency.keys import key_lookup
-from idempotency.models import STARTED
 from idempotency.views import idempotent_form
 from inventory import selectors as inventory_selectors
-from inventory.models import Product
 from orders import operations as order_operations
 from orders import returns as order_returns
 from orders import selectors as order_selectors
 from orders import tracking
-from orders.models import CompensationStep, ReturnLine, Shipment
-from orders.services import LineRequest
 from orders.states import OrderStatus
 from payments import selectors as payment_selectors
 
 from . import cart as carts
-from . import checkout, history, loyalty, services, words
+from . import checkout, history, loyalty, selectors, services, words
 from . import returns as shop_returns
 from .api.throttles import login_wait
 from .forms import (
@@ -297,8 +291,7 @@ def _checkout_submit(request: HttpRequest, *, key) -> HttpResponse | None:
         # An older version of the cart: only a key already under way may go on (it
         # answers its own order); anything else would order what the page no longer shows.
         assert request.user.pk is not None  # checkout is for logged-in shoppers
-        row = key_lookup(owner_id=request.user.pk, key=key.key)
-        if row is None or row.recovery_point == STARTED:
+        if not checkout.key_under_way(owner_id=request.user.pk, key=key.key):
             return _checkout_page(request, form=form, problem="cart_changed", status=409)
     if not form.is_valid():
         return _checkout_page(request, form=form, status=400)
@@ -317,10 +310,7 @@ def _checkout_submit(request: HttpRequest, *, key) -> HttpResponse | None:
         user=request.user,
         # A product is None only under a key past STARTED (refused above otherwise),
         # whose resumed run never reads the lines.
-        lines=[
-            LineRequest(product=cast(Product, item.product), quantity=item.quantity)
-            for item in items
-        ],
+        lines=checkout.line_requests(items),
         on_shortage=data["on_shortage"],
         payment_method=data["payment_method"],
         shipping_address=form.shipping_address(),
@@ -398,7 +388,7 @@ def _order_context(request: HttpRequest, order) -> dict:
     )
     payment = order_selectors.order_payment_summary(order=order)
     shipments = []
-    for shipment in Shipment.objects.filter(order_id=order.id).order_by("created_at", "id"):
+    for shipment in selectors.shipments_of_order(order_id=order.id):
         shipments.append(
             {
                 "shipment": shipment,
@@ -437,12 +427,11 @@ def _order_returns(order, names: dict[str, str]) -> list[dict]:
     """The order's returns, oldest first, with their lines and compensation steps."""
     found = order_returns.returns_of_order(order_id=order.id)
     ids = [r.id for r in found]
-    lines: dict = {}
-    for line in ReturnLine.objects.filter(order_return_id__in=ids).order_by("id"):
-        lines.setdefault(line.order_return_id, []).append((line, names.get(line.sku, line.sku)))
-    steps: dict = {}
-    for step in CompensationStep.objects.filter(order_return_id__in=ids).order_by("position"):
-        steps.setdefault(step.order_return_id, []).append(step)
+    lines = {
+        return_id: [(line, names.get(line.sku, line.sku)) for line in found_lines]
+        for return_id, found_lines in selectors.return_lines_of(return_ids=ids).items()
+    }
+    steps = selectors.return_steps_of(return_ids=ids)
     return [
         {"return": r, "lines": lines.get(r.id, []), "steps": steps.get(r.id, [])} for r in found
     ]
