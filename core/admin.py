@@ -34,6 +34,20 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         opts = self.opts
         return request.user.has_perm(f"{opts.app_label}.{get_permission_codename('change', opts)}")
 
+    def changelist_view(self, request, extra_context=None):
+        """A posted action this user is not offered is 403, not Django's silent "no action".
+
+        The changelist hides an action whose `permissions=` the user lacks; a
+        forced POST of it (another tab, a script) is refused the same way a
+        custom view is, and nothing changes (contract: "Staff in the admin").
+        """
+        name = request.POST.get("action") if request.method == "POST" else None
+        if name and name not in self.get_actions(request):
+            declared = {a if isinstance(a, str) else a.__name__ for a in self.actions or ()}
+            if name in declared or name in dict(self.admin_site.actions):
+                raise PermissionDenied
+        return super().changelist_view(request, extra_context)
+
 
 def require_permission(allowed: bool) -> None:
     """Refuse a custom admin view (403) unless `allowed` (a `has_..._permission` answer)."""

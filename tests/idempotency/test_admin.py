@@ -35,7 +35,12 @@ def test_a_refused_keyed_action_goes_back_to_its_changelist_with_the_title(rf, m
     from idempotency.admin_actions import keyed_action
     from idempotency.models import IdempotencyKey
 
+    from django.contrib.auth.models import Permission
+
     staff = make_user(staff=True)
+    # keyed_action requires the model's change permission (core.admin.require_permission).
+    staff.user_permissions.add(Permission.objects.get(codename="change_idempotencykey"))
+    staff = type(staff).objects.get(pk=staff.pk)  # a fresh permission cache
     key_admin = admin.site._registry[IdempotencyKey]
     key_claim(owner_id=staff.pk, key="row", operation="x", method="POST", path="/", fingerprint="f")
     request = rf.post(
