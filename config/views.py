@@ -82,7 +82,7 @@ def _broker_ok() -> tuple[bool, str]:
 
 # One thread per kind of check at most, per process: a check that hangs on a
 # stopped server keeps its thread until the server answers or drops it, and
-# the next probe reports "timeout" at once instead of starting another thread.
+# the next health check reports "timeout" at once instead of starting another thread.
 _running: dict[str, Future] = {}
 _running_lock = threading.Lock()
 _executor: ThreadPoolExecutor | None = None
@@ -108,7 +108,7 @@ def run_checks(
         for name, check in checks.items():
             previous = _running.get(name)
             if previous is not None and not previous.done():
-                futures[name] = None  # still hung from an earlier probe
+                futures[name] = None  # still hung from an earlier health check
                 continue
             futures[name] = _running[name] = pool.submit(check)
     end = time.monotonic() + deadline

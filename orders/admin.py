@@ -25,7 +25,7 @@ from core.money import format_money, shop_currency
 from idempotency.admin_actions import refusal_message
 from idempotency.operations import Reply, Result
 from idempotency.views import FORM_FIELD, idempotent_form
-from payments.models import Refund
+from payments import selectors as payment_selectors
 
 from . import operations, tracking
 from .admin_forms import ORDER_CSV_COLUMNS, extend_order_admin_forms
@@ -45,8 +45,7 @@ def refund_form_key(order, *, after: str = "") -> str:
     moves the state, so the next form gets a new key; `after` (a refused
     submission's key) gives the form shown after a refusal a fresh one.
     """
-    refunds = Refund.objects.filter(payment_id=order.payment_id) if order.payment_id else None
-    count = refunds.count() if refunds is not None else 0
+    count = payment_selectors.refunds_of_payment(payment_id=order.payment_id).count()
     reserved = order.payment.refund_reserved if order.payment_id else 0
     seed = f"{order.id}:{count}:{reserved}:{after}"
     return "admin-refund-" + hashlib.sha256(seed.encode()).hexdigest()[:32]
@@ -246,7 +245,7 @@ class OrderAdmin(CsvExportMixin, ReadOnlyAdmin):
     def refunds(self, order):
         if order.payment_id is None:
             return "-"
-        rows = list(Refund.objects.filter(payment_id=order.payment_id).order_by("created_at", "id"))
+        rows = list(payment_selectors.refunds_of_payment(payment_id=order.payment_id))
         if not rows:
             return "-"
         body = format_html_join(

@@ -32,7 +32,7 @@ from idempotency.admin_actions import (
 from idempotency.keys import KeyRun
 from idempotency.operations import Presenter, Reply, Result, close_run, refusals_presented
 from idempotency.views import idempotent_form
-from payments.models import Refund
+from payments import selectors as payment_selectors
 
 from . import compensation, returns, services
 from .models import CompensationStep, Order, ReturnLine, ReturnRequest
@@ -215,7 +215,9 @@ class ReturnRequestAdmin(ReadOnlyAdmin):
 
     @admin.display(description="refund")
     def refund_row(self, obj):
-        refund = Refund.objects.filter(id=compensation.return_refund_id(obj.id)).first()
+        refund = payment_selectors.refund_get_or_none(
+            refund_id=compensation.return_refund_id(obj.id)
+        )
         if refund is None:
             return "-"
         url = reverse("admin:payments_refund_change", args=[refund.pk])

@@ -40,6 +40,11 @@ def refunds_of_payment(*, payment_id) -> QuerySet[Refund]:
     return Refund.objects.filter(payment_id=payment_id).order_by("created_at", "id")
 
 
+def refund_get_or_none(*, refund_id) -> Refund | None:
+    """One refund by its id, or None."""
+    return Refund.objects.filter(id=refund_id).first()
+
+
 def install_id_or_none() -> str | None:
     """Return the installation id if it was ever created (a read: creates nothing)."""
     return PaymentInstallation.objects.filter(id=1).values_list("install_id", flat=True).first()

@@ -64,13 +64,17 @@ def _proved_by_refs(text: str) -> list[tuple[str, str]]:
     return refs
 
 
-def test_every_test_guarantees_md_names_exists():
+def test_every_test_and_function_guarantees_md_names_exists():
     text = (ROOT / "docs" / "guarantees.md").read_text()
     refs = _proved_by_refs(text)
     assert len(refs) > 50  # the parser reads the tables
     missing = []
     for path, name in refs:
+        # A test is named from tests/; a row may also name the production code that
+        # decides it (`orders/services.py::order_hold`), from the repository's top.
         file = ROOT / "tests" / path
+        if not file.exists() and (ROOT / path).exists():
+            file = ROOT / path
         if not file.exists():
             missing.append(f"{path} (no such file)")
         elif name not in _test_names(file):
