@@ -169,6 +169,7 @@ def shipment_create(
         payload={
             "order_id": str(order.id),
             "number": order.number,
+            "owner_id": order.owner_id,
             "shipment_id": str(shipment.id),
             "fulfillment": after,
             "carrier": shipment.carrier,

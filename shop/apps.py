@@ -16,6 +16,9 @@ class ShopConfig(AppConfig):
         register_consumer(
             "purchase_history", task="shop.consume_history", event_types=HANDLED_TYPES
         )
+        from .emails import EVENT_TYPES as EMAIL_TYPES
+
+        register_consumer("emails", task="shop.consume_emails", event_types=EMAIL_TYPES)
 
         # The storefront forms' operation names, for the completer (shop/checkout.py).
         from .checkout import register_operations

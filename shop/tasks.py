@@ -22,7 +22,7 @@ from celery import shared_task
 
 from idempotency.deliveries import deliveries_consume, delivery_consume
 
-from . import history, loyalty
+from . import emails, history, loyalty
 
 LOYALTY = "loyalty"
 HISTORY = history.CONSUMER  # "purchase_history": the inbox's consumer name too
@@ -81,3 +81,25 @@ def consume_history(self, message_ids: str | list[str]) -> str:
         apply_many=history.history_apply_many,
         atomic=True,
     )
+
+
+@shared_task(name="shop.consume_emails", **_OPTIONS)
+def consume_emails(self, message_ids: str | list[str]) -> str:
+    """Send the shopper e-mails: each id on its own (inbox claim, then send, per transaction).
+
+    Never the batch path: a batch rolled back after some sends would undo
+    their claims and send those mails again.
+    """
+    ids = [message_ids] if isinstance(message_ids, str) else message_ids
+    if not isinstance(ids, list):
+        return "skipped:"
+    summary = []
+    for message_id in ids:
+        result, outcome = delivery_consume(
+            consumer=emails.CONSUMER,
+            message_id=str(message_id),
+            apply=emails.email_send,
+            atomic=True,
+        )
+        summary.append(f"{result}:{getattr(outcome, 'outcome', '')}")
+    return ",".join(summary)
