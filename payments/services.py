@@ -35,6 +35,7 @@ from core import due
 from core.errors import ApplicationError, InvalidRequest
 from core.money import check_currency, format_money, minor_units
 from idempotency.failpoints import failpoint
+from idempotency.outbox import outbox_write
 
 from .gateway import Outcome, ProviderResult, get_gateway
 from .keys import install_id, install_id_subquery, provider_key
@@ -817,6 +818,20 @@ def _refund_succeed(
         )
         if moved is None:  # cannot happen: the payment is locked
             raise InvalidPaymentTransition(f"payment {payment.id} moved under its lock")
+        # The shopper's "refunded" mail (shop/emails.py), in the transaction that made it true.
+        outbox_write(
+            aggregate_type="payment",
+            aggregate_id=str(payment.id),
+            event_type="refund.succeeded",
+            payload={
+                "refund_id": str(refund.id),
+                "payment_id": str(payment.id),
+                "reference": payment.reference,  # "order-<number>": payments knows no orders
+                "owner_id": payment.owner_id,
+                "amount": format_money(refund.amount),
+                "currency": refund.currency,
+            },
+        )
         txn = refund.transaction
         if outside:
             PaymentTransaction.objects.filter(id=txn.id).update(

@@ -65,16 +65,14 @@ def email_send(*, message_id: str, event_type: str, payload: dict) -> EmailResul
     if not isinstance(payload, dict) or not isinstance(message_id, str) or not message_id:
         raise events.PoisonMessage(f"unreadable e-mail event {message_id!r}")
     owner_id = payload.get("owner_id")
-    if owner_id is None:
-        raise events.PoisonMessage(f"{event_type} {message_id} carries no owner_id")
-    user = get_user_model().objects.filter(pk=owner_id).first()
-    if user is None:
+    user = None if owner_id is None else get_user_model().objects.filter(pk=owner_id).first()
+    if owner_id is not None and user is None:
         raise events.PoisonMessage(f"owner {owner_id} is not a user of this shop")
     if not inbox_claim(consumer=CONSUMER, message_id=message_id):
         return EmailResult(Outcome.DUPLICATE)
     address = (getattr(user, "email", "") or "").strip()
     if not address:
-        # An anonymised shopper has no address: nothing to send, the claim is kept.
+        # No shopper (a payment without owner) or an anonymised one: nothing to send.
         return EmailResult(Outcome.NO_ADDRESS)
     template, subject = MAILS[event_type]
     context = {"user": user, "payload": payload, "number": _number(payload)}

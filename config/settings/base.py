@@ -449,6 +449,8 @@ CELERY_BEAT_SCHEDULE["orders.sweep_compensation"] = _beat_every(
 # The notify step's e-mail (Django's email backend; at least once by nature).
 EMAIL_BACKEND = env.str("EMAIL_BACKEND", default="django.core.mail.backends.console.EmailBackend")
 EMAIL_FILE_PATH = env.str("EMAIL_FILE_PATH", default="")
+# The shopper e-mails consumer (shop/emails.py) is registered with the relay.
+SHOP_EMAILS = env.bool("SHOP_EMAILS", default=True)
 DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="shop@example.com")
 # Settlement's outcome confirms or fails the order, in the transaction that records it.
 PAYMENTS_SETTLED_HANDLER = "orders.services.order_payment_settled"
