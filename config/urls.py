@@ -16,6 +16,7 @@ urlpatterns = [
     # Before the admin's own URLs: its log-in page, throttled.
     path("admin/login/", admin_login, name="admin-login"),
     path("admin/", admin.site.urls),
+    path("livez", views.livez, name="livez"),
     path("healthz", views.healthz, name="healthz"),
     path("metrics", views.metrics_view, name="metrics"),
     path("api/v1/", include(api_v1)),
