@@ -332,12 +332,14 @@ def attempt_begin(model: type[DueWork], *, pk, values: dict[str, Any] | None = N
         .pending()
         .exclude(_attempt_running())
         .update(
-            attempts=number,
-            next_attempt_at=Now() + timedelta(seconds=policy.backoff(number)),
-            lease_owner=token,
-            lease_expires_at=Now() + timedelta(seconds=policy.attempt_lease_seconds),
-            **_touch(model),
-            **(values or {}),
+            **{
+                **_touch(model),
+                **(values or {}),
+                "attempts": number,
+                "next_attempt_at": Now() + timedelta(seconds=policy.backoff(number)),
+                "lease_owner": token,
+                "lease_expires_at": Now() + timedelta(seconds=policy.attempt_lease_seconds),
+            }
         )
     )
     return Attempt(number=number, token=token, pk=pk) if taken else Attempt()
@@ -380,7 +382,7 @@ def attempt_failed(
             fields.update(attention_values or {})
         else:
             fields = {"last_error": truncate_error(error), **(retry_values or {})}
-        model.objects.filter(pk=pk).update(**fields, **_free_lease(), **_touch(model))
+        model.objects.filter(pk=pk).update(**{**_free_lease(), **_touch(model), **fields})
     return Ended.ATTENTION if spent else Ended.RETRY
 
 
@@ -403,11 +405,13 @@ def flag_attention(
         rows = rows.filter(attempts__gte=only_if_attempts_at_least)
     return bool(
         rows.update(
-            needs_attention=True,
-            last_error=truncate_error(reason),
-            **_free_lease(),
-            **_touch(model),
-            **(values or {}),
+            **{
+                **_free_lease(),
+                **_touch(model),
+                **(values or {}),
+                "needs_attention": True,
+                "last_error": truncate_error(reason),
+            }
         )
     )
 
@@ -426,11 +430,13 @@ def mark_done(
     rows = fence(model.objects.filter(pk=pk, done_at__isnull=True), attempt)
     return bool(
         rows.update(
-            done_at=Now(),
-            needs_attention=False,
-            **_free_lease(),
-            **_touch(model),
-            **(values or {}),
+            **{
+                **_free_lease(),
+                **_touch(model),
+                **(values or {}),
+                "done_at": Now(),
+                "needs_attention": False,
+            }
         )
     )
 
