@@ -177,12 +177,13 @@ def _staff(request) -> bool:
     if user is not None and user.is_authenticated:
         return bool(user.is_staff and user.is_active)
     if request.headers.get("Authorization", "").startswith("Token "):
-        from rest_framework.authentication import TokenAuthentication
         from rest_framework.exceptions import AuthenticationFailed
         from rest_framework.request import Request
 
+        from core.authentication import ExpiringTokenAuthentication
+
         try:
-            found = TokenAuthentication().authenticate(Request(request))
+            found = ExpiringTokenAuthentication().authenticate(Request(request))
         except AuthenticationFailed:
             return False
         return bool(found and found[0].is_staff and found[0].is_active)

@@ -11,6 +11,7 @@ from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import IntegrityError, transaction
 from rest_framework.authtoken.models import Token
 
+from core.authentication import expired_tokens
 from core.errors import ApplicationError, InvalidRequest
 
 if TYPE_CHECKING:  # the default user model (AUTH_USER_MODEL is not set)
@@ -54,6 +55,9 @@ def token_obtain(*, user: User | None) -> Token:
     """Return the API token of an authenticated user, creating it once."""
     if user is None or not user.is_active:
         raise InvalidCredentials("Unable to log in with the provided credentials.")
+    # An expired token is replaced: deleted by the database clock's verdict, then
+    # one new token per user (its unique user column decides between two log-ins).
+    expired_tokens(Token).filter(user=user).delete()
     token, _ = Token.objects.get_or_create(user=user)
     return token
 
