@@ -9,6 +9,7 @@ clock like every other age in the shop, no longer authenticates: 401
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 from django.conf import settings
 from django.db.models import BooleanField, ExpressionWrapper, Q
@@ -30,7 +31,7 @@ class ExpiringTokenAuthentication(TokenAuthentication):
     """DRF's token authentication, with the token's age checked in the same query."""
 
     def authenticate_credentials(self, key):
-        model = self.get_model()
+        model: Any = self.get_model()  # DRF's Token (or a subclass's `model`)
         expired = ExpressionWrapper(
             Q(created__lte=Now() - token_lifetime()), output_field=BooleanField()
         )

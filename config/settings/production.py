@@ -39,7 +39,9 @@ if _proxy_ssl_header:
     SECURE_PROXY_SSL_HEADER = (f"HTTP_{_name.strip().upper().replace('-', '_')}", _value.strip())
 SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=True)
 # Load-balancer health checks and the host's scraper speak plain HTTP on the host.
-SECURE_REDIRECT_EXEMPT = env.list("SECURE_REDIRECT_EXEMPT", default=[r"^healthz$", r"^metrics$"])
+SECURE_REDIRECT_EXEMPT = env.list(
+    "SECURE_REDIRECT_EXEMPT", default=[r"^livez$", r"^healthz$", r"^metrics$"]
+)
 SECURE_HSTS_SECONDS = env.int("SECURE_HSTS_SECONDS", default=365 * 24 * 3600)
 SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", default=True)
 SECURE_HSTS_PRELOAD = env.bool("SECURE_HSTS_PRELOAD", default=True)

@@ -11,7 +11,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 # What test-only code is called; none of it may appear in a production module.
-TEST_ONLY_WORDS = ("probe", "tests.support", "unkeyed", "SHOP_TEST_ENDPOINTS", "testsupport")
+TEST_ONLY_WORDS = (
+    "probe",
+    "tests.support",
+    "unkeyed",
+    "SHOP_TEST_ENDPOINTS",
+    "testsupport",
+    # Deliberately wrong twins (check-then-act, unlocked, unfenced) live beside their tests.
+    "wrong_twin",
+    "unlocked_twin",
+    "unfenced_twin",
+    "deliberately wrong",
+)
 
 _INSPECT = """
 import json, django
