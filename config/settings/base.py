@@ -190,6 +190,10 @@ CELERY_MAX_COUNTDOWN = CELERY_VISIBILITY_TIMEOUT // 3
 # the same limits keep every delivery far below its consumer_timeout (30 min).
 CELERY_TASK_TIME_LIMIT = CELERY_VISIBILITY_TIMEOUT - CELERY_MAX_COUNTDOWN - 5
 CELERY_TASK_SOFT_TIME_LIMIT = CELERY_TASK_TIME_LIMIT - 5
+# An attempt's lease (core.due, DuePolicy.attempt_lease) is its worst case, so that no
+# second attempt of a due row begins while the first can still be running; each kind
+# derives it from its calls' timeouts, plus this margin for the database around them.
+DUE_ATTEMPT_MARGIN = env.float("DUE_ATTEMPT_MARGIN", default=5.0)
 CELERY_BEAT_SCHEDULE: dict = {}
 
 
@@ -436,6 +440,11 @@ COMPENSATION_MAX_ATTEMPTS = env.int("COMPENSATION_MAX_ATTEMPTS", default=10)
 COMPENSATION_BACKOFF_BASE = env.float("COMPENSATION_BACKOFF_BASE", default=2.0)
 COMPENSATION_BACKOFF_MAX = env.float("COMPENSATION_BACKOFF_MAX", default=300.0)
 COMPENSATION_LEASE = env.float("COMPENSATION_LEASE", default=CELERY_VISIBILITY_TIMEOUT + 30)
+# One step attempt's lease: a step calls no provider, and its e-mail has no timeout
+# of its own, so the worker's hard time limit is what bounds a running attempt.
+COMPENSATION_ATTEMPT_LEASE = env.float(
+    "COMPENSATION_ATTEMPT_LEASE", default=CELERY_TASK_TIME_LIMIT + DUE_ATTEMPT_MARGIN
+)
 # How soon a step waiting for its refund (or for the step it follows) looks again.
 COMPENSATION_WAIT_SECONDS = env.float("COMPENSATION_WAIT_SECONDS", default=5.0)
 # A step behind one that needs staff is parked, not polled: it is made due when
