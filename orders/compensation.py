@@ -36,13 +36,14 @@ import logging
 import uuid
 from collections.abc import Callable, Iterable
 from contextlib import contextmanager
+from contextvars import ContextVar
 from datetime import timedelta
 from decimal import Decimal
 
 from django.conf import settings
 from django.core.mail import send_mail
 from django.db import connection, transaction
-from django.db.models import F
+from django.db.models import F, Q
 from django.db.models.functions import Greatest, Now
 
 from core import due
@@ -88,6 +89,15 @@ def return_refund_id(return_id) -> uuid.UUID:
 
 def cancellation_refund_id(order_id) -> uuid.UUID:
     return uuid.uuid5(NAMESPACE, f"cancel:{order_id}")
+
+
+# The attempt `step_run` is making, so that the handlers' writes of it (`_wait`) are
+# fenced on its token without every handler passing it along.
+_current_attempt: ContextVar[due.Attempt | None] = ContextVar("compensation_attempt", default=None)
+
+# Steps "Retry failed steps" offers: failed, and any flagged one (a row flagged
+# before its status moved, by the two-transaction flag of earlier versions).
+NEEDS_STAFF = Q(status=StepStatus.FAILED) | Q(needs_attention=True)
 
 
 class StepNeedsAttention(Exception):
@@ -151,12 +161,18 @@ def _db_seconds_until(step_id) -> float:
     return float(row[0]) if row else 0.0
 
 
-def _wait(*, step_id, seconds: float, note: str, ring: bool = True) -> None:
+def _wait(*, step_id, seconds: float, note: str, ring: bool = True) -> bool:
     """Not an attempt: give the attempt back and look again in `seconds` (database clock).
 
-    Without `ring` nothing is enqueued: the sweeper finds the row when it is due.
+    Fenced on the running attempt's token (`_current_attempt`): a stale runner
+    (its lease ran out, another attempt flagged or finished the step) sets
+    nothing back to pending and rings nothing; return False then. Without
+    `ring` nothing is enqueued: the sweeper finds the row when it is due.
     """
-    CompensationStep.objects.filter(id=step_id, done_at__isnull=True).update(
+    rows = CompensationStep.objects.filter(id=step_id, done_at__isnull=True, needs_attention=False)
+    attempt = _current_attempt.get()
+    moved = due.fence(rows, attempt if attempt is not None and attempt.pk == step_id else None)
+    if not moved.update(
         attempts=Greatest(F("attempts") - 1, 0),
         next_attempt_at=Now() + timedelta(seconds=seconds),
         status=StepStatus.PENDING,
@@ -164,9 +180,11 @@ def _wait(*, step_id, seconds: float, note: str, ring: bool = True) -> None:
         lease_owner="",
         lease_expires_at=None,
         updated_at=Now(),
-    )
+    ):
+        return False
     if ring:
         due.ring(CompensationStep, step_id, delay=seconds)
+    return True
 
 
 def _lock_parent(step: CompensationStep):
@@ -246,36 +264,78 @@ def _finishing(step: CompensationStep):
         _complete_if_all_done(step)
 
 
-def _attention(*, step: CompensationStep, reason: str, flag: bool) -> None:
-    """The step stops for staff: `failed`, and its return `needs_attention` (with events)."""
+def _attention(
+    *, step: CompensationStep, reason: str, flag: bool = True, attempt: due.Attempt | None = None
+) -> bool:
+    """The step stops for staff: flagged and `failed` in one UPDATE, its return
+    `needs_attention`, with the events, all in one transaction; return True if this call did it.
+
+    With `attempt`, only while that attempt still holds the step (a stale
+    runner changes nothing). `flag=False`: the caller flagged it already.
+    """
     with transaction.atomic():
         parent = _lock_parent(step)
         if flag:
-            due.flag_attention(CompensationStep, pk=step.id, reason=reason)
-        moved = CompensationStep.objects.filter(
-            id=step.id, done_at__isnull=True, needs_attention=True
-        ).update(status=StepStatus.FAILED, updated_at=Now())
-        if not moved:
-            return
-        _event(
-            step=step,
-            kind="compensation_step",
-            source=step.status,
-            target=StepStatus.FAILED,
-            reason=due.truncate_error(reason),
-        )
-        if isinstance(parent, ReturnRequest):
-            if ReturnRequest.objects.filter(id=parent.id, status=ReturnStatus.PROCESSING).update(
-                status=ReturnStatus.NEEDS_ATTENTION, updated_at=Now()
-            ):
-                OrderEvent.objects.create(
-                    order_id=step.order_id,
-                    kind="return_needs_attention",
-                    from_status=ReturnStatus.PROCESSING,
-                    to_status=ReturnStatus.NEEDS_ATTENTION,
-                    data={"return_id": str(parent.id), "step": step.name},
+            moved = due.flag_attention(
+                CompensationStep,
+                pk=step.id,
+                reason=reason,
+                attempt=attempt,
+                values={"status": StepStatus.FAILED},
+            )
+        else:
+            moved = bool(
+                CompensationStep.objects.filter(
+                    id=step.id, done_at__isnull=True, needs_attention=True
                 )
+                .exclude(status=StepStatus.FAILED)
+                .update(status=StepStatus.FAILED, updated_at=Now())
+            )
+        if not moved:
+            return False
+        _attention_effects(step=step, parent=parent, reason=reason)
     logger.error("compensation step %s (%s) needs attention: %s", step.id, step.name, reason)
+    return True
+
+
+def _attention_effects(*, step: CompensationStep, parent, reason: str) -> None:
+    """Events of a step that became `failed`; its return `needs_attention` (parent locked)."""
+    _event(
+        step=step,
+        kind="compensation_step",
+        source=step.status,
+        target=StepStatus.FAILED,
+        reason=due.truncate_error(reason),
+    )
+    if isinstance(parent, ReturnRequest):
+        if ReturnRequest.objects.filter(id=parent.id, status=ReturnStatus.PROCESSING).update(
+            status=ReturnStatus.NEEDS_ATTENTION, updated_at=Now()
+        ):
+            OrderEvent.objects.create(
+                order_id=step.order_id,
+                kind="return_needs_attention",
+                from_status=ReturnStatus.PROCESSING,
+                to_status=ReturnStatus.NEEDS_ATTENTION,
+                data={"return_id": str(parent.id), "step": step.name},
+            )
+
+
+def _attempt_failed(*, step: CompensationStep, attempt: due.Attempt, error: str) -> due.Ended:
+    """A transient failure: recorded, and at the budget flagged and `failed` with its events,
+    in ONE transaction (a worker killed in it leaves the attempt as begun, due again)."""
+    with transaction.atomic():
+        parent = _lock_parent(step)
+        ended = due.attempt_failed(
+            CompensationStep,
+            pk=step.id,
+            error=error,
+            attempt=attempt,
+            attention_values={"status": StepStatus.FAILED, "updated_at": Now()},
+            retry_values={"status": StepStatus.PENDING, "updated_at": Now()},
+        )
+        if ended is due.Ended.ATTENTION:
+            _attention_effects(step=step, parent=parent, reason=error)
+    return ended
 
 
 def step_flag_attention(*, step_id, reason: str) -> None:
@@ -294,7 +354,7 @@ def step_run(*, step_id) -> str:
     due later for the sweeper.
     """
     assert not connection.in_atomic_block, "step_run calls out: no transaction may be open"
-    attempt = due.attempt_begin(CompensationStep, pk=step_id)
+    attempt = due.attempt_begin(CompensationStep, pk=step_id, values={"status": StepStatus.RUNNING})
     step = CompensationStep.objects.filter(id=step_id).first()
     if step is None:
         return "no such step"
@@ -304,10 +364,16 @@ def step_run(*, step_id) -> str:
         return "needs attention"
     if not attempt.taken:
         return "not due"
-    CompensationStep.objects.filter(id=step_id, done_at__isnull=True).update(
-        status=StepStatus.RUNNING, updated_at=Now()
-    )
-    step.status = StepStatus.RUNNING
+    step.status = StepStatus.RUNNING  # in attempt_begin's UPDATE
+    token = _current_attempt.set(attempt)
+    try:
+        return _attempt_run(step=step, attempt=attempt)
+    finally:
+        _current_attempt.reset(token)
+
+
+def _attempt_run(*, step: CompensationStep, attempt: due.Attempt) -> str:
+    step_id = step.id
     if step.after:
         before = _siblings(step).filter(name=step.after).values("done_at", "needs_attention")[0]
         if before["done_at"] is None:
@@ -317,36 +383,34 @@ def step_run(*, step_id) -> str:
                 # act). That step's done transaction makes this one due now
                 # and rings it (`_finishing`); the long re-check is only a
                 # safety net, found by the sweeper.
-                _wait(
+                parked = _wait(
                     step_id=step_id,
                     seconds=settings.COMPENSATION_PARKED_RECHECK,
                     note=f"parked: {step.after} needs attention",
                     ring=False,
                 )
-                return "parked"
-            _wait(
+                return "parked" if parked else "stale"
+            waiting = _wait(
                 step_id=step_id,
                 seconds=settings.COMPENSATION_WAIT_SECONDS,
                 note=f"waiting for {step.after}",
             )
-            return "waiting"
+            return "waiting" if waiting else "stale"
     try:
         failpoint(f"compensation.{step.name}.before_effect")
         outcome = _HANDLERS[step.name](step)
     except StepNeedsAttention as exc:
-        _attention(step=step, reason=str(exc), flag=True)
+        if not _attention(step=step, reason=str(exc), attempt=attempt):
+            return "stale"
         return "needs attention"
     except Exception as exc:  # noqa: BLE001 - any other failure is transient: back off, retry
         logger.warning("compensation step %s (%s) failed: %s", step_id, step.name, exc)
-        spent = due.attempt_failed(
-            CompensationStep, pk=step_id, error=f"{type(exc).__name__}: {exc}"
-        )
-        if spent:
-            _attention(step=step, reason=str(exc), flag=False)
+        ended = _attempt_failed(step=step, attempt=attempt, error=f"{type(exc).__name__}: {exc}")
+        if ended is due.Ended.REFUSED:
+            return "stale"  # another attempt holds the step (or staff): it decides
+        if ended is due.Ended.ATTENTION:
+            logger.error("compensation step %s (%s) needs attention: %s", step_id, step.name, exc)
             return "needs attention"
-        CompensationStep.objects.filter(
-            id=step_id, done_at__isnull=True, needs_attention=False
-        ).update(status=StepStatus.PENDING, updated_at=Now())
         due.ring(CompensationStep, step_id, delay=_db_seconds_until(step_id) + 0.05)
         return "failed"
     return outcome
@@ -549,16 +613,21 @@ _HANDLERS: dict[str, Callable[[CompensationStep], str]] = {
 def steps_retry_failed(*, step_ids: Iterable, by=None) -> int:
     """Staff: give each failed step a fresh budget, due now (core.due.retry_now); return how many.
 
-    Its return goes back from `needs_attention` to `processing`. Safe to
+    Failed means `failed` or flagged (`NEEDS_STAFF`: a step flagged while its
+    status stayed `running`, left by earlier versions, gets out too). Its
+    return goes back from `needs_attention` to `processing`. Safe to
     double-click: a step already retried is no longer failed.
     """
     retried = 0
     for step in CompensationStep.objects.filter(id__in=list(step_ids)).order_by("id"):
         with transaction.atomic():
             parent = _lock_parent(step)
-            if not CompensationStep.objects.filter(
-                id=step.id, status=StepStatus.FAILED, done_at__isnull=True
-            ).exists():
+            source = (
+                CompensationStep.objects.filter(NEEDS_STAFF, id=step.id, done_at__isnull=True)
+                .values_list("status", flat=True)
+                .first()
+            )
+            if source is None:
                 continue
             if not due.retry_now(CompensationStep, pk=step.id):
                 continue
@@ -567,7 +636,7 @@ def steps_retry_failed(*, step_ids: Iterable, by=None) -> int:
             _event(
                 step=step,
                 kind="compensation_retry",
-                source=StepStatus.FAILED,
+                source=source,
                 target=StepStatus.PENDING,
                 by=getattr(by, "username", None),
             )
@@ -586,14 +655,14 @@ def steps_retry_failed(*, step_ids: Iterable, by=None) -> int:
 
 def return_retry_failed_steps(*, return_id, by=None) -> int:
     ids = CompensationStep.objects.filter(
-        order_return_id=return_id, status=StepStatus.FAILED
+        NEEDS_STAFF, order_return_id=return_id, done_at__isnull=True
     ).values_list("id", flat=True)
     return steps_retry_failed(step_ids=ids, by=by)
 
 
 def cancellation_retry_failed_steps(*, order_id, by=None) -> int:
     ids = CompensationStep.objects.filter(
-        order_id=order_id, kind=CompensationKind.CANCELLATION, status=StepStatus.FAILED
+        NEEDS_STAFF, order_id=order_id, kind=CompensationKind.CANCELLATION, done_at__isnull=True
     ).values_list("id", flat=True)
     return steps_retry_failed(step_ids=ids, by=by)
 

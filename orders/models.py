@@ -66,6 +66,9 @@ class Order(models.Model):
     updated_at = models.DateTimeField(db_default=Now())
 
     class Meta:
+        # Refunding moves money: its own permission, apart from "change order"
+        # (cancelling), so a role may cancel without refunding (docs/compensation.md).
+        permissions = [("refund_order", "Can refund orders")]
         constraints = [
             models.UniqueConstraint(fields=["number"], name="orders_order_number_uniq"),
             models.CheckConstraint(
@@ -379,4 +382,5 @@ class CompensationStep(DueWork):
             backoff_base=settings.COMPENSATION_BACKOFF_BASE,
             backoff_max=settings.COMPENSATION_BACKOFF_MAX,
             lease=settings.COMPENSATION_LEASE,
+            attempt_lease=settings.COMPENSATION_ATTEMPT_LEASE,
         )

@@ -397,6 +397,7 @@ def _capture_record(
     result: ProviderResult,
     mode: str,
     txn: PaymentTransaction | None = None,
+    attempt: due.Attempt | None = None,
 ) -> Payment:
     """Record one provider answer about a capture (mode: inline | lookup | settlement | webhook).
 
@@ -447,7 +448,9 @@ def _capture_record(
 
         stored = stored_capture_result(txn=txn)
         if stored is not None:
-            return _capture_record(transaction_id=txn.id, result=stored, mode=mode, txn=txn)
+            return _capture_record(
+                transaction_id=txn.id, result=stored, mode=mode, txn=txn, attempt=attempt
+            )
     if mismatch:
         _mark_needs_attention(
             payment=payment,
@@ -481,6 +484,8 @@ def _capture_record(
                 pk=settlement_id,
                 error=result.describe(),
                 attention_reason=reason,
+                # Fenced: a stale attempt's unknown answer spends nothing.
+                attempt=attempt if attempt is not None and attempt.pk == settlement_id else None,
             ):
                 _attention_event(payment=payment, txn=txn, reason=reason)
     return payment
@@ -493,7 +498,9 @@ _RECORDERS: dict[str, Callable[..., Payment]] = {TransactionKind.CAPTURE: _captu
 # -- settlement ------------------------------------------------------------------
 
 
-def _settlement_begin_attempt(*, settlement_id: int) -> PaymentSettlement | None:
+def _settlement_begin_attempt(
+    *, settlement_id: int
+) -> tuple[PaymentSettlement, due.Attempt] | None:
     """Count one attempt and schedule the next before calling out; None if not due.
 
     `core.due.attempt_begin`: exactly one of several concurrent runners
@@ -509,7 +516,10 @@ def _settlement_begin_attempt(*, settlement_id: int) -> PaymentSettlement | None
         _settlement_exhausted(settlement_id=settlement_id)
     if not attempt.taken:
         return None
-    return PaymentSettlement.objects.select_related("transaction__payment").get(id=settlement_id)
+    settlement = PaymentSettlement.objects.select_related("transaction__payment").get(
+        id=settlement_id
+    )
+    return settlement, attempt
 
 
 @transaction.atomic
@@ -536,7 +546,7 @@ def _resend(*, txn: PaymentTransaction, gateway) -> ProviderResult:
             reference=payment.reference,
             payment_method=payment.payment_method,
         )
-    raise NotImplementedError(f"settlement of {txn.kind} arrives with its issue")
+    raise NotImplementedError(f"no settlement for {txn.kind} transactions")
 
 
 def payment_settle(*, settlement_id: int) -> PaymentSettlement:
@@ -550,9 +560,10 @@ def payment_settle(*, settlement_id: int) -> PaymentSettlement:
     the row needs attention.
     """
     _require_no_transaction("payment_settle")
-    settlement = _settlement_begin_attempt(settlement_id=settlement_id)
-    if settlement is None:
+    begun = _settlement_begin_attempt(settlement_id=settlement_id)
+    if begun is None:
         return PaymentSettlement.objects.get(id=settlement_id)
+    settlement, attempt = begun
     txn = settlement.transaction
     gateway = get_gateway()
     result = gateway.lookup(key=txn.provider_key)
@@ -562,7 +573,7 @@ def payment_settle(*, settlement_id: int) -> PaymentSettlement:
         # provider's idempotency makes a re-send under the same key safe even
         # if the first call is still on its way.
         result = _resend(txn=txn, gateway=gateway)
-    _RECORDERS[txn.kind](transaction_id=txn.id, result=result, mode="settlement")
+    _RECORDERS[txn.kind](transaction_id=txn.id, result=result, mode="settlement", attempt=attempt)
     settlement.refresh_from_db()
     return settlement
 
@@ -868,7 +879,9 @@ def _refund_flag(
     return True
 
 
-def _refund_record(*, refund, result: ProviderResult, mode: str) -> bool:
+def _refund_record(
+    *, refund, result: ProviderResult, mode: str, attempt: due.Attempt | None = None
+) -> bool:
     """Record one provider answer about a refund (mode: task | webhook); True if it changed it.
 
     Success → the one transition to succeeded; decline (final) or another
@@ -900,7 +913,7 @@ def _refund_record(*, refund, result: ProviderResult, mode: str) -> bool:
 
         stored = stored_refund_result(refund=current)
         if stored is not None:
-            return _refund_record(refund=current, result=stored, mode=mode)
+            return _refund_record(refund=current, result=stored, mode=mode, attempt=attempt)
         PaymentTransaction.objects.filter(id=current.transaction_id).update(
             last_error=describe, updated_at=Now()
         )
@@ -908,7 +921,11 @@ def _refund_record(*, refund, result: ProviderResult, mode: str) -> bool:
             return False
         budget = settings.PAYMENTS_REFUND_MAX_ATTEMPTS
         reason = f"refund outcome still unknown after {budget} attempts: {describe}"
-        if due.attempt_failed(Refund, pk=current.id, error=describe, attention_reason=reason):
+        # Fenced: a stale attempt (its lease ran out, another attempt began)
+        # neither frees the running attempt's lease nor spends the budget.
+        if due.attempt_failed(
+            Refund, pk=current.id, error=describe, attention_reason=reason, attempt=attempt
+        ):
             Refund.objects.filter(id=current.id, status="pending").update(
                 needs_attention=False
             )  # let _refund_flag make the one status change with its event
@@ -973,7 +990,7 @@ def refund_run(*, refund_id) -> Refund | None:
             looked_up = gateway.lookup(key=refund.provider_key)
             if looked_up.outcome in (Outcome.SUCCEEDED, Outcome.DECLINED):
                 result = looked_up
-    _refund_record(refund=refund, result=result, mode="task")
+    _refund_record(refund=refund, result=result, mode="task", attempt=attempt)
     return Refund.objects.get(id=refund_id)
 
 

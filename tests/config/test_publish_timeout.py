@@ -1,4 +1,5 @@
-"""A publish to a RabbitMQ under a memory alarm returns within BROKER_PUBLISH_TIMEOUT.
+"""A publish to a RabbitMQ under a memory alarm returns within BROKER_PUBLISH_TIMEOUT;
+on a hung Redis, cache reads and publishes raise instead of blocking.
 
 Under a memory alarm RabbitMQ stops reading from publishing connections
 without closing them: the message is written, its confirm never comes.
@@ -19,8 +20,6 @@ from django.conf import settings
 
 from tests.support import rabbitmq
 
-pytestmark = pytest.mark.rabbitmq
-
 NORMAL_WATERMARK = "0.4"
 
 
@@ -33,6 +32,7 @@ def _watermark(value: str) -> None:
     )
 
 
+@pytest.mark.rabbitmq
 def test_a_publish_under_a_memory_alarm_raises_within_the_confirm_timeout():
     from config.celery import app
 
@@ -67,6 +67,7 @@ def test_a_publish_under_a_memory_alarm_raises_within_the_confirm_timeout():
     assert outcome["result"] != "published"
 
 
+@pytest.mark.rabbitmq
 def test_after_a_timed_out_confirm_the_next_publish_goes_through():
     """The timed-out connection is thrown away: the next publish (the sweeper's ring) works."""
     from config.celery import app
@@ -88,3 +89,58 @@ def test_after_a_timed_out_confirm_the_next_publish_goes_through():
         app.send_task("testsupport.nothing", args=[2], connection=conn, retry=False)
     assert rabbitmq.queue_depth() >= before + 1
     rabbitmq.purge()
+
+
+HUNG_REDIS_CALLS = """
+import django, json
+django.setup()
+from django.core.cache import cache
+from config.celery import app
+out = {}
+try:
+    cache.get('throttle-probe')
+    out['cache'] = 'answered'
+except Exception as exc:
+    out['cache'] = type(exc).__name__
+try:
+    app.send_task('chaos.none', args=[1], retry=False)
+    out['publish'] = 'published'
+except Exception as exc:
+    out['publish'] = type(exc).__name__
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("_", [None], ids=["redis"])
+def test_a_hung_redis_fails_cache_reads_and_publishes_instead_of_blocking(_):
+    """Throttles (the cache) and a publish on a SIGSTOPped Redis raise, bounded.
+
+    Before the fix both waited on the socket forever (the subprocess timed out).
+    """
+    import json
+    import os
+    import signal
+    import sys
+
+    from tests.config.test_broker_outage import free_port, redis_server
+    from tests.config.test_settings import ROOT
+
+    port = free_port()
+    with redis_server(port) as proc:
+        os.kill(proc.pid, signal.SIGSTOP)
+        try:
+            env = dict(
+                os.environ,
+                DJANGO_SETTINGS_MODULE="config.settings.base",
+                REDIS_URL=f"redis://127.0.0.1:{port}/0",
+            )
+            out = subprocess.run(
+                [sys.executable, "-c", HUNG_REDIS_CALLS], env=env, cwd=ROOT,
+                capture_output=True, text=True, timeout=90,
+            )  # fmt: skip
+        finally:
+            os.kill(proc.pid, signal.SIGCONT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["cache"] != "answered"
+    assert result["publish"] != "published"
