@@ -31,6 +31,7 @@ asked (docs/testing.md, "The model-based test of an order's money life").
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import time
@@ -398,11 +399,13 @@ class MoneyLife(RuleBasedStateMachine):
         if not items:
             return
         item = items[index % len(items)]
-        for offered in offered_actions(
-            item, simulator=self.world.simulator, by=self.staff, preference=STAFF_ACTIONS
-        ):
-            if offered.name == action:
-                take(offered)
+        with self._ledger_readable():
+            offered = offered_actions(
+                item, simulator=self.world.simulator, by=self.staff, preference=STAFF_ACTIONS
+            )
+        for choice in offered:
+            if choice.name == action:
+                take(choice)
 
     @rule(index=st.integers(0, 3))
     def staff_retry_a_step(self, index):
@@ -452,11 +455,24 @@ class MoneyLife(RuleBasedStateMachine):
             return
         self._reconciled(strict=False)
 
+    @contextlib.contextmanager
+    def _ledger_readable(self):
+        """The ledger is read on the provider's API port: open it for the look (an observer's
+        read, not a call of the shop) while the provider refuses the shop's connections."""
+        if self.unreachable:
+            self.world.simulator.faults(refuse_connections=False)
+        try:
+            yield
+        finally:
+            if self.unreachable:
+                self.world.simulator.faults(refuse_connections=True)
+
     def _reconciled(self, *, strict: bool) -> None:
         """Reconciliation is clean, except (not strict) refunds the provider made whose lost
         answer the shop has not settled yet (the refund still `pending`, or flagged for staff
         after its budget of unknown answers): those keys, and the payment's total off by them."""
-        report = reconcile_payments()
+        with self._ledger_readable():
+            report = reconcile_payments()
         if strict:
             assert report.clean, report.as_dict()
             return
@@ -473,10 +489,12 @@ class MoneyLife(RuleBasedStateMachine):
         assert not other, report.as_dict()
         if any(d.kind == DIFFERENT_TOTAL for d in report.differences):
             install = install_id_or_none()
+            with self._ledger_readable():
+                ledger = self.world.simulator.ledger(f"{install}:")
             provider_refunded = sum(
                 (
                     Decimal(op["amount"])
-                    for op in self.world.simulator.ledger(f"{install}:")
+                    for op in ledger
                     if op["kind"] == "refund" and op["status"] == "succeeded"
                 ),
                 Decimal(0),
@@ -543,6 +561,7 @@ class MoneyLife(RuleBasedStateMachine):
         if not self.ready:
             return
         requests.post(f"{self.world.simulator.control_url}/reset", json={}, timeout=10)
+        self.declining = self.unreachable = False  # the provider recovers
         tries: dict = {}
         for _ in range(ROUNDS):
             self._drain()
