@@ -1,4 +1,4 @@
-"""Per-process Prometheus instruments: HTTP requests and Celery task retries.
+"""Per-process Prometheus instruments: HTTP requests, Celery task retries, the outbox lag.
 
 prometheus_client keeps these in the process; with `PROMETHEUS_MULTIPROC_DIR`
 set (the run command and gunicorn.conf.py set it, see docs/operations.md)
@@ -37,6 +37,14 @@ TASK_RETRIES = Counter(
     "shop_task_retries",
     "Celery task retries (Task.retry), by task name.",
     ["task"],
+)
+# Observed by the consumer's process once its effect committed: outbox row created ->
+# delivery done, both read from the database clock (idempotency.deliveries).
+OUTBOX_LAG = Histogram(
+    "shop_outbox_lag_seconds",
+    "Time from an outbox message's creation to a consumer's effect committed, per consumer.",
+    ["consumer"],
+    buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0),
 )
 
 # Methods outside this set are counted as "other" (bounded label values).

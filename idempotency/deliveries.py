@@ -22,21 +22,46 @@ A delivery already done still runs `apply`: the consumer's own record then
 refuses the copy and counts it (the duplicate counters show every copy). A
 dead letter is not run until staff requeue it.
 
+**Batches** (`deliveries_consume`, what the relay rings for; docs/events.md,
+"Batched consumers"): one task message carries many message ids of one
+consumer.
+
+1. **claim** (one committed transaction): the batch's delivery rows, `FOR
+   UPDATE SKIP LOCKED` in pk order (rows another copy is applying right now
+   are left to it). Fresh rows (no attempt yet) get their attempt counted in
+   one UPDATE; rows tried before (a failed or killed run: *suspects*) are set
+   aside; spent budgets become dead letters;
+2. **apply** (one transaction): the fresh rows (and copies of done ones) are
+   locked again, `apply_many` makes every effect (inbox rows or applied ids
+   with them), and one UPDATE marks them all done;
+3. **on any exception** in 2 the transaction rolls back whole and the batch
+   is applied **one by one**, each row in its own transaction without counting
+   its attempt again: only the failing row records its error (or becomes a
+   dead letter); its neighbours are applied. Suspects always run one by one
+   (`delivery_consume`, attempt counted first), so a message that kills the
+   worker spends its own budget alone and never its neighbours'.
+
     dead_letters_count()   deliveries that are dead letters (the `shop_dead_letters` gauge)
 """
 
 from __future__ import annotations
 
 import enum
+import json
 import logging
 import uuid
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from django.db import connection, transaction
 
 from core import due
+from core.instruments import OUTBOX_LAG
 
+from .failpoints import failpoint
 from .models import Delivery, OutboxMessage
 
 logger = logging.getLogger(__name__)
@@ -102,19 +127,37 @@ def delivery_consume(
             done = Delivery.objects.filter(pk=pk, done_at__isnull=False).exists()
             if not done:
                 return Result.SKIPPED, None
-    kwargs = {
-        "message_id": str(message_id),
-        "event_type": message["event_type"],
-        "payload": message["payload"],
-    }
+    return _run_one(
+        consumer=consumer,
+        pk=pk,
+        message_id=str(message_id),
+        event_type=message["event_type"],
+        payload=message["payload"],
+        apply=apply,
+        atomic=atomic,
+    )
+
+
+def _run_one(
+    *,
+    consumer: str,
+    pk: int,
+    message_id: str,
+    event_type: str,
+    payload: Any,
+    apply: Callable[..., Any],
+    atomic: bool,
+) -> tuple[Result, Any]:
+    """Apply one delivery whose attempt is already counted; mark it done or record why not."""
+    kwargs = {"message_id": message_id, "event_type": event_type, "payload": payload}
     try:
         if atomic:
             with transaction.atomic():
                 outcome = apply(**kwargs)
-                due.mark_done(Delivery, pk=pk)
+                lags = _mark_done([pk])
         else:
             outcome = apply(**kwargs)
-            due.mark_done(Delivery, pk=pk)
+            lags = _mark_done([pk])
     except Exception as exc:  # noqa: BLE001 - every failure ends in a row, never a crash
         if getattr(exc, "retryable", True) is False:
             due.flag_attention(Delivery, pk=pk, reason=f"{type(exc).__name__} (not retried): {exc}")
@@ -127,7 +170,258 @@ def delivery_consume(
         )
         logger.warning("%s: message %s failed (%s): %s", consumer, message_id, spent, exc)
         return (Result.DEAD_LETTER if spent else Result.FAILED), exc
+    _observe_lag(consumer, lags)
     return Result.APPLIED, outcome
+
+
+# -- done, and how late ---------------------------------------------------------------
+
+# Done in one statement for a whole batch; the lag (message created -> delivery done,
+# both by the database clock) comes back for `shop_outbox_lag_seconds`.
+_MARK_DONE = (
+    "UPDATE idempotency_delivery d SET done_at = now(), needs_attention = false,"
+    " lease_owner = '', lease_expires_at = NULL, updated_at = now()"
+    " FROM idempotency_outboxmessage m"
+    " WHERE d.id = ANY(%s) AND d.done_at IS NULL AND m.id = d.message_id"
+    " RETURNING EXTRACT(EPOCH FROM now() - m.created_at)::float"
+)
+
+
+def _mark_done(pks: Sequence[int]) -> list[float]:
+    """Mark the deliveries `pks` done (those not done yet); return each one's lag in seconds."""
+    if not pks:
+        return []
+    with connection.cursor() as cursor:
+        cursor.execute(_MARK_DONE, [list(pks)])
+        return [max(0.0, float(row[0])) for row in cursor.fetchall()]
+
+
+def _observe_lag(consumer: str, lags: Iterable[float]) -> None:
+    # Called after the commit that made the effects stand (a rolled-back batch is not counted).
+    histogram = OUTBOX_LAG.labels(consumer=consumer)
+    for lag in lags:
+        histogram.observe(lag)
+
+
+# -- batches ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Message:
+    """One outbox message as a batch consumer sees it (re-read from the row, never the wire)."""
+
+    message_id: str
+    event_type: str
+    payload: Any
+    aggregate_type: str
+    aggregate_id: str
+    created_at: datetime
+    copy: bool = False  # its delivery is done already: a redelivered copy (apply refuses it)
+
+
+@dataclass
+class BatchResult:
+    """What one batch came to, by delivery (message id -> Result)."""
+
+    results: dict[str, Result]
+    outcomes: dict[str, Any]
+    one_by_one: bool = False  # the batch transaction failed and rows were applied singly
+
+    def summary(self) -> str:
+        counts = Counter(str(r) for r in self.results.values())
+        return ",".join(f"{name}:{n}" for name, n in sorted(counts.items()))
+
+
+_CLAIM = (
+    "SELECT d.id, d.message_id::text, d.attempts, d.done_at IS NOT NULL, d.needs_attention"
+    " FROM idempotency_delivery d"
+    " WHERE d.consumer = %s AND d.message_id = ANY(%s::uuid[])"
+    " ORDER BY d.id FOR UPDATE SKIP LOCKED"
+)
+_COUNT_FRESH = (
+    "UPDATE idempotency_delivery SET attempts = attempts + 1,"
+    " next_attempt_at = now() + make_interval(secs => %s), updated_at = now()"
+    " WHERE id = ANY(%s) AND attempts = 0 AND done_at IS NULL AND NOT needs_attention"
+    " RETURNING id"
+)
+_LOCK_AND_READ = (
+    "SELECT d.id, d.message_id::text, d.done_at IS NOT NULL, m.event_type, m.payload,"
+    " m.aggregate_type, m.aggregate_id, m.created_at"
+    " FROM idempotency_delivery d JOIN idempotency_outboxmessage m ON m.id = d.message_id"
+    " WHERE d.id = ANY(%s) AND NOT d.needs_attention"
+    " ORDER BY d.id FOR UPDATE OF d SKIP LOCKED"
+)
+
+
+def _json(value: Any) -> Any:
+    # A jsonb column read by a raw cursor comes back as text.
+    return json.loads(value) if isinstance(value, str | bytes) else value
+
+
+@dataclass
+class _Claim:
+    fresh: list[int]  # attempt counted now: applied together
+    copies: list[int]  # done already: handed to the consumer to refuse (and count)
+    suspects: list[tuple[int, str]]  # tried before and not done: one by one
+    skipped: dict[str, Result]  # dead letters, spent budgets, rows held by another copy
+
+
+def _claim(consumer: str, message_ids: list[str]) -> tuple[_Claim, dict[int, str]]:
+    """Lock the batch's deliveries (skip those another copy holds), count fresh attempts."""
+    budget = Delivery.due_policy().max_attempts
+    claim = _Claim(fresh=[], copies=[], suspects=[], skipped={})
+    ids: dict[int, str] = {}
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(_CLAIM, [consumer, message_ids])
+        rows = cursor.fetchall()
+        maybe_fresh = []
+        for pk, message_id, attempts, done, attention in rows:
+            ids[pk] = message_id
+            if done:
+                claim.copies.append(pk)
+            elif attention:
+                claim.skipped[message_id] = Result.SKIPPED
+            elif attempts >= budget:
+                due.flag_attention(
+                    Delivery, pk=pk, reason=f"attempt budget spent ({budget} attempts)"
+                )
+                claim.skipped[message_id] = Result.DEAD_LETTER
+            elif attempts == 0:
+                maybe_fresh.append(pk)
+            else:
+                claim.suspects.append((pk, message_id))
+        if maybe_fresh:
+            # One backoff for the batch: it matters only if the whole batch dies (then every
+            # row is a suspect on the next run, and runs alone).
+            cursor.execute(_COUNT_FRESH, [Delivery.due_policy().backoff(1), maybe_fresh])
+            claim.fresh = sorted(row[0] for row in cursor.fetchall())
+        failpoint("delivery.claimed")  # the batch's rows still locked by this claim
+    claimed = {ids[pk] for pk in ids}
+    for message_id in message_ids:
+        if message_id not in claimed:
+            # Held by a concurrent copy (SKIP LOCKED), or no delivery of this consumer.
+            claim.skipped.setdefault(message_id, Result.SKIPPED)
+    return claim, ids
+
+
+def _read_locked(pks: list[int]) -> list[tuple[int, Message]]:
+    with connection.cursor() as cursor:
+        cursor.execute(_LOCK_AND_READ, [pks])
+        rows = cursor.fetchall()
+    return [
+        (
+            pk,
+            Message(
+                message_id=message_id,
+                event_type=event_type,
+                payload=_json(payload),
+                aggregate_type=agg_type,
+                aggregate_id=agg_id,
+                created_at=created_at,
+                copy=done,
+            ),
+        )
+        for pk, message_id, done, event_type, payload, agg_type, agg_id, created_at in rows
+    ]
+
+
+def deliveries_consume(
+    *,
+    consumer: str,
+    message_ids: Sequence[str],
+    apply_many: Callable[[list[Message]], list[Any]],
+    apply: Callable[..., Any],
+    atomic: bool,
+) -> BatchResult:
+    """Apply consumer `consumer` to a batch of outbox messages; see the module doc.
+
+    `apply_many(messages)` runs inside the batch's transaction and returns one
+    outcome per message, in order; it may raise (any exception sends the batch
+    one by one through `apply`, the single-message consumer, with `atomic` as
+    for `delivery_consume`).
+    """
+    wanted = list(dict.fromkeys(str(m) for m in message_ids))
+    result = BatchResult(results={}, outcomes={})
+    valid = [m for m in wanted if _is_uuid(m)]
+    for message_id in wanted:
+        if message_id not in valid:
+            logger.warning("%s: message id %r is no uuid; acknowledged", consumer, message_id)
+            result.results[message_id] = Result.SKIPPED
+    if not valid:
+        return result
+    claim, ids = _claim(consumer, valid)
+    result.results.update(claim.skipped)
+    together = sorted([*claim.fresh, *claim.copies])
+    if together:
+        try:
+            with transaction.atomic():
+                locked = _read_locked(together)
+                messages = [message for _, message in locked]
+                outcomes = apply_many(messages) if messages else []
+                if len(outcomes) != len(messages):
+                    raise RuntimeError(f"{consumer}: apply_many returned a wrong count")
+                lags = _mark_done([pk for pk, message in locked if not message.copy])
+        except Exception as exc:  # noqa: BLE001 - the batch falls back to one by one
+            logger.warning(
+                "%s: batch of %d failed (%s: %s); applying one by one",
+                consumer,
+                len(together),
+                type(exc).__name__,
+                exc,
+            )
+            result.one_by_one = True
+            _one_by_one(consumer, together, ids, apply=apply, atomic=atomic, into=result)
+        else:
+            _observe_lag(consumer, lags)
+            held = set(together) - {pk for pk, _ in locked}
+            for pk in held:
+                # Taken by a concurrent copy between our claim and our lock: left to it.
+                result.results[ids[pk]] = Result.SKIPPED
+            for (_, message), outcome in zip(locked, outcomes, strict=True):
+                result.results[message.message_id] = Result.APPLIED
+                result.outcomes[message.message_id] = outcome
+    for _pk, message_id in claim.suspects:
+        single, outcome = delivery_consume(
+            consumer=consumer, message_id=message_id, apply=apply, atomic=atomic
+        )
+        result.results[message_id] = single
+        result.outcomes[message_id] = outcome
+    return result
+
+
+def _one_by_one(
+    consumer: str,
+    pks: list[int],
+    ids: dict[int, str],
+    *,
+    apply: Callable[..., Any],
+    atomic: bool,
+    into: BatchResult,
+) -> None:
+    """Apply each row of a failed batch alone; its attempt was counted at the claim."""
+    messages = {
+        str(row["pk"]): row
+        for row in OutboxMessage.objects.filter(pk__in=[ids[pk] for pk in pks]).values(
+            "pk", "event_type", "payload"
+        )
+    }
+    for pk in pks:
+        message_id = ids[pk]
+        message = messages.get(message_id)
+        if message is None:
+            into.results[message_id] = Result.SKIPPED
+            continue
+        single, outcome = _run_one(
+            consumer=consumer,
+            pk=pk,
+            message_id=message_id,
+            event_type=message["event_type"],
+            payload=message["payload"],
+            apply=apply,
+            atomic=atomic,
+        )
+        into.results[message_id] = single
+        into.outcomes[message_id] = outcome
 
 
 def _is_uuid(value: str) -> bool:

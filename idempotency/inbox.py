@@ -5,9 +5,15 @@ savepoint inside the consumer's transaction, so a duplicate leaves that
 transaction usable and the consumer simply skips its effect. A concurrent
 duplicate waits on the first one's uncommitted row and then sees it (the
 pessimistic order: the dedup record before the effect).
+
+`inbox_claim_many` records a batch's ids in one statement (`ON CONFLICT ON
+CONSTRAINT ... DO NOTHING`: the same constraint decides, with no savepoint
+per id), for the batched consumers (docs/events.md, "Batched consumers").
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 from django.db import IntegrityError, connection, transaction
 
@@ -34,3 +40,34 @@ def inbox_claim(*, consumer: str, message_id: str) -> bool:
         )
         return False
     return True
+
+
+_CLAIM_MANY = (
+    f"INSERT INTO {InboxMessage._meta.db_table} (consumer, message_id)"
+    " SELECT %s, m FROM unnest(%s::text[]) AS u(m) ORDER BY m"
+    f" ON CONFLICT ON CONSTRAINT {INBOX_CONSTRAINT} DO NOTHING RETURNING message_id"
+)
+
+
+def inbox_claim_many(*, consumer: str, message_ids: Iterable[str]) -> set[str]:
+    """Record every id for `consumer` in one statement; return the ids recorded now.
+
+    An id not returned was processed already (or is being, by a transaction
+    this one waited for): its duplicate is counted like `inbox_claim`'s. The
+    ids are inserted in sorted order, so two batches sharing ids wait for each
+    other instead of deadlocking.
+    """
+    if not connection.in_atomic_block:
+        raise RuntimeError("inbox_claim_many must run inside the consumer's transaction")
+    wanted = sorted(set(message_ids))
+    if not wanted:
+        return set()
+    with connection.cursor() as cursor:
+        cursor.execute(_CLAIM_MANY, [consumer, wanted])
+        claimed = {row[0] for row in cursor.fetchall()}
+    for message_id in wanted:
+        if message_id not in claimed:
+            metrics.duplicate_suppressed(
+                mechanism=metrics.INBOX_DUPLICATE, consumer=consumer, message_id=message_id
+            )
+    return claimed

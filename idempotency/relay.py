@@ -3,8 +3,9 @@
 The broker is a doorbell, the database is the ledger (docs/events.md, "The relay"):
 
     relay_once        one batch: lease_due (FOR UPDATE SKIP LOCKED) -> deliveries upserted and
-                      leased (committed) -> one Celery task per (consumer, message) on one
-                      producer connection -> failpoint `relay.published` -> rows marked done
+                      leased (committed) -> one Celery task per consumer per batch of ids
+                      (OUTBOX_CONSUMER_BATCH) on one producer connection -> failpoint
+                      `relay.published` -> rows marked done
     deliveries_sweep  re-publish deliveries whose lease ran out before their consumer marked
                       them done (the broker lost the message, a worker died, an attempt failed)
     outbox_purge      delete published rows past OUTBOX_RETENTION whose deliveries are all done
@@ -42,7 +43,7 @@ ALL_TYPES = "*"
 @dataclass(frozen=True)
 class Consumer:
     name: str  # the delivery's `consumer` (and the inbox's, when it uses one)
-    task: str  # Celery task name, called with the outbox message id (text)
+    task: str  # Celery task name, called with a list of outbox message ids (text)
     event_types: frozenset[str]  # the types it subscribes to; ALL_TYPES for every type
 
     def wants(self, event_type: str) -> bool:
@@ -77,15 +78,37 @@ class PublishError(Exception):
 # -- publishing -------------------------------------------------------------------------
 
 
+def rings(pairs: list[tuple[str, str]], *, size: int | None = None) -> list[tuple[str, list[str]]]:
+    """Group (task name, message id) pairs into batches: one (task, ids) per `size` ids of a task.
+
+    Ids keep their order within a task (the relay's claim order); a task's
+    batch never mixes consumers, since each consumer has its own task.
+    """
+    size = max(1, size or settings.OUTBOX_CONSUMER_BATCH)
+    by_task: dict[str, list[str]] = {}
+    for task_name, message_id in pairs:
+        by_task.setdefault(task_name, []).append(message_id)
+    return [
+        (task_name, ids[start : start + size])
+        for task_name, ids in by_task.items()
+        for start in range(0, len(ids), size)
+    ]
+
+
 def publish(pairs: list[tuple[str, str]]) -> None:
-    """Enqueue one task per (task name, message id), all on one producer connection."""
+    """Enqueue the deliveries (task name, message id): one task message per batch of ids.
+
+    One broker message rings for up to OUTBOX_CONSUMER_BATCH deliveries of one
+    consumer (the consumer claims and applies them together); all on one
+    producer connection.
+    """
     if not pairs:
         return
     app = current_app
     try:
         with app.producer_or_acquire() as producer:
-            for task_name, message_id in pairs:
-                app.send_task(task_name, args=[message_id], producer=producer, retry=False)
+            for task_name, ids in rings(pairs):
+                app.send_task(task_name, args=[ids], producer=producer, retry=False)
     except Exception as exc:  # noqa: BLE001 - any broker failure: publish again later
         raise PublishError(str(exc)) from exc
 

@@ -11,13 +11,15 @@ out of order (a return before its confirmation) net to the same result.
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.db import connection, transaction
 
-from idempotency.inbox import inbox_claim
+from idempotency.deliveries import Message
+from idempotency.inbox import inbox_claim, inbox_claim_many
 
 from . import events
 from .models import PurchaseHistoryLine
@@ -80,29 +82,20 @@ def _upsert(fact: events.OrderFact, update: str, *, confirmed: bool, returned: b
         # A confirmed line with nothing confirmed (unavailable) is no purchase.
         if not confirmed or line.quantity > 0
     ]
+    # Rows locked in sku order: two transactions writing one order's lines wait, never deadlock.
+    rows.sort(key=lambda row: row["sku"])
     if rows:
         with connection.cursor() as cursor:
             cursor.executemany(_UPSERT.format(update=update), rows)
 
 
-@transaction.atomic
-def history_apply(*, message_id: str, event_type: str, payload: dict) -> HistoryResult:
-    """Apply one order or return event to its shopper's purchase history, once per message id.
-
-    Return `applied`, `duplicate` (the inbox has this id for this consumer;
-    counted there) or `ignored` (a type the history does not show). Raise
-    `PoisonMessage` for a payload that cannot be read (nothing is recorded).
-    """
+def _check_id(message_id: Any) -> None:
     if not isinstance(message_id, str) or not message_id or len(message_id) > 255:
         raise events.PoisonMessage(f"message id must be a non-empty string: {message_id!r}")
-    fact = events.parse(event_type=event_type, payload=payload)
-    if fact is None:
-        return HistoryResult(Outcome.IGNORED)
-    if not get_user_model().objects.filter(pk=fact.owner_id).exists():
-        # Shoppers are anonymised, never deleted: an unknown owner is a bad message.
-        raise events.PoisonMessage(f"owner {fact.owner_id} is not a user of this shop")
-    if not inbox_claim(consumer=CONSUMER, message_id=message_id):
-        return HistoryResult(Outcome.DUPLICATE)
+
+
+def _effect(fact: events.OrderFact) -> None:
+    """Make one claimed event's effect on the order's rows, then recompute their net."""
     if fact.event_type in events.CONFIRMED_TYPES:
         _upsert(fact, _ON_CONFIRMED, confirmed=True, returned=False)
     elif fact.event_type == events.RETURN_COMPLETED:
@@ -114,7 +107,71 @@ def history_apply(*, message_id: str, event_type: str, payload: dict) -> History
         PurchaseHistoryLine.objects.filter(order_id=fact.order_id).update(cancelled=True)
     with connection.cursor() as cursor:
         cursor.execute(_NET, [fact.order_id])
+
+
+@transaction.atomic
+def history_apply(*, message_id: str, event_type: str, payload: dict) -> HistoryResult:
+    """Apply one order or return event to its shopper's purchase history, once per message id.
+
+    Return `applied`, `duplicate` (the inbox has this id for this consumer;
+    counted there) or `ignored` (a type the history does not show). Raise
+    `PoisonMessage` for a payload that cannot be read (nothing is recorded).
+    """
+    _check_id(message_id)
+    fact = events.parse(event_type=event_type, payload=payload)
+    if fact is None:
+        return HistoryResult(Outcome.IGNORED)
+    if not get_user_model().objects.filter(pk=fact.owner_id).exists():
+        # Shoppers are anonymised, never deleted: an unknown owner is a bad message.
+        raise events.PoisonMessage(f"owner {fact.owner_id} is not a user of this shop")
+    if not inbox_claim(consumer=CONSUMER, message_id=message_id):
+        return HistoryResult(Outcome.DUPLICATE)
+    _effect(fact)
     return HistoryResult(Outcome.APPLIED)
+
+
+def history_apply_many(messages: Sequence[Message]) -> list[HistoryResult]:
+    """Apply a batch of events in the caller's transaction: `history_apply` for many at once.
+
+    One query checks the owners, one statement claims every id in the inbox
+    (`inbox_claim_many`), then each claimed event makes its effect, orders in
+    id order (rows locked in one order by every batch). No savepoint per
+    message: a poison message raises, the whole batch rolls back, and the
+    caller (`idempotency.deliveries.deliveries_consume`) applies it one by one.
+    """
+    if not connection.in_atomic_block:
+        raise RuntimeError("history_apply_many must run inside the batch's transaction")
+    facts: list[events.OrderFact | None] = []
+    for message in messages:
+        _check_id(message.message_id)
+        facts.append(events.parse(event_type=message.event_type, payload=message.payload))
+    owners = {fact.owner_id for fact in facts if fact is not None}
+    known = set(get_user_model().objects.filter(pk__in=owners).values_list("pk", flat=True))
+    for fact in facts:
+        if fact is not None and fact.owner_id not in known:
+            raise events.PoisonMessage(f"owner {fact.owner_id} is not a user of this shop")
+    claimed = inbox_claim_many(
+        consumer=CONSUMER,
+        message_ids=[m.message_id for m, fact in zip(messages, facts, strict=True) if fact],
+    )
+    results = [
+        HistoryResult(
+            Outcome.IGNORED
+            if fact is None
+            else Outcome.APPLIED
+            if message.message_id in claimed
+            else Outcome.DUPLICATE
+        )
+        for message, fact in zip(messages, facts, strict=True)
+    ]
+    todo = [
+        (fact.order_id, index, fact)
+        for index, (fact, result) in enumerate(zip(facts, results, strict=True))
+        if fact is not None and result.outcome == Outcome.APPLIED
+    ]
+    for _, _, fact in sorted(todo, key=lambda item: (item[0], item[1])):
+        _effect(fact)
+    return results
 
 
 def history_for_user(*, user):

@@ -20,6 +20,7 @@ from __future__ import annotations
 import enum
 import random
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -27,6 +28,7 @@ from django.contrib.auth import get_user_model
 from django.db import connection, transaction
 
 from idempotency import metrics
+from idempotency.deliveries import Message
 
 from . import events
 from .models import LoyaltyAccount
@@ -168,21 +170,51 @@ def _write_tally(user_id: int, order_id: str, tally: tuple[int, int, str | None,
 def _try(fact: events.OrderFact, event_id: str) -> LoyaltyResult | None:
     """Make one attempt in one transaction; None when the version moved under it."""
     with transaction.atomic():
-        balance, version, seen = _read(fact.owner_id, event_id)
-        if seen:
-            return LoyaltyResult(Outcome.DUPLICATE, balance=balance, version=version)
-        tally = _tally(fact.owner_id, fact.order_id)
-        points, new_tally = _change(fact, event_id, tally)
-        new_version = _update(
-            user_id=fact.owner_id, version=version, points=points, event_id=event_id
-        )
-        if new_version is None:
-            return None
-        if new_tally != tally:
-            _write_tally(fact.owner_id, fact.order_id, new_tally)
-        return LoyaltyResult(
-            Outcome.APPLIED, points=points, balance=balance + points, version=new_version
-        )
+        return _try_here(fact, event_id)
+
+
+def _try_here(fact: events.OrderFact, event_id: str) -> LoyaltyResult | None:
+    """One attempt in the transaction already open; None (nothing written) if the version moved.
+
+    A try that returns None wrote nothing (reads and an UPDATE that matched no
+    row), so it needs no savepoint of its own to be tried again.
+    """
+    balance, version, seen = _read(fact.owner_id, event_id)
+    if seen:
+        return LoyaltyResult(Outcome.DUPLICATE, balance=balance, version=version)
+    tally = _tally(fact.owner_id, fact.order_id)
+    points, new_tally = _change(fact, event_id, tally)
+    new_version = _update(user_id=fact.owner_id, version=version, points=points, event_id=event_id)
+    if new_version is None:
+        return None
+    if new_tally != tally:
+        _write_tally(fact.owner_id, fact.order_id, new_tally)
+    return LoyaltyResult(
+        Outcome.APPLIED, points=points, balance=balance + points, version=new_version
+    )
+
+
+def _check_id(event_id: object) -> None:
+    if not isinstance(event_id, str) or not event_id or len(event_id) > 255:
+        raise events.PoisonMessage(f"event id must be a non-empty string: {event_id!r}")
+
+
+def _apply_fact(
+    fact: events.OrderFact, event_id: str, attempt_once, *, ensure: bool = True
+) -> LoyaltyResult:
+    if ensure:
+        _ensure_account(fact.owner_id)
+    for attempt in range(MAX_TRIES):
+        result = attempt_once(fact, event_id)
+        if result is not None:
+            if result.outcome == Outcome.DUPLICATE:
+                _duplicate_suppressed()
+            return result
+        # Lost the race: back off a little, jittered, so the winners spread out.
+        time.sleep(random.uniform(0, 0.005 * (attempt + 1)))
+    raise LoyaltyConflict(
+        f"the points of user {fact.owner_id} changed under {MAX_TRIES} tries of event {event_id}"
+    )
 
 
 def loyalty_apply(*, event_id: str, event_type: str, payload: dict) -> LoyaltyResult:
@@ -194,23 +226,46 @@ def loyalty_apply(*, event_id: str, event_type: str, payload: dict) -> LoyaltyRe
     cannot be read, `LoyaltyConflict` (retryable) when `MAX_TRIES` tries all
     lost the race for the account.
     """
-    if not isinstance(event_id, str) or not event_id or len(event_id) > 255:
-        raise events.PoisonMessage(f"event id must be a non-empty string: {event_id!r}")
+    _check_id(event_id)
     fact = events.parse(event_type=event_type, payload=payload)
     if fact is None:
         return LoyaltyResult(Outcome.IGNORED)
-    _ensure_account(fact.owner_id)
-    for attempt in range(MAX_TRIES):
-        result = _try(fact, event_id)
-        if result is not None:
-            if result.outcome == Outcome.DUPLICATE:
-                _duplicate_suppressed()
-            return result
-        # Lost the race: back off a little, jittered, so the winners spread out.
-        time.sleep(random.uniform(0, 0.005 * (attempt + 1)))
-    raise LoyaltyConflict(
-        f"the points of user {fact.owner_id} changed under {MAX_TRIES} tries of event {event_id}"
-    )
+    return _apply_fact(fact, event_id, _try)
+
+
+def loyalty_apply_many(messages: Sequence[Message]) -> list[LoyaltyResult]:
+    """Apply a batch of events in the caller's transaction: `loyalty_apply` for many at once.
+
+    Every message is parsed first (a poison message raises before anything is
+    written, and the caller applies the batch one by one). The events are then
+    applied by owner, in the batch's order within an owner, so every batch takes
+    the account rows' locks in one order (no deadlock between two batches).
+    Each event is one versioned UPDATE as in `loyalty_apply`, with no savepoint:
+    a lost race writes nothing and is simply tried again.
+    """
+    if not connection.in_atomic_block:
+        raise RuntimeError("loyalty_apply_many must run inside the batch's transaction")
+    facts: list[events.OrderFact | None] = []
+    for message in messages:
+        _check_id(message.message_id)
+        facts.append(events.parse(event_type=message.event_type, payload=message.payload))
+    results: list[LoyaltyResult] = [LoyaltyResult(Outcome.IGNORED)] * len(messages)
+    todo = [(fact.owner_id, index, fact) for index, fact in enumerate(facts) if fact is not None]
+    owners = sorted({owner for owner, _, _ in todo})
+    for owner in owners:
+        _ensure_account(owner)
+    if owners:
+        # Lock the batch's accounts at once, in owner order: a concurrent batch waits here
+        # (no deadlock) instead of losing versioned UPDATEs and retrying each of them.
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT user_id FROM shop_loyaltyaccount WHERE user_id = ANY(%s)"
+                " ORDER BY user_id FOR UPDATE",
+                [owners],
+            )
+    for _, index, fact in sorted(todo, key=lambda item: (item[0], item[1])):
+        results[index] = _apply_fact(fact, messages[index].message_id, _try_here, ensure=False)
+    return results
 
 
 def loyalty_get(*, user) -> tuple[int, int]:

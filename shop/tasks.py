@@ -1,12 +1,17 @@
-"""The consumer tasks: one per consumer, published by the relay with the outbox message id.
+"""The consumer tasks: one per consumer, rung by the relay with a batch of outbox message ids.
 
-Each task re-reads the message and hands it to its consumer through
-`idempotency.deliveries.delivery_consume` (attempt counted in the delivery
-row first, effect once, delivery marked done, poison and spent budgets made
-dead letters). `acks_late` + `reject_on_worker_lost`: a worker killed
-mid-task gets the message back; the row's attempt count bounds a message
-that keeps killing workers. No Celery retries: a failed attempt is due again
-on its row and the delivery sweeper publishes it after the backoff.
+The relay publishes one message per consumer per batch, carrying a list of
+outbox message ids; the task hands them to
+`idempotency.deliveries.deliveries_consume` (claimed `FOR UPDATE SKIP
+LOCKED` in pk order, attempts counted first, every effect and every delivery's
+`done_at` in one transaction, one by one after any failure so that a poison
+message is a dead letter alone). A single id (text, as published before the
+batches, or by hand) takes the one-delivery path, `delivery_consume`.
+
+`acks_late` + `reject_on_worker_lost`: a worker killed mid-task gets the
+message back; the rows' attempt counts bound a message that keeps killing
+workers (a row tried before runs alone). No Celery retries: a failed attempt
+is due again on its row and the delivery sweeper publishes it after the backoff.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from typing import Any
 
 from celery import shared_task
 
-from idempotency.deliveries import delivery_consume
+from idempotency.deliveries import deliveries_consume, delivery_consume
 
 from . import history, loyalty
 
@@ -34,19 +39,45 @@ def _loyalty(*, message_id: str, event_type: str, payload: dict):
     return loyalty.loyalty_apply(event_id=message_id, event_type=event_type, payload=payload)
 
 
+def _consume(
+    consumer: str, message_ids: str | list[str], *, apply, apply_many, atomic: bool
+) -> str:
+    if isinstance(message_ids, str):
+        result, outcome = delivery_consume(
+            consumer=consumer, message_id=message_ids, apply=apply, atomic=atomic
+        )
+        return f"{result}:{getattr(outcome, 'outcome', '')}"
+    if not isinstance(message_ids, list):
+        return "skipped:"
+    return deliveries_consume(
+        consumer=consumer,
+        message_ids=[str(m) for m in message_ids],
+        apply_many=apply_many,
+        apply=apply,
+        atomic=atomic,
+    ).summary()
+
+
 @shared_task(name="shop.consume_loyalty", **_OPTIONS)
-def consume_loyalty(self, message_id: str) -> str:
-    """Apply one outbox message to loyalty points (own transactions, so outside one here)."""
-    result, outcome = delivery_consume(
-        consumer=LOYALTY, message_id=message_id, apply=_loyalty, atomic=False
+def consume_loyalty(self, message_ids: str | list[str]) -> str:
+    """Apply outbox messages to loyalty points (a batch in one transaction; one id: its own)."""
+    # Module attributes read at call time (tests replace them).
+    return _consume(
+        LOYALTY,
+        message_ids,
+        apply=_loyalty,
+        apply_many=loyalty.loyalty_apply_many,
+        atomic=False,
     )
-    return f"{result}:{getattr(outcome, 'outcome', '')}"
 
 
 @shared_task(name="shop.consume_history", **_OPTIONS)
-def consume_history(self, message_id: str) -> str:
-    """Apply one outbox message to the purchase history (inbox claim, same transaction)."""
-    result, outcome = delivery_consume(
-        consumer=HISTORY, message_id=message_id, apply=history.history_apply, atomic=True
+def consume_history(self, message_ids: str | list[str]) -> str:
+    """Apply outbox messages to the purchase history (inbox claims, same transaction)."""
+    return _consume(
+        HISTORY,
+        message_ids,
+        apply=history.history_apply,
+        apply_many=history.history_apply_many,
+        atomic=True,
     )
-    return f"{result}:{getattr(outcome, 'outcome', '')}"

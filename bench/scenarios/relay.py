@@ -6,7 +6,10 @@
    beside redis-benchmark's ops/s of the same run (`rps_per_redis_ops`).
 2. `end to end burst`: N rows written at once with a real relay process and
    a real Celery worker (2 processes) running; events/s = deliveries done per
-   second, as a ratio of pgbench TPS (`rps_per_pgbench_tps`).
+   second, as a ratio of pgbench TPS (`rps_per_pgbench_tps`). The consumers
+   are batched (docs/events.md, "Batched consumers"): one task message per
+   consumer per OUTBOX_CONSUMER_BATCH deliveries, so `queued` (broker
+   messages after the publish-only run) is about 2N / batch, not 2N.
 3. `steady 300/s`: rows written at 300 events/s (150 messages/s x 2
    consumers) for the run's duration; lag = delivery `done_at` - message
    `created_at` (both the database clock), p50 / p99 (target p99 < 2 s).

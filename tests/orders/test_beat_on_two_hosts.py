@@ -114,8 +114,11 @@ def published(monkeypatch) -> Counter:
     lock = threading.Lock()
 
     def send_task(name, args=None, **kwargs):
+        # The relay rings once per batch of a consumer's ids (a list); a bell carries one id.
+        ids = args[0] if isinstance(args[0], list) else [args[0]]
         with lock:
-            sent[(name, str(args[0]))] += 1
+            for message_id in ids:
+                sent[(name, str(message_id))] += 1
 
     monkeypatch.setattr(app, "send_task", send_task)
     return sent

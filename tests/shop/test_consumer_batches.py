@@ -1,0 +1,352 @@
+"""Batched consumers: one ring per consumer per batch, every effect once, a poison message alone.
+
+In-process: the relay's publish is captured as the rings it would send (one
+(task, [ids]) per consumer per batch), and the tasks are run with those lists.
+The one-delivery path (a single id) is tests/shop/test_consumers.py.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from datetime import timedelta
+
+import pytest
+from django.db import connection, transaction
+from django.db.models.functions import Now
+
+from idempotency import deliveries, failpoints, metrics, relay
+from idempotency.models import Delivery, InboxMessage
+from idempotency.outbox import outbox_write
+from shop import events, history
+from shop.models import LoyaltyAccount, PurchaseHistoryLine
+from shop.tasks import consume_history, consume_loyalty
+from tests.shop.test_history import order_payload, return_payload
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+TASKS = {"shop.consume_loyalty": consume_loyalty, "shop.consume_history": consume_history}
+POINTS = 38  # order_payload: 2 x 19.99
+
+
+@pytest.fixture
+def rings(monkeypatch):
+    """Capture what the relay would put on the broker: (task name, [message ids]) per ring."""
+    sent: list[tuple[str, list[str]]] = []
+    monkeypatch.setattr(relay, "publish", lambda pairs: sent.extend(relay.rings(pairs)))
+    return sent
+
+
+def write(event_type, payload) -> str:
+    with transaction.atomic():
+        message = outbox_write(
+            aggregate_type="order",
+            aggregate_id=payload.get("order_id", "x"),
+            event_type=event_type,
+            payload=payload,
+        )
+    return str(message.id)
+
+
+def run(sent) -> list[str]:
+    return [TASKS[name](ids) for name, ids in sent]
+
+
+def balance(user) -> int:
+    return LoyaltyAccount.objects.filter(user_id=user.pk).values_list("balance", flat=True).first()
+
+
+def history_quantity(user) -> int:
+    return sum(
+        PurchaseHistoryLine.objects.filter(user_id=user.pk).values_list("quantity", flat=True)
+    )
+
+
+def test_one_ring_per_consumer_applies_the_whole_batch_in_one_go(make_user, rings, settings):
+    settings.OUTBOX_CONSUMER_BATCH = 4
+    shoppers = [make_user() for _ in range(3)]
+    ids = [
+        write(events.ORDER_CONFIRMED, order_payload(shoppers[i % 3], number=i)) for i in range(6)
+    ]
+    assert relay.relay_once() == 6
+    # Two consumers, six messages, batches of four: 2 rings each, not 12 task messages.
+    assert sorted((name, len(batch)) for name, batch in rings) == [
+        ("shop.consume_history", 2),
+        ("shop.consume_history", 4),
+        ("shop.consume_loyalty", 2),
+        ("shop.consume_loyalty", 4),
+    ]
+    assert sorted(m for name, batch in rings if "history" in name for m in batch) == sorted(ids)
+    assert sorted(run(rings)) == ["applied:2", "applied:2", "applied:4", "applied:4"]
+    assert [balance(s) for s in shoppers] == [2 * POINTS] * 3
+    assert [history_quantity(s) for s in shoppers] == [4] * 3
+    assert not Delivery.objects.filter(done_at__isnull=True).exists()
+    assert set(Delivery.objects.values_list("attempts", flat=True)) == {1}
+
+
+def test_the_same_batch_delivered_twice_applies_once_and_counts_every_copy(shopper, rings):
+    write(events.ORDER_CONFIRMED, order_payload(shopper, number=1))
+    write(events.ORDER_CONFIRMED, order_payload(shopper, number=2))
+    relay.relay_once()
+    before = metrics.duplicate_totals()
+    assert sorted(run(rings)) == ["applied:2", "applied:2"]
+    assert sorted(run(rings)) == ["applied:2", "applied:2"]  # the copies: acknowledged
+    assert balance(shopper) == 2 * POINTS and history_quantity(shopper) == 4
+    after = metrics.duplicate_totals()
+    assert after[metrics.INBOX_DUPLICATE] - before[metrics.INBOX_DUPLICATE] == 2
+    assert after[metrics.PROCESSED_ID] - before[metrics.PROCESSED_ID] == 2
+    assert InboxMessage.objects.filter(consumer="purchase_history").count() == 2
+
+
+def test_a_batch_mixing_new_messages_and_copies_applies_only_the_new(shopper, rings):
+    first = write(events.ORDER_CONFIRMED, order_payload(shopper, number=1))
+    relay.relay_once()
+    run(rings)
+    rings.clear()
+    order = order_payload(shopper, number=2)
+    second = write(events.ORDER_CONFIRMED, order)
+    third = write(events.RETURN_COMPLETED, return_payload(shopper, order_id=order["order_id"]))
+    relay.relay_once()
+    mixed = [(name, [first, *ids]) for name, ids in rings]  # an old copy rides along
+    run(mixed)
+    assert sorted(rings[0][1]) == sorted([second, third])
+    assert balance(shopper) == 2 * POINTS - 19 and history_quantity(shopper) == 3
+
+
+def test_a_poison_message_in_a_batch_is_a_dead_letter_alone(make_user, rings):
+    a, b = make_user(), make_user()
+    good_a = write(events.ORDER_CONFIRMED, order_payload(a))
+    bad = order_payload(a, number=2)
+    bad["lines"][0]["unit_price"] = "not a price"
+    poison = write(events.ORDER_CONFIRMED, bad)
+    good_b = write(events.ORDER_CONFIRMED, order_payload(b, number=3))
+    relay.relay_once()
+    assert sorted(run(rings)) == ["applied:2,dead_letter:1"] * 2
+    # The neighbours, of the same shopper and of another, are applied once.
+    assert balance(a) == POINTS and balance(b) == POINTS
+    assert history_quantity(a) == 2 and history_quantity(b) == 2
+    dead = Delivery.objects.filter(needs_attention=True)
+    assert {str(d.message_id) for d in dead} == {poison} and dead.count() == 2
+    assert all("PoisonMessage" in d.last_error and d.attempts == 1 for d in dead)
+    done = Delivery.objects.filter(done_at__isnull=False)
+    assert {str(d.message_id) for d in done} == {good_a, good_b}
+    assert set(done.values_list("attempts", flat=True)) == {1}  # no attempt spent twice
+    # A copy of the ring: the dead letter does not run again, the others are copies.
+    assert sorted(run(rings)) == ["applied:2,skipped:1"] * 2
+    assert balance(a) == POINTS and history_quantity(a) == 2
+
+
+def test_a_failing_message_in_a_batch_is_retried_then_a_dead_letter_alone(
+    make_user, rings, monkeypatch, settings
+):
+    settings.OUTBOX_DELIVERY_MAX_ATTEMPTS = 3
+    shoppers = [make_user() for _ in range(3)]
+    payloads = [order_payload(s, number=i) for i, s in enumerate(shoppers)]
+    ids = [write(events.ORDER_CONFIRMED, p) for p in payloads]
+    broken_order = payloads[1]["order_id"]
+    real_effect = history._effect
+
+    def effect(fact):
+        if fact.order_id == broken_order:
+            raise RuntimeError("the read model is being rebuilt")
+        real_effect(fact)
+
+    monkeypatch.setattr(history, "_effect", effect)
+    relay.relay_once()
+    history_ring = [(n, batch) for n, batch in rings if n == "shop.consume_history"]
+    results = []
+    for _ in range(3):
+        results += run(history_ring)
+        Delivery.objects.filter(consumer="purchase_history", done_at__isnull=True).update(
+            next_attempt_at=Now(), lease_expires_at=None
+        )
+    # Run 1: the batch failed, then one by one: two applied, one failed. Runs 2 and 3:
+    # the two are copies; the failing one runs alone and spends its own budget.
+    assert results == ["applied:2,failed:1", "applied:2,failed:1", "applied:2,dead_letter:1"]
+    rows = {str(d.message_id): d for d in Delivery.objects.filter(consumer="purchase_history")}
+    assert rows[ids[1]].needs_attention and rows[ids[1]].attempts == 3
+    assert "being rebuilt" in rows[ids[1]].last_error
+    for neighbour in (ids[0], ids[2]):
+        assert rows[neighbour].done_at is not None and rows[neighbour].attempts == 1
+    assert [history_quantity(s) for s in shoppers] == [2, 0, 2]
+    # The other consumer is not held back.
+    assert run([r for r in rings if r[0] == "shop.consume_loyalty"]) == ["applied:3"]
+
+
+def test_the_rows_of_a_batch_whose_run_died_run_one_by_one(make_user, rings, monkeypatch):
+    shoppers = [make_user() for _ in range(3)]
+    for i, s in enumerate(shoppers):
+        write(events.ORDER_CONFIRMED, order_payload(s, number=i))
+    relay.relay_once()
+    # A run that killed its worker mid-batch left every row with its attempt counted.
+    Delivery.objects.update(attempts=1)
+    batches = []
+    real = history.history_apply_many
+    monkeypatch.setattr(history, "history_apply_many", lambda ms: batches.append(ms) or real(ms))
+    assert sorted(run(rings)) == ["applied:3", "applied:3"]
+    assert batches == []  # suspects never ride in a batch: each ran alone
+    assert set(Delivery.objects.values_list("attempts", flat=True)) == {2}
+    assert [history_quantity(s) for s in shoppers] == [2, 2, 2]
+
+
+def test_a_spent_budget_in_a_batch_is_a_dead_letter_and_the_rest_apply(make_user, rings, settings):
+    settings.OUTBOX_DELIVERY_MAX_ATTEMPTS = 2
+    a, b = make_user(), make_user()
+    spent = write(events.ORDER_CONFIRMED, order_payload(a))
+    write(events.ORDER_CONFIRMED, order_payload(b, number=2))
+    relay.relay_once()
+    Delivery.objects.filter(message_id=spent).update(attempts=2)
+    assert sorted(run(rings)) == ["applied:1,dead_letter:1"] * 2
+    assert history_quantity(a) == 0 and history_quantity(b) == 2
+
+
+def test_ids_that_are_no_uuid_or_no_delivery_are_acknowledged(shopper, rings):
+    assert consume_history(["not-a-uuid", str(uuid.uuid4())]) == "skipped:2"
+    assert consume_loyalty([]) == ""
+
+
+# -- two batch consumers over the same deliveries ------------------------------------------
+
+
+def _two_consumers_at_once(task, ids: list[str]) -> list[deliveries.BatchResult]:
+    """Run two batch consumers of `ids` released together, both inside their claim at once."""
+    start = threading.Barrier(2, timeout=20)
+    inside = threading.Barrier(2, timeout=20)
+    results: list[deliveries.BatchResult] = []
+    errors: list[BaseException] = []
+    consume = deliveries.deliveries_consume
+
+    def claimed(_name):
+        inside.wait()  # both claims open (rows locked) at the same time: the overlap
+
+    def worker():
+        try:
+            start.wait()
+            results.append(
+                consume(
+                    consumer="purchase_history",
+                    message_ids=ids,
+                    apply_many=history.history_apply_many,
+                    apply=history.history_apply,
+                    atomic=True,
+                )
+            )
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    with failpoints.hook("delivery.claimed", claimed):
+        threads = [threading.Thread(target=worker) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+    assert not errors, errors
+    assert len(results) == 2 and inside.n_waiting == 0 and not inside.broken
+    return results
+
+
+def _applied(result: deliveries.BatchResult) -> set[str]:
+    return {m for m, r in result.results.items() if r == deliveries.Result.APPLIED}
+
+
+def test_two_batch_consumers_over_the_same_deliveries_apply_each_once(make_user, rings):
+    shoppers = [make_user() for _ in range(4)]
+    ids = [
+        write(events.ORDER_CONFIRMED, order_payload(s, number=i)) for i, s in enumerate(shoppers)
+    ]
+    relay.relay_once()
+    first, second = _two_consumers_at_once(consume_history, ids)
+    # Both claims held their locks at once (the barrier inside the claim): SKIP LOCKED gave
+    # each row to exactly one of them, and the other left it alone.
+    assert not _applied(first) & _applied(second)
+    assert _applied(first) | _applied(second) == set(ids)
+    assert set(
+        Delivery.objects.filter(consumer="purchase_history").values_list("attempts", flat=True)
+    ) == {1}
+    assert InboxMessage.objects.filter(consumer="purchase_history").count() == 4
+    assert [history_quantity(s) for s in shoppers] == [2] * 4
+
+
+def test_the_unlocked_claim_twin_gives_both_consumers_every_row(make_user, rings, monkeypatch):
+    # DELIBERATELY WRONG: a claim that locks nothing (no FOR UPDATE SKIP LOCKED, no count
+    # that takes row locks). Both consumers take every row and apply the whole batch;
+    # only the inbox keeps each effect single.
+    monkeypatch.setattr(
+        deliveries, "_CLAIM", deliveries._CLAIM.replace(" FOR UPDATE SKIP LOCKED", "")
+    )
+    monkeypatch.setattr(
+        deliveries,
+        "_LOCK_AND_READ",
+        deliveries._LOCK_AND_READ.replace(" FOR UPDATE OF d SKIP LOCKED", ""),
+    )
+    monkeypatch.setattr(
+        deliveries,
+        "_COUNT_FRESH",
+        "SELECT id FROM idempotency_delivery WHERE %s IS NOT NULL AND id = ANY(%s)",
+    )
+    shoppers = [make_user() for _ in range(3)]
+    ids = [
+        write(events.ORDER_CONFIRMED, order_payload(s, number=i)) for i, s in enumerate(shoppers)
+    ]
+    relay.relay_once()
+    first, second = _two_consumers_at_once(consume_history, ids)
+    assert _applied(first) == _applied(second) == set(ids)  # every row taken by both
+    assert [history_quantity(s) for s in shoppers] == [2] * 3  # the inbox, not the claim
+
+
+# -- shop_outbox_lag_seconds ----------------------------------------------------------------
+
+
+def _lag(consumer: str) -> tuple[float, float]:
+    from config import metrics as endpoint
+
+    registry = endpoint.registry()
+    labels = {"consumer": consumer}
+    count = registry.get_sample_value("shop_outbox_lag_seconds_count", labels) or 0.0
+    total = registry.get_sample_value("shop_outbox_lag_seconds_sum", labels) or 0.0
+    return count, total
+
+
+def test_the_lag_is_observed_once_per_applied_delivery_per_consumer(shopper, rings, client):
+    ids = [write(events.ORDER_CONFIRMED, order_payload(shopper, number=i)) for i in range(3)]
+    # Written 1 minute ago by the database clock: the lag is created -> done, not run time.
+    from idempotency.models import OutboxMessage
+
+    OutboxMessage.objects.filter(pk__in=ids).update(created_at=Now() - timedelta(minutes=1))
+    relay.relay_once()
+    before = {c: _lag(c) for c in ("loyalty", "purchase_history")}
+    run(rings)
+    run(rings)  # copies: nothing new is applied, nothing observed
+    for consumer in ("loyalty", "purchase_history"):
+        count, total = _lag(consumer)
+        assert count - before[consumer][0] == 3
+        assert 3 * 60 <= total - before[consumer][1] < 3 * 600
+    # The one-delivery path observes too.
+    one = write(events.ORDER_CONFIRMED, order_payload(shopper, number=9))
+    rings.clear()
+    relay.relay_once()
+    count = _lag("purchase_history")[0]
+    assert consume_history(one) == "applied:applied"
+    assert _lag("purchase_history")[0] == count + 1
+    text = client.get("/metrics").content.decode()
+    assert "# TYPE shop_outbox_lag_seconds histogram" in text
+    assert 'shop_outbox_lag_seconds_bucket{consumer="purchase_history",le="2.0"}' in text
+
+
+def test_a_rolled_back_batch_observes_no_lag(shopper, rings, monkeypatch):
+    write(events.ORDER_CONFIRMED, order_payload(shopper))
+    relay.relay_once()
+
+    def broken(messages):
+        raise RuntimeError("down")
+
+    def broken_one(**kwargs):
+        raise RuntimeError("down")
+
+    monkeypatch.setattr(history, "history_apply_many", broken)
+    monkeypatch.setattr(history, "history_apply", broken_one)
+    before = _lag("purchase_history")[0]
+    assert run([r for r in rings if r[0] == "shop.consume_history"]) == ["failed:1"]
+    assert _lag("purchase_history")[0] == before
