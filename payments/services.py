@@ -738,6 +738,70 @@ def refund_request(
     return Refund.objects.get(id=refund_id)
 
 
+def refundable(*, payment: Payment) -> Decimal:
+    """THE refund budget: what is still refundable = captured − refunded − refunds in progress.
+
+    `refund_reserved` is what refunds succeeded or still in progress hold
+    (pending, needing attention, or a provider's late success being decided),
+    so this is `amount_captured − refund_reserved`. The database enforces it:
+    the reservation is a conditional UPDATE under the CHECK
+    `refunded <= refund_reserved <= captured` (`refund_request`); this is
+    only the read of it, for callers that size a refund to fit.
+    """
+    if payment.status not in _REFUNDABLE_STATUSES:
+        return Decimal(0)
+    return max(payment.amount_captured - payment.refund_reserved, Decimal(0))
+
+
+def refunds_in_progress(*, payment: Payment) -> Decimal:
+    """What refunds not yet ended hold of the budget (reserved, not refunded)."""
+    return payment.refund_reserved - payment.amount_refunded
+
+
+class RefundBudgetMoved(Exception):
+    """The budget changed under every try of `refund_request_capped`: transient, try later."""
+
+
+def refund_request_capped(
+    *,
+    refund_id: uuid.UUID,
+    payment_id,
+    at_most: Decimal,
+    reason: str,
+    origin: str,
+    tries: int = 3,
+) -> Refund | None:
+    """Ask for a refund of `at_most` capped at what is still refundable now, once per refund id.
+
+    Returns the refund row (the existing one, whatever its amount, if the
+    refund id was requested before), or None when nothing is refundable (a
+    refund's amount is positive: no row, no provider call). The cap is read,
+    then reserved by `refund_request`'s conditional UPDATE; if a concurrent
+    refund took the budget in between, the reservation is refused and the
+    budget is read again (`tries` times, then `RefundBudgetMoved`).
+    """
+    for _ in range(tries):
+        existing = Refund.objects.filter(id=refund_id).first()
+        if existing is not None:
+            if existing.payment_id != payment_id:
+                raise RefundConflict(f"Refund {refund_id} exists for another payment.")
+            return existing
+        amount = min(at_most, refundable(payment=Payment.objects.get(id=payment_id)))
+        if amount <= 0:
+            return None
+        try:
+            return refund_request(
+                refund_id=refund_id,
+                payment_id=payment_id,
+                amount=amount,
+                reason=reason,
+                origin=origin,
+            )
+        except (RefundExceedsCaptured, RefundInvalidState):
+            continue  # the budget moved between the read and the reservation: read it again
+    raise RefundBudgetMoved(f"the refund budget of payment {payment_id} kept moving")
+
+
 def _refund_refused(*, payment_id, amount: Decimal):
     """Raise the refusal of a reservation that did not fit (the payment as it is now)."""
     payment = Payment.objects.get(id=payment_id)
@@ -746,8 +810,8 @@ def _refund_refused(*, payment_id, amount: Decimal):
             f"Nothing to refund: the payment is {payment.status}.",
             extra={"payment_status": payment.status},
         )
-    refundable = payment.amount_captured - payment.refund_reserved
-    text = format_money(refundable, payment.currency)
+    left = refundable(payment=payment)
+    text = format_money(left, payment.currency)
     raise RefundExceedsCaptured(
         f"At most {text} {payment.currency} can still be refunded (captured "
         f"{format_money(payment.amount_captured, payment.currency)}, refunded or being "
