@@ -31,6 +31,7 @@ from idempotency.failpoints import failpoint
 
 from . import compensation, lock_objects
 from .models import CompensationStep, OrderEvent, OrderLine, ReturnLine, ReturnRequest
+from .selectors import compensation_steps_body
 from .services import InvalidState
 from .shipments import SHIPPABLE_ORDER_STATUSES
 from .states import CompensationKind, ReturnStatus
@@ -270,13 +271,5 @@ def return_body(order_return: ReturnRequest) -> dict:
         "refund_amount": format_money(order_return.refund_amount),
         "currency": order_return.currency,
         "reason": order_return.reason,
-        "steps": [
-            {
-                "name": step.name,
-                "status": step.status,
-                "attempts": step.attempts,
-                "last_error": step.last_error or None,
-            }
-            for step in steps
-        ],
+        "steps": compensation_steps_body(steps),
     }
