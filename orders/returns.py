@@ -205,23 +205,6 @@ def return_receive(*, return_id, by=None) -> ReturnRequest:
     return order_return
 
 
-def return_receive_wrong_twin(*, return_id, by=None) -> bool:
-    """DELIBERATELY WRONG (tests only): check the status, then update it unconditionally.
-
-    Two callers both read `requested`, both update, both believe they
-    started the compensation. Returns True when this caller "won".
-    """
-    with transaction.atomic():
-        status = ReturnRequest.objects.values_list("status", flat=True).get(id=return_id)
-        failpoint("returns.receive.before_decide")
-        if status != ReturnStatus.REQUESTED:
-            return False
-        ReturnRequest.objects.filter(id=return_id).update(
-            status=ReturnStatus.PROCESSING, received_at=Now(), updated_at=Now()
-        )
-        return True
-
-
 # -- reads ------------------------------------------------------------------------------------
 
 
