@@ -11,6 +11,7 @@ from .models import Payment, PaymentEvent, PaymentSettlement, PaymentTransaction
 # The confirmations' operation names (registered in PaymentsConfig.ready).
 ADMIN_REFUND_OUTSIDE = "admin.refund.outside"
 ADMIN_REFUND_FAILED = "admin.refund.failed"
+ADMIN_REFUND_ACCEPT_PROVIDER = "admin.refund.accept_provider"
 
 
 class TransactionInline(ReadOnlyInline):
@@ -78,7 +79,7 @@ class RefundAdmin(DueWorkAdmin):
     list_select_related = ["payment"]
     search_fields = ["=id", "payment__reference", "=provider_key"]
     ordering = ["-created_at"]
-    actions = ["retry_now", "refunded_outside_shop", "record_failed"]
+    actions = ["retry_now", "refunded_outside_shop", "record_failed", "accept_provider_refund"]
 
     def retry_one(self, request, pk) -> bool:
         return services.refund_retry_now(refund_id=pk, by=request.user)
@@ -121,4 +122,23 @@ class RefundAdmin(DueWorkAdmin):
             explanation="Record that these refunds will not happen. Their reserved amounts become "
             "refundable again. Only refunds that need attention change.",
             decide=services.refund_record_failed,
+        )
+
+    def has_decide_permission(self, request) -> bool:
+        # The admin is read-only (no "change" form); deciding a refund needs the model's
+        # change permission all the same: a view-only staff user gets no such action.
+        return request.user.has_perm("payments.change_refund")
+
+    @admin.action(description="Accept the provider's refund", permissions=["decide"])
+    def accept_provider_refund(self, request, queryset):
+        return self._decide(
+            request,
+            queryset,
+            operation=ADMIN_REFUND_ACCEPT_PROVIDER,
+            title="Accept the provider's refund",
+            explanation="The provider refunded these after they were recorded as outside the "
+            "shop or failed. Recorded outside the shop: the provider's refund becomes the record "
+            "(the payment made outside was recovered or accepted). Recorded failed: the refund "
+            "counts as refunded. Only refunds flagged for this change.",
+            decide=services.refund_accept_provider,
         )
