@@ -23,7 +23,7 @@ test: $(STAMP) $(BENCH_STAMP)
 ## Run the shop: embedded PostgreSQL and Redis unless DATABASE_URL / REDIS_URL
 ## are set, migrations, demo data, then web + worker + beat (docs/running.md).
 run: $(STAMP)
-	$(BIN)/python -m runner
+	SHOP_DEMO=$${SHOP_DEMO-1} $(BIN)/python -m runner
 
 ## The mutation check (docs/testing.md, "Mutation check"): each deliberately
 ## wrong change must fail its guarding tests; DATABASE_URL / REDIS_URL as for test.

@@ -8,7 +8,8 @@ Two sources (docs/operations.md):
   only this process answers for itself (tests, a lone `runserver`).
 - the database, queried at scrape time: duplicate and key-conflict counts
   (idempotency.metrics), the outbox backlog, dead letters, reservations held,
-  orders and refunds by status. These cover the whole deployment.
+  orders and refunds by status, items needing attention by kind. These
+  cover the whole deployment.
 
 Open to loopback clients (the host's own Prometheus or agent) and staff
 (session or `Authorization: Token`); anyone else gets 403 problem+json.
@@ -37,6 +38,8 @@ from inventory.models import Reservation
 from orders.models import Order
 from orders.states import OrderStatus
 from payments.models import Refund, RefundStatus
+
+from .needs_attention import needs_attention_counts
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
@@ -142,6 +145,14 @@ class DatabaseCollector:
         for status, value in refunds_by_status().items():
             refunds.add_metric([status], value)
         yield refunds
+        attention = GaugeMetricFamily(
+            "shop_needs_attention",
+            "Items waiting for a person (the admin's Needs attention page), by kind.",
+            labels=["kind"],
+        )
+        for kind, value in needs_attention_counts().items():
+            attention.add_metric([kind], value)
+        yield attention
 
 
 class _ThisProcess:
@@ -177,12 +188,13 @@ def _staff(request) -> bool:
     if user is not None and user.is_authenticated:
         return bool(user.is_staff and user.is_active)
     if request.headers.get("Authorization", "").startswith("Token "):
-        from rest_framework.authentication import TokenAuthentication
         from rest_framework.exceptions import AuthenticationFailed
         from rest_framework.request import Request
 
+        from core.authentication import ExpiringTokenAuthentication
+
         try:
-            found = TokenAuthentication().authenticate(Request(request))
+            found = ExpiringTokenAuthentication().authenticate(Request(request))
         except AuthenticationFailed:
             return False
         return bool(found and found[0].is_staff and found[0].is_active)

@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from . import views
+from . import needs_attention, views
 from .admin_login import admin_login
 
 api_v1 = [
@@ -15,7 +15,15 @@ api_v1 = [
 urlpatterns = [
     # Before the admin's own URLs: its log-in page, throttled.
     path("admin/login/", admin_login, name="admin-login"),
+    # The index with the "Needs attention" link and count, and that page (staff only).
+    path("admin/", admin.site.admin_view(needs_attention.index_view), name="admin-index"),
+    path(
+        "admin/needs-attention/",
+        admin.site.admin_view(needs_attention.needs_attention_view),
+        name="admin-needs-attention",
+    ),
     path("admin/", admin.site.urls),
+    path("livez", views.livez, name="livez"),
     path("healthz", views.healthz, name="healthz"),
     path("metrics", views.metrics_view, name="metrics"),
     path("api/v1/", include(api_v1)),

@@ -3,6 +3,8 @@
 from typing import Any, ClassVar
 
 from django.contrib import admin, messages
+from django.contrib.auth import get_permission_codename
+from django.core.exceptions import PermissionDenied
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -20,6 +22,37 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None) -> bool:
         return False
+
+    def has_change_state_permission(self, request, obj=None) -> bool:
+        """The model's own `change` permission: what every action and button here requires.
+
+        The edit form stays refused to everyone (`has_change_permission`);
+        rows change only through a service, and an action, button or custom
+        view that calls one checks this (`@admin.action(permissions=["change_state"])`,
+        or `require_permission` in a view): a staff user who may only view is refused.
+        """
+        opts = self.opts
+        return request.user.has_perm(f"{opts.app_label}.{get_permission_codename('change', opts)}")
+
+    def changelist_view(self, request, extra_context=None):
+        """A posted action this user is not offered is 403, not Django's silent "no action".
+
+        The changelist hides an action whose `permissions=` the user lacks; a
+        forced POST of it (another tab, a script) is refused the same way a
+        custom view is, and nothing changes (contract: "Staff in the admin").
+        """
+        name = request.POST.get("action") if request.method == "POST" else None
+        if name and name not in self.get_actions(request):
+            declared = {a if isinstance(a, str) else a.__name__ for a in self.actions or ()}
+            if name in declared or name in dict(self.admin_site.actions):
+                raise PermissionDenied
+        return super().changelist_view(request, extra_context)
+
+
+def require_permission(allowed: bool) -> None:
+    """Refuse a custom admin view (403) unless `allowed` (a `has_..._permission` answer)."""
+    if not allowed:
+        raise PermissionDenied
 
 
 class ReadOnlyInline(admin.TabularInline):
@@ -66,7 +99,7 @@ class DueWorkAdmin(ReadOnlyAdmin):
 
         return due.retry_now(self.model, pk=pk)
 
-    @admin.action(description="Retry now (fresh attempt budget)")
+    @admin.action(description="Retry now (fresh attempt budget)", permissions=["change_state"])
     def retry_now(self, request, queryset):
         from django.db import transaction
 

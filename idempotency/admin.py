@@ -80,7 +80,9 @@ class _DeliveryAdmin(DueWorkAdmin):
 
         return dead_letter_requeue(pk)
 
-    @admin.action(description="Requeue (fresh attempt budget, published now)")
+    @admin.action(
+        description="Requeue (fresh attempt budget, published now)", permissions=["change_state"]
+    )
     def retry_now(self, request, queryset):
         return keyed_action(
             self,

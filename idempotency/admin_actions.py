@@ -10,11 +10,18 @@ transition, so two different confirmations change each row once.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 
 from django.contrib import messages
+from django.http import HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
+from django.utils.http import urlencode
+
+from core.errors import ApplicationError
+
+from core.admin import require_permission
 
 from .operations import (
     Reply,
@@ -24,7 +31,13 @@ from .operations import (
     register_operation,
     single_phase_resume,
 )
-from .views import FORM_FIELD, idempotent_form
+from .views import FORM_FIELD, FORM_REFUSALS, idempotent_form
+
+# The admin's "Needs attention" page (config/needs_attention.py): each of its
+# actions is a keyed one-phase form under this operation name. Registered here
+# (IdempotencyConfig.ready) because the page's layer has no app of its own;
+# the completer only forgets an abandoned one-phase key, it presents nothing.
+ADMIN_NEEDS_ATTENTION = "admin.needs_attention"
 
 
 def action_key(operation: str, rows) -> str:
@@ -42,10 +55,50 @@ def action_key(operation: str, rows) -> str:
     return "admin-action-" + hashlib.sha256("|".join(parts).encode()).hexdigest()[:32]
 
 
-def redirect_to_value(result: Result) -> Reply:
-    """The keyed confirmations' presenter: 303 to the URL the action decided (its changelist)."""
+def state_key(kind: str, *state) -> str:
+    """The request key of an admin form: its kind and the state of what it changes, as shown.
+
+    Not random (as `action_key`): two tabs of the same form on the same state
+    carry the same key, so sending both is one change (the second a replay,
+    or 422 `idempotency_key_reused` with other values); the change moves the
+    state, so the next form gets a new key. A refused submission's key goes
+    into `state` (`after`) so the form shown after it carries a fresh one.
+    """
+    seed = ":".join(str(part) for part in state)
+    return f"admin-{kind}-" + hashlib.sha256(seed.encode()).hexdigest()[:32]
+
+
+def refusal_message(request, exc: ApplicationError) -> None:
+    """Tell the person a refusal as an admin message: the problem's title, then its detail."""
+    text = FORM_REFUSALS.get(exc.code, exc.detail)
+    messages.error(request, f"{exc.default_title()}: {text}")
+
+
+def admin_form_refusal(request, exc: ApplicationError, *, after: bool = True):
+    """`idempotent_form(refusal=...)` for the admin's forms: a message on the page it came from.
+
+    The key refused the submission (in use, reused with other values) or the
+    input was refused before anything was stored (400): back to the form's
+    own page (GET), whose key is fresh (`after`, see `state_key`).
+    """
+    refusal_message(request, exc)
+    url = request.path
+    if after:
+        url = f"{url}?{urlencode({'after': request.POST.get(FORM_FIELD, '')})}"
+    return HttpResponseRedirect(url)
+
+
+def redirect_to_value(result: Result, *, url: str | None = None, request=None) -> Reply:
+    """The keyed confirmations' presenter: 303 to the URL the action decided (its changelist).
+
+    A refusal goes back to `url`, the changelist it came from, with the
+    problem's title as a message (the completer's copy, with no request,
+    has no page to go back to: the admin index).
+    """
     if result.refusal is not None:
-        return Reply(status=303, headers={"Location": reverse("admin:index")})
+        if request is not None:
+            refusal_message(request, result.refusal)
+        return Reply(status=303, headers={"Location": url or reverse("admin:index")})
     return Reply(status=303, headers={"Location": result.value})
 
 
@@ -78,6 +131,10 @@ def keyed_action(
     conditional transition (True if it changed), so two different
     confirmations still change each row once. `done_message(changed, skipped)`.
     """
+    # The changelist offers the action only with its permission
+    # (`permissions=["change_state"]`); checked here again so that no other
+    # way in (a view calling this) can skip it.
+    require_permission(modeladmin.has_change_state_permission(request))
     if request.POST.get("confirm") != "yes":
         rows = list(queryset)
         return TemplateResponse(
@@ -98,13 +155,17 @@ def keyed_action(
     opts = modeladmin.model._meta
     url = reverse(f"admin:{opts.app_label}_{opts.model_name}_changelist")
 
-    @idempotent_form(operation=operation)
+    present = functools.partial(redirect_to_value, url=url, request=request)
+
+    @idempotent_form(
+        operation=operation, refusal=functools.partial(admin_form_refusal, after=False)
+    )
     def submit(request, *, key):
         run = key.claim()
-        with refusals_presented(run, redirect_to_value), run.phase(next_point="done"):
+        with refusals_presented(run, present), run.phase(next_point="done"):
             pks = list(queryset.values_list("pk", flat=True))
             changed = sum(bool(decide(pk)) for pk in pks)
             messages.success(request, done_message(changed, len(pks) - changed))
-            close_run(run, Result.done(url), redirect_to_value)
+            close_run(run, Result.done(url), present)
 
     return submit(request)

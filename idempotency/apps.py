@@ -11,6 +11,6 @@ class IdempotencyConfig(AppConfig):
         # The admin's "Requeue" confirmation is keyed and answers with a redirect
         # (idempotency.admin_actions.keyed_action).
         from .admin import ADMIN_DELIVERY_REQUEUE
-        from .admin_actions import register_keyed_actions
+        from .admin_actions import ADMIN_NEEDS_ATTENTION, register_keyed_actions
 
-        register_keyed_actions(ADMIN_DELIVERY_REQUEUE)
+        register_keyed_actions(ADMIN_DELIVERY_REQUEUE, ADMIN_NEEDS_ATTENTION)

@@ -89,7 +89,7 @@ class IdempotencyKey(models.Model):
 class OutboxMessage(DueWork):
     """An event to publish, written in the same transaction as the change it reports.
 
-    Due work (`core.due`): the relay (a later issue) claims rows whose
+    Due work (`core.due`): the relay (`idempotency.relay`) claims rows whose
     `next_attempt_at` has come, oldest first per aggregate, publishes them
     and marks them done (`done_at`, i.e. `published_at`); a message that
     keeps failing past its attempt budget needs attention.

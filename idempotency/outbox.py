@@ -2,7 +2,8 @@
 
 Publishing after commit (`on_commit(task.delay)`) loses the event if the
 process dies between the commit and the publish; a row written inside the
-business transaction cannot be lost that way. The relay comes in a later issue.
+business transaction cannot be lost that way. The relay (`idempotency.relay`)
+publishes the rows.
 """
 
 from __future__ import annotations

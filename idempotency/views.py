@@ -238,15 +238,19 @@ def form_fields(post: Any, *, exclude: tuple[str, ...] = ()) -> dict[str, list[s
     return {name: post.getlist(name) for name in post if name not in exclude}
 
 
+# What a person is told when a form's key refuses the submission (the admin's
+# forms say it as a message, idempotency.admin_actions.admin_form_refusal).
+FORM_REFUSALS = {
+    "idempotency_key_in_use": "This form is being submitted already. Wait a moment, then "
+    "reload the page to see the result.",
+    "idempotency_key_reused": "This form was already submitted with other values. Open the "
+    "form again to start a new submission.",
+}
+
+
 def form_refusal(request: HttpRequest, exc: ApplicationError) -> HttpResponse:
     """Render a refusal of a keyed form submission as a small HTML page."""
-    messages = {
-        "idempotency_key_in_use": "This form is being submitted already. Wait a moment, then "
-        "reload the page to see the result.",
-        "idempotency_key_reused": "This form was already submitted with other values. Open the "
-        "form again to start a new submission.",
-    }
-    text = messages.get(exc.code, exc.detail)
+    text = FORM_REFUSALS.get(exc.code, exc.detail)
     response = HttpResponse(
         format_html("<!doctype html><title>{}</title><p>{}</p>", exc.default_title(), text),
         status=exc.status,

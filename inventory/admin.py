@@ -3,16 +3,49 @@
 Stock counters and flags change only by conditional UPDATEs in
 `inventory.services` (a counter and its flags in one transaction, see
 docs/checkout.md): their admins are read-only. Stock is adjusted through
-the keyed stock endpoint.
+the keyed stock endpoint or its admin twin, "Adjust stock"
+(inventory/admin_forms.py).
 """
 
+import functools
+
+from django import forms
 from django.contrib import admin
-from django.urls import reverse
+from django.core.exceptions import ValidationError
+from django.urls import path, reverse
 from django.utils.html import format_html
 
 from core.admin import ReadOnlyAdmin
+from core.errors import ApplicationError
+from core.money import check_currency, shop_currency
 
+from .admin_forms import stock_adjust_view
 from .models import Product, Reservation, StockItem
+
+
+class ProductForm(forms.ModelForm):
+    """The currency is a choice of the shop's, checked as the API checks it (check_currency)."""
+
+    currency = forms.ChoiceField(choices=())
+
+    class Meta:
+        model = Product
+        fields = ["sku", "name", "price", "currency"]
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        currency = self.fields["currency"]
+        assert isinstance(currency, forms.ChoiceField)
+        currency.choices = [(shop_currency(), shop_currency())]
+        currency.initial = shop_currency()
+
+    def clean_currency(self):
+        currency = self.cleaned_data["currency"]
+        try:
+            check_currency(currency)
+        except ApplicationError as exc:
+            raise ValidationError(exc.detail) from None
+        return currency
 
 
 class StockInline(admin.StackedInline):
@@ -23,6 +56,7 @@ class StockInline(admin.StackedInline):
 
 @admin.register(Product)
 class ProductAdmin(admin.ModelAdmin):
+    form = ProductForm
     list_display = ("sku", "name", "price", "currency")
     search_fields = ("sku", "name")
     inlines = [StockInline]
@@ -34,6 +68,13 @@ class StockItemAdmin(ReadOnlyAdmin):
     search_fields = ("product__sku", "product__name")
     list_select_related = ("product",)
     ordering = ("product__sku",)
+
+    def get_urls(self):
+        view = self.admin_site.admin_view(functools.partial(stock_adjust_view, self))
+        return [
+            path("<path:object_id>/adjust/", view, name="inventory_stockitem_adjust"),
+            *super().get_urls(),
+        ]
 
     @admin.display(description="sku", ordering="product__sku")
     def sku(self, stock):

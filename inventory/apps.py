@@ -16,3 +16,11 @@ class InventoryConfig(AppConfig):
         register_operation(
             operations.STOCK_ADJUST, resume=single_phase_resume, present=presenters.stock_adjusted
         )
+        # The admin's "Adjust stock" form (inventory/admin_forms.py) answers with redirects.
+        from . import admin_forms
+
+        register_operation(
+            admin_forms.ADMIN_STOCK_ADJUST,
+            resume=single_phase_resume,
+            present=admin_forms.stock_redirect,
+        )

@@ -13,7 +13,7 @@ from __future__ import annotations
 from idempotency.keys import KeyRun
 from idempotency.operations import Presenter, Result, close_run, refusals_presented
 
-from .services import stock_adjust
+from .services import stock_adjust, stock_adjust_by_staff
 
 STOCK_ADJUST = "stock.adjust"
 ADJUSTED = "adjusted"
@@ -25,4 +25,20 @@ def stock_adjust_keyed(
     """Adjust stock under a request key: one phase storing the answer with the change."""
     with refusals_presented(run, present), run.phase(next_point=ADJUSTED):
         stock = stock_adjust(sku=sku, delta=delta, set_to=set_to)
+        close_run(run, Result.done(stock), present)
+
+
+def stock_adjust_by_staff_keyed(
+    *,
+    run: KeyRun,
+    present: Presenter,
+    sku: str,
+    delta: int | None,
+    set_to: int | None,
+    reason: str,
+    by,
+) -> None:
+    """The admin's "Adjust stock": the same one phase, with the reason in the admin history."""
+    with refusals_presented(run, present), run.phase(next_point=ADJUSTED):
+        stock = stock_adjust_by_staff(sku=sku, delta=delta, set_to=set_to, reason=reason, by=by)
         close_run(run, Result.done(stock), present)

@@ -265,3 +265,26 @@ def stock_adjust(*, sku: str, delta: int | None = None, set_to: int | None = Non
             extra={"on_hand": stock.on_hand, "reserved": stock.reserved, "requested": target},
         )
     return StockItem.objects.select_related("product").get(product_id=product.id)
+
+
+@transaction.atomic
+def stock_adjust_by_staff(
+    *, sku: str, delta: int | None, set_to: int | None, reason: str, by
+) -> StockItem:
+    """`stock_adjust` with who did it and why, in the stock item's admin history.
+
+    The history entry (django.contrib.admin's LogEntry, the stock item's
+    "History" page) commits with the change or not at all.
+    """
+    from django.contrib.admin.models import CHANGE, LogEntry
+
+    stock = stock_adjust(sku=sku, delta=delta, set_to=set_to)
+    change = f"delta {delta:+d}" if delta is not None else f"set to {set_to}"
+    LogEntry.objects.log_actions(
+        user_id=by.pk,
+        queryset=[stock],
+        action_flag=CHANGE,
+        change_message=f"Adjusted stock ({change}, now {stock.on_hand} on hand): {reason}",
+        single_object=True,
+    )
+    return stock

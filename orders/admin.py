@@ -19,13 +19,16 @@ from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
 
-from core.admin import ReadOnlyAdmin, ReadOnlyInline
+from core.admin import ReadOnlyAdmin, ReadOnlyInline, require_permission
+from core.admin_export import CsvExportMixin
 from core.money import format_money, shop_currency
+from idempotency.admin_actions import refusal_message
 from idempotency.operations import Reply, Result
 from idempotency.views import FORM_FIELD, idempotent_form
-from payments.models import Refund
+from payments import selectors as payment_selectors
 
 from . import operations, tracking
+from .admin_forms import ORDER_CSV_COLUMNS, extend_order_admin_forms
 from .models import Order, OrderEvent, OrderLine, Shipment, ShipmentLine
 
 # The admin's refund form: its own operation name, so an abandoned key is
@@ -42,15 +45,20 @@ def refund_form_key(order, *, after: str = "") -> str:
     moves the state, so the next form gets a new key; `after` (a refused
     submission's key) gives the form shown after a refusal a fresh one.
     """
-    refunds = Refund.objects.filter(payment_id=order.payment_id) if order.payment_id else None
-    count = refunds.count() if refunds is not None else 0
+    count = payment_selectors.refunds_of_payment(payment_id=order.payment_id).count()
     reserved = order.payment.refund_reserved if order.payment_id else 0
     seed = f"{order.id}:{count}:{reserved}:{after}"
     return "admin-refund-" + hashlib.sha256(seed.encode()).hexdigest()[:32]
 
 
-def refund_redirect(result: Result, *, order_id=None, form_key: str = "") -> Reply:
-    """The admin form's answer: 303 to the order page; a refusal back to the form, with its code."""
+def refund_redirect(result: Result, *, order_id=None, form_key: str = "", request=None) -> Reply:
+    """The admin form's answer: 303 to the order page; a refusal back to the form, with its code.
+
+    With the request (not the completer's copy) a refusal is also an admin
+    message with the problem's title (idempotency.admin_actions.refusal_message).
+    """
+    if result.refusal is not None and request is not None:
+        refusal_message(request, result.refusal)
     if result.refusal is None:
         order_id = result.value.order_id
         return Reply(
@@ -73,7 +81,9 @@ def _refund_submit(request, order, *, key):
         return None  # re-rendered by the caller: nothing claimed
     operations.refund_create_keyed(
         run=key.claim(),
-        present=functools.partial(refund_redirect, order_id=order.id, form_key=key.key),
+        present=functools.partial(
+            refund_redirect, order_id=order.id, form_key=key.key, request=request
+        ),
         order_id=order.id,
         amount=form.cleaned_data["amount"],
         reason=form.cleaned_data["reason"],
@@ -157,7 +167,7 @@ class ShipmentInline(ReadOnlyInline):
 
 
 @admin.register(Order)
-class OrderAdmin(ReadOnlyAdmin):
+class OrderAdmin(CsvExportMixin, ReadOnlyAdmin):
     list_display = [
         "number",
         "owner",
@@ -220,6 +230,9 @@ class OrderAdmin(ReadOnlyAdmin):
     ]
     inlines = [OrderLineInline, OrderEventInline, ShipmentInline]
     actions = ["refund"]
+    # "Export CSV" (core.admin_export): the list as filtered, streamed.
+    csv_columns = ORDER_CSV_COLUMNS
+    csv_filename = "orders.csv"
 
     def get_fieldsets(self, request, obj=None):
         return [*super().get_fieldsets(request, obj), ("Refunds", {"fields": ["refunds"]})]
@@ -232,7 +245,7 @@ class OrderAdmin(ReadOnlyAdmin):
     def refunds(self, order):
         if order.payment_id is None:
             return "-"
-        rows = list(Refund.objects.filter(payment_id=order.payment_id).order_by("created_at", "id"))
+        rows = list(payment_selectors.refunds_of_payment(payment_id=order.payment_id))
         if not rows:
             return "-"
         body = format_html_join(
@@ -260,7 +273,11 @@ class OrderAdmin(ReadOnlyAdmin):
             body,
         )
 
-    @admin.action(description="Refund (amount and reason)")
+    def has_refund_permission(self, request, obj=None) -> bool:
+        """Refunds move money: the custom `orders.refund_order` permission, not "change order"."""
+        return request.user.has_perm("orders.refund_order")
+
+    @admin.action(description="Refund (amount and reason)", permissions=["refund"])
     def refund(self, request, queryset):
         orders = list(queryset.values_list("id", flat=True)[:2])
         if len(orders) != 1:
@@ -279,6 +296,7 @@ class OrderAdmin(ReadOnlyAdmin):
         """The refund form: GET renders it with a fresh key; POST is keyed (one refund per key)."""
         if not request.user.is_staff:
             return HttpResponseRedirect(reverse("admin:login"))
+        require_permission(self.has_refund_permission(request))
         order = get_object_or_404(Order.objects.select_related("payment"), pk=object_id)
         form = RefundForm(request.POST or None) if request.method == "POST" else RefundForm()
         if request.method == "POST":
@@ -391,3 +409,5 @@ class ShipmentAdmin(ReadOnlyAdmin):
 from .admin_compensation import extend_order_admin  # noqa: E402
 
 extend_order_admin(OrderAdmin)
+# "Create shipment" (orders/admin_forms.py).
+extend_order_admin_forms(OrderAdmin)

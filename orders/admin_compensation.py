@@ -11,37 +11,55 @@ warehouse scanner at once are decided by the services' conditional UPDATEs
 from __future__ import annotations
 
 import functools
+from decimal import Decimal
 
 from django.contrib import admin
+from django.core.exceptions import PermissionDenied
 from django.http import HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 
-from core.admin import DueWorkAdmin, ReadOnlyAdmin, ReadOnlyInline
+from core.admin import DueWorkAdmin, ReadOnlyAdmin, ReadOnlyInline, require_permission
+from core.money import format_money
+from idempotency.admin_actions import (
+    admin_form_refusal,
+    keyed_action,
+    refusal_message,
+    state_key,
+)
 from idempotency.keys import KeyRun
 from idempotency.operations import Presenter, Reply, Result, close_run, refusals_presented
 from idempotency.views import idempotent_form
-from payments.models import Refund
+from payments import selectors as payment_selectors
 
 from . import compensation, returns, services
 from .models import CompensationStep, Order, ReturnLine, ReturnRequest
-from .states import CompensationKind, StepStatus
+from .states import CompensationKind, Fulfillment, OrderStatus, StepStatus
 
 ADMIN_RETURN_RECEIVE = "admin.return.receive"
 ADMIN_RETURN_RETRY = "admin.return.retry"
 ADMIN_ORDER_CANCEL = "admin.order.cancel"
+ADMIN_RETURNS_RECEIVE = "admin.returns.receive"  # the bulk action's confirmation
 DONE = "done"
 
 
 def redirect_to(url_name: str):
-    """A presenter answering 303 to the object's admin page (a refusal too, with its detail)."""
+    """A presenter answering 303 to the object's admin page.
 
-    def present(result: Result) -> Reply:
+    A refusal goes back to the page it came from (the object's, `pk`) with
+    the problem's title as an admin message. The completer's copy (no
+    request, no pk: it only forgets abandoned one-phase keys) has no page.
+    """
+
+    def present(result: Result, *, pk=None, request=None) -> Reply:
         value = result.value
         if result.refusal is not None:
-            return Reply(status=303, headers={"Location": reverse("admin:index")})
+            if request is not None:
+                refusal_message(request, result.refusal)
+            url = reverse(url_name, args=[pk]) if pk is not None else reverse("admin:index")
+            return Reply(status=303, headers={"Location": url})
         return Reply(status=303, headers={"Location": reverse(url_name, args=[value.pk])})
 
     return present
@@ -56,18 +74,26 @@ def _one_phase(run: KeyRun, present: Presenter, call) -> None:
         close_run(run, Result.done(call()), present)
 
 
-@idempotent_form(operation=ADMIN_RETURN_RECEIVE)
+def _back_to(present, request, obj):
+    return functools.partial(present, pk=obj.pk, request=request)
+
+
+# A key refused (in use, reused) goes back to the form's page with a message.
+_keyed_form = functools.partial(idempotent_form, refusal=admin_form_refusal)
+
+
+@_keyed_form(operation=ADMIN_RETURN_RECEIVE)
 def _receive_submit(request, order_return, *, key):
     if key is None:
         return None
     _one_phase(
         key.claim(),
-        return_redirect,
+        _back_to(return_redirect, request, order_return),
         lambda: returns.return_receive(return_id=order_return.id, by=request.user),
     )
 
 
-@idempotent_form(operation=ADMIN_RETURN_RETRY)
+@_keyed_form(operation=ADMIN_RETURN_RETRY)
 def _retry_submit(request, order_return, *, key):
     if key is None:
         return None
@@ -76,10 +102,10 @@ def _retry_submit(request, order_return, *, key):
         compensation.return_retry_failed_steps(return_id=order_return.id, by=request.user)
         return ReturnRequest.objects.get(id=order_return.id)
 
-    _one_phase(key.claim(), return_redirect, retry)
+    _one_phase(key.claim(), _back_to(return_redirect, request, order_return), retry)
 
 
-@idempotent_form(operation=ADMIN_ORDER_CANCEL)
+@_keyed_form(operation=ADMIN_ORDER_CANCEL)
 def _cancel_submit(request, order, *, key):
     if key is None:
         return None
@@ -88,7 +114,38 @@ def _cancel_submit(request, order, *, key):
         services.order_cancel(order_id=order.id)
         return Order.objects.get(id=order.id)
 
-    _one_phase(key.claim(), order_redirect, cancel)
+    _one_phase(key.claim(), _back_to(order_redirect, request, order), cancel)
+
+
+def cancel_explanation(order: Order) -> str:
+    """What "Cancel order" will do to this order, as its confirmation page says it."""
+    status = order.status
+    if status == OrderStatus.AWAITING_DECISION:
+        return (
+            "The order is cancelled at once: its reserved units go back to stock. "
+            "Nothing was charged, so nothing is refunded."
+        )
+    if status in (OrderStatus.CONFIRMED, OrderStatus.PARTIALLY_CONFIRMED):
+        if order.fulfillment != Fulfillment.UNFULFILLED:
+            return "Part of this order has shipped: it cannot be cancelled; return it instead."
+        payment = order.payment
+        captured = payment.amount_captured if payment is not None else Decimal(0)
+        return (
+            f"The order moves to cancelling. Compensation steps then refund what is still "
+            f"refundable of the {format_money(captured)} {order.currency} captured, put its "
+            f"units back in stock, reverse its loyalty points and tell the shopper; when the "
+            f"last one is done the order is cancelled."
+        )
+    if status in (OrderStatus.CANCELLING, OrderStatus.CANCELLED):
+        return f"The order is {status} already: cancelling it again changes nothing."
+    if status == OrderStatus.PAYMENT_PENDING:
+        return "The payment's outcome is not known yet: cancel once it is."
+    return f"An order that is {status} cannot be cancelled."
+
+
+def cancel_form_key(order: Order, *, after: str = "") -> str:
+    """The "Cancel order" form's key: the order's status as shown (see state_key)."""
+    return state_key("cancel", order.id, order.status, after)
 
 
 def _steps_table(steps) -> str:
@@ -131,7 +188,7 @@ class ReturnRequestAdmin(ReadOnlyAdmin):
     list_display = ["id", "order", "status", "refund_amount", "currency", "created_at"]
     list_filter = ["status", "created_at"]
     list_select_related = ["order"]
-    search_fields = ["=order__number"]
+    search_fields = ["=order__number", "order__owner__email"]
     ordering = ["-created_at"]
     fields = [
         "id",
@@ -158,7 +215,9 @@ class ReturnRequestAdmin(ReadOnlyAdmin):
 
     @admin.display(description="refund")
     def refund_row(self, obj):
-        refund = Refund.objects.filter(id=compensation.return_refund_id(obj.id)).first()
+        refund = payment_selectors.refund_get_or_none(
+            refund_id=compensation.return_refund_id(obj.id)
+        )
         if refund is None:
             return "-"
         url = reverse("admin:payments_refund_change", args=[refund.pk])
@@ -178,11 +237,28 @@ class ReturnRequestAdmin(ReadOnlyAdmin):
             return None
         return HttpResponseRedirect(reverse(url_name, args=[ids[0]]))
 
-    @admin.action(description="Mark received")
+    @admin.action(description="Mark received", permissions=["change_state"])
     def mark_received(self, request, queryset):
-        return self._one(request, queryset, "admin:orders_returnrequest_receive")
+        """Bulk: a keyed confirmation (keyed_action); each return is received at most once."""
+        if not request.user.has_perm("orders.change_returnrequest"):
+            raise PermissionDenied
+        return keyed_action(
+            self,
+            request,
+            queryset,
+            operation=ADMIN_RETURNS_RECEIVE,
+            title="Mark received",
+            explanation="Record these returns as received in the warehouse. Each requested "
+            "return starts its compensation (restock, refund, points, the shopper's e-mail) "
+            "once; returns already received are left as they are.",
+            button="Yes, mark received",
+            decide=lambda pk: returns.return_receive(return_id=pk, by=request.user).started,
+            done_message=lambda changed, skipped: (
+                f"{changed} marked received; {skipped} unchanged (received already)."
+            ),
+        )
 
-    @admin.action(description="Retry failed steps")
+    @admin.action(description="Retry failed steps", permissions=["change_state"])
     def retry_failed_steps(self, request, queryset):
         return self._one(request, queryset, "admin:orders_returnrequest_retry")
 
@@ -198,6 +274,7 @@ class ReturnRequestAdmin(ReadOnlyAdmin):
 
     def action_view(self, request, object_id, *, action: str):
         """GET: the form with a fresh request key; POST: keyed (idempotent_form)."""
+        require_permission(self.has_change_state_permission(request))
         order_return = get_object_or_404(ReturnRequest, pk=object_id)
         if request.method == "POST":
             submit = _receive_submit if action == "receive" else _retry_submit
@@ -228,6 +305,8 @@ class CompensationStepAdmin(DueWorkAdmin):
     list_display = ["id", "kind", "order", "order_return", "name", "status", "after"]
     list_display = [*list_display, *DueWorkAdmin.due_list_display]
     list_filter = ["kind", "name", "status", *DueWorkAdmin.list_filter]
+    list_select_related = ["order", "order_return"]
+    search_fields = ["=order__number", "order__owner__email"]
     ordering = ["-id"]
 
     def retry_one(self, request, pk) -> bool:
@@ -265,7 +344,7 @@ def extend_order_admin(order_admin: type[admin.ModelAdmin]) -> None:
     """Add returns, cancellation steps and the "Cancel order" action to the orders' admin."""
     order_admin.inlines = [*order_admin.inlines, ReturnInline, CancellationStepInline]
 
-    @admin.action(description="Cancel order")
+    @admin.action(description="Cancel order", permissions=["change_state"])
     def cancel_order(modeladmin, request, queryset):
         ids = list(queryset.values_list("id", flat=True)[:2])
         if len(ids) != 1:
@@ -277,19 +356,24 @@ def extend_order_admin(order_admin: type[admin.ModelAdmin]) -> None:
     base_urls = order_admin.get_urls
 
     def cancel_view(self, request, object_id):
-        order = get_object_or_404(Order, pk=object_id)
+        """The confirmation: what cancelling this order does; its form's key names the status."""
+        require_permission(self.has_change_state_permission(request))  # orders.change_order
+        order = get_object_or_404(Order.objects.select_related("payment"), pk=object_id)
         if request.method == "POST":
             answer = _cancel_submit(request, order)
             if answer is not None:
                 return answer
         return TemplateResponse(
             request,
-            "admin/orders/returnrequest/action.html",
+            "admin/orders/order/cancel.html",
             {
                 **self.admin_site.each_context(request),
                 "title": f"Cancel order {order.number}",
                 "opts": self.model._meta,
                 "order": order,
+                "original": order,
+                "explanation": cancel_explanation(order),
+                "key": cancel_form_key(order, after=request.GET.get("after", "")),
                 "button": "Cancel order",
             },
         )

@@ -52,6 +52,14 @@ class OrdersConfig(AppConfig):
             resume=single_phase_resume,
             present=presenters.return_received,
         )
+        # The admin's "Create shipment" form (orders/admin_forms.py) answers with redirects.
+        from . import admin_forms
+
+        register_operation(
+            admin_forms.ADMIN_SHIPMENT_CREATE,
+            resume=single_phase_resume,
+            present=admin_forms.shipment_redirect,
+        )
         # The admin's return and cancel forms answer with redirects.
         from . import admin_compensation
 
@@ -61,3 +69,7 @@ class OrdersConfig(AppConfig):
             (admin_compensation.ADMIN_ORDER_CANCEL, admin_compensation.order_redirect),
         ):
             register_operation(name, resume=single_phase_resume, present=present)
+        # The bulk "Mark received" confirmation (idempotency.admin_actions.keyed_action).
+        from idempotency.admin_actions import register_keyed_actions
+
+        register_keyed_actions(admin_compensation.ADMIN_RETURNS_RECEIVE)

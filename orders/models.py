@@ -66,6 +66,9 @@ class Order(models.Model):
     updated_at = models.DateTimeField(db_default=Now())
 
     class Meta:
+        # Refunding moves money: its own permission, apart from "change order"
+        # (cancelling), so a role may cancel without refunding (docs/compensation.md).
+        permissions = [("refund_order", "Can refund orders")]
         constraints = [
             models.UniqueConstraint(fields=["number"], name="orders_order_number_uniq"),
             models.CheckConstraint(

@@ -5,8 +5,9 @@ from __future__ import annotations
 import uuid
 from decimal import Decimal
 
-from django.db.models import Prefetch, QuerySet
+from django.db.models import Prefetch, Q, QuerySet
 
+from core import attention
 from core.errors import ApplicationError, NotFound
 from core.money import format_money
 
@@ -161,3 +162,52 @@ def shipment_get_for_user(*, user, shipment_id) -> Shipment:
     if not user.is_staff and shipment.order.owner_id != user.pk:
         raise NotFound("No such shipment.")
     return shipment
+
+
+# -- Needs attention (the admin's list, config/needs_attention.py) ----------------------
+
+
+def steps_needing_attention() -> QuerySet[CompensationStep]:
+    """Compensation steps waiting for staff: `failed`, or flagged and not done."""
+    return CompensationStep.objects.filter(
+        Q(status=StepStatus.FAILED) | Q(needs_attention=True), done_at__isnull=True
+    )
+
+
+def needs_attention_counts() -> dict[str, int]:
+    """{kind: rows} for this app's kind of "Needs attention" (step)."""
+    return {attention.STEP: steps_needing_attention().count()}
+
+
+def needs_attention_items(*, limit: int = attention.PAGE_LIMIT) -> list[attention.AttentionItem]:
+    """Failed compensation steps, oldest first, each with its order and return."""
+    return [
+        attention.AttentionItem(
+            kind=attention.STEP,
+            pk=str(step.pk),
+            what=f"{step.kind} step {step.name} ({step.status}, {step.attempts} attempts)",
+            reason=step.last_error,
+            age=step.waiting,
+            state=attention.row_state(step),
+            status=step.status,
+            order_id=step.order_id,
+            return_id=step.order_return_id,
+            refund_id=step.refund_id,
+        )
+        for step in attention.with_age(steps_needing_attention())[:limit]
+    ]
+
+
+def orders_for_attention(*, order_ids=(), payment_ids=()) -> tuple[dict, dict]:
+    """({order id: order}, {payment id: order}) for the ids a "Needs attention" list names."""
+    found = Order.objects.filter(Q(id__in=list(order_ids)) | Q(payment_id__in=list(payment_ids)))
+    orders = list(found.only("id", "number", "payment_id"))
+    return {o.id: o for o in orders}, {o.payment_id: o for o in orders if o.payment_id}
+
+
+def returns_of_refunds(*, refund_ids) -> dict:
+    """{refund id: return id} for refunds a return's refund step asked for."""
+    rows = CompensationStep.objects.filter(
+        refund_id__in=list(refund_ids), order_return__isnull=False
+    ).values_list("refund_id", "order_return_id")
+    return dict(rows)

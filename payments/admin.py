@@ -1,8 +1,11 @@
 """Staff views of payments; settlements and refunds that need attention are decided here."""
 
 from django.contrib import admin
+from django.urls import reverse
+from django.utils.html import format_html
 
 from core.admin import DueWorkAdmin, ReadOnlyAdmin, ReadOnlyInline
+from core.admin_export import CsvExportMixin
 from idempotency.admin_actions import keyed_action
 
 from . import services
@@ -37,13 +40,29 @@ class PaymentAdmin(ReadOnlyAdmin):
         "created_at",
     ]
     list_filter = ["status", "payment_method"]
-    search_fields = ["reference"]
+    # `=order__number`: the number staff read off a receipt; the shopper's e-mail.
+    search_fields = ["reference", "=order__number", "order__owner__email"]
     inlines = [TransactionInline, EventInline]
+    readonly_fields = ["order_link"]
+
+    # The order it pays for (a reverse one-to-one; none for a payment of no order).
+    @admin.display(description="order")
+    def order_link(self, payment):
+        order = getattr(payment, "order", None)
+        if order is None:
+            return "-"
+        url = reverse("admin:orders_order_change", args=[order.pk])
+        return format_html('<a href="{}">{}</a>', url, order.number)
 
 
 @admin.register(PaymentSettlement)
 class PaymentSettlementAdmin(DueWorkAdmin):
     list_display = ["id", "transaction", *DueWorkAdmin.due_list_display]
+    list_select_related = ["transaction"]
+    search_fields = [
+        "=transaction__payment__order__number",
+        "transaction__payment__order__owner__email",
+    ]
 
     def retry_one(self, request, pk) -> bool:
         # The payment's history records who retried it (a PaymentEvent).
@@ -52,8 +71,24 @@ class PaymentSettlementAdmin(DueWorkAdmin):
         return before
 
 
+REFUND_CSV_COLUMNS = [
+    ("id", "id"),
+    ("created_at", "created_at"),
+    ("order", "payment__order__number"),
+    ("email", "payment__order__owner__email"),
+    ("amount", "amount"),
+    ("currency", "currency"),
+    ("status", "status"),
+    ("origin", "origin"),
+    ("outside_shop", "outside_shop"),
+    ("reason", "reason"),
+    ("attempts", "attempts"),
+    ("last_error", "last_error"),
+]
+
+
 @admin.register(Refund)
-class RefundAdmin(DueWorkAdmin):
+class RefundAdmin(CsvExportMixin, DueWorkAdmin):
     """Refunds, read-only; staff decide the ones that need attention.
 
     "Refunded outside the shop" and "Record as failed" ask for confirmation,
@@ -77,8 +112,17 @@ class RefundAdmin(DueWorkAdmin):
     ]
     list_filter = ["status", "origin", *DueWorkAdmin.list_filter]
     list_select_related = ["payment"]
-    search_fields = ["=id", "payment__reference", "=provider_key"]
+    search_fields = [
+        "=id",
+        "payment__reference",
+        "=provider_key",
+        "=payment__order__number",
+        "payment__order__owner__email",
+    ]
     ordering = ["-created_at"]
+    # "Export CSV" (core.admin_export): the list as filtered, streamed.
+    csv_columns = REFUND_CSV_COLUMNS
+    csv_filename = "refunds.csv"
     actions = ["retry_now", "refunded_outside_shop", "record_failed", "accept_provider_refund"]
 
     def retry_one(self, request, pk) -> bool:
@@ -99,7 +143,7 @@ class RefundAdmin(DueWorkAdmin):
             ),
         )
 
-    @admin.action(description="Refunded outside the shop")
+    @admin.action(description="Refunded outside the shop", permissions=["change_state"])
     def refunded_outside_shop(self, request, queryset):
         return self._decide(
             request,
@@ -112,7 +156,9 @@ class RefundAdmin(DueWorkAdmin):
             decide=services.refund_record_outside,
         )
 
-    @admin.action(description="Record as failed (release the reserved amount)")
+    @admin.action(
+        description="Record as failed (release the reserved amount)", permissions=["change_state"]
+    )
     def record_failed(self, request, queryset):
         return self._decide(
             request,
@@ -124,12 +170,7 @@ class RefundAdmin(DueWorkAdmin):
             decide=services.refund_record_failed,
         )
 
-    def has_decide_permission(self, request) -> bool:
-        # The admin is read-only (no "change" form); deciding a refund needs the model's
-        # change permission all the same: a view-only staff user gets no such action.
-        return request.user.has_perm("payments.change_refund")
-
-    @admin.action(description="Accept the provider's refund", permissions=["decide"])
+    @admin.action(description="Accept the provider's refund", permissions=["change_state"])
     def accept_provider_refund(self, request, queryset):
         return self._decide(
             request,

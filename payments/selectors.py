@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 
+from core import attention
 from core.errors import NotFound
 
 from .models import (
@@ -12,6 +13,7 @@ from .models import (
     PaymentSettlement,
     PaymentTransaction,
     Refund,
+    RefundStatus,
 )
 
 
@@ -38,6 +40,11 @@ def refunds_of_payment(*, payment_id) -> QuerySet[Refund]:
     return Refund.objects.filter(payment_id=payment_id).order_by("created_at", "id")
 
 
+def refund_get_or_none(*, refund_id) -> Refund | None:
+    """One refund by its id, or None."""
+    return Refund.objects.filter(id=refund_id).first()
+
+
 def install_id_or_none() -> str | None:
     """Return the installation id if it was ever created (a read: creates nothing)."""
     return PaymentInstallation.objects.filter(id=1).values_list("install_id", flat=True).first()
@@ -55,3 +62,53 @@ def transactions_with_key_prefix(*, key_prefix: str) -> QuerySet[PaymentTransact
     return PaymentTransaction.objects.filter(provider_key__startswith=key_prefix).select_related(
         "payment"
     )
+
+
+def refunds_needing_attention() -> QuerySet[Refund]:
+    """Refunds waiting for staff: `needs_attention`, or flagged (the reason in `last_error`)."""
+    return Refund.objects.filter(
+        # A decided refund (done) flagged again: the provider's late refund (services).
+        Q(status=RefundStatus.NEEDS_ATTENTION) | Q(needs_attention=True)
+    )
+
+
+def needs_attention_counts() -> dict[str, int]:
+    """{kind: rows} for this app's kinds of "Needs attention" (settlement, refund)."""
+    return {
+        attention.SETTLEMENT: settlements_needing_attention().count(),
+        attention.REFUND: refunds_needing_attention().count(),
+    }
+
+
+def needs_attention_items(*, limit: int = attention.PAGE_LIMIT) -> list[attention.AttentionItem]:
+    """This app's items waiting for a person, oldest first per kind (the admin's list)."""
+    items = []
+    for settlement in attention.with_age(settlements_needing_attention())[:limit]:
+        txn = settlement.transaction
+        items.append(
+            attention.AttentionItem(
+                kind=attention.SETTLEMENT,
+                pk=str(settlement.pk),
+                what=f"settlement of {txn.kind} {txn.amount} {txn.currency} "
+                f"({settlement.attempts} attempts)",
+                reason=settlement.last_error,
+                age=settlement.waiting,
+                state=attention.row_state(settlement),
+                payment_id=txn.payment_id,
+            )
+        )
+    for refund in attention.with_age(refunds_needing_attention())[:limit]:
+        items.append(
+            attention.AttentionItem(
+                kind=attention.REFUND,
+                pk=str(refund.pk),
+                what=f"refund {refund.amount} {refund.currency} ({refund.origin}, {refund.status})",
+                reason=refund.last_error,
+                age=refund.waiting,
+                state=attention.row_state(refund),
+                status=refund.status,
+                payment_id=refund.payment_id,
+                refund_id=refund.pk,
+            )
+        )
+    return items

@@ -537,7 +537,7 @@ def _resend(*, txn: PaymentTransaction, gateway) -> ProviderResult:
             reference=payment.reference,
             payment_method=payment.payment_method,
         )
-    raise NotImplementedError(f"settlement of {txn.kind} arrives with its issue")
+    raise NotImplementedError(f"no settlement for {txn.kind} transactions")
 
 
 def payment_settle(*, settlement_id: int) -> PaymentSettlement:

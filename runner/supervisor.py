@@ -225,6 +225,19 @@ def select_setup(environ: Mapping[str, str], steps: list[Program] | None = None)
     return chosen
 
 
+def demo_wanted(environ: Mapping[str, str], *, embedded_database: bool) -> bool:
+    """Demo data (users with known passwords) only where nobody else's data can be.
+
+    On the embedded PostgreSQL of `var/` (a developer's own), or when asked
+    with SHOP_DEMO=1 (`make run` asks unless SHOP_DEMO=0); never by default on
+    a DATABASE_URL that other hosts or real shoppers may share.
+    """
+    asked = environ.get("SHOP_DEMO", "")
+    if asked in ("0", "1"):
+        return asked == "1"
+    return embedded_database
+
+
 # Setup steps that need no lock: each host empties its own metrics folder.
 LOCAL_STEPS = frozenset({"metrics-dir"})
 
@@ -519,6 +532,12 @@ def main() -> int:
         if "web" in names and not port_is_free(int(ctx["port"]), ctx["host"]):
             say(f"port {ctx['port']} is in use; choose another with PORT=...")
             return 1
+        if any(step.name == "seed_demo" for step in steps):
+            if demo_wanted(os.environ, embedded_database="DATABASE_URL" in urls):
+                env["SHOP_DEMO"] = "1"  # the seed_demo command's own guard
+            else:
+                steps = [step for step in steps if step.name != "seed_demo"]
+                say("no demo data: DATABASE_URL is not embedded (SHOP_DEMO=1 to seed it)")
         run_setup(steps, ctx, env, signals)
         supervisor = Supervisor(programs=programs, ctx=ctx, env=env, state_file=state_file)
         supervisor.start_all()

@@ -9,6 +9,7 @@ cart is at most one order.
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 from decimal import Decimal
 
@@ -17,12 +18,18 @@ from django.db.models import F
 from django.db.models.functions import Now
 
 from core.errors import ApplicationError
+from idempotency.inbox import inbox_claim
 from inventory import selectors as inventory_selectors
 from inventory.models import Product
 
 from .models import Cart, CartLine
 
 MAX_QUANTITY = 1000
+# A session cart is kept in the session row: a bound on its size.
+MAX_GUEST_LINES = 100
+GUEST_CART = "shop.guest_cart"
+# The inbox consumer that records merged guest carts (their ids).
+GUEST_MERGE = "shop.guest_cart_merge"
 
 
 class CartChanged(ApplicationError):
@@ -30,6 +37,13 @@ class CartChanged(ApplicationError):
 
     status = 409
     code = "cart_changed"
+
+
+class CartFull(ApplicationError):
+    """A session cart already holds MAX_GUEST_LINES different skus."""
+
+    status = 409
+    code = "cart_full"
 
 
 @dataclass(frozen=True)
@@ -62,14 +76,17 @@ def cart_for(*, user) -> Cart:
         return Cart.objects.get(user=user)
 
 
-def cart_items(*, cart: Cart) -> list[CartItem]:
-    """Return the cart's lines in the order they were added, with current products."""
-    lines = list(cart.lines.order_by("added_at", "id"))
+def _items(lines: list[tuple[str, int]]) -> list[CartItem]:
     products = {
         product.sku: product
-        for product in inventory_selectors.product_list().filter(sku__in=[x.sku for x in lines])
+        for product in inventory_selectors.product_list().filter(sku__in=[s for s, _ in lines])
     }
-    return [CartItem(sku=x.sku, quantity=x.quantity, product=products.get(x.sku)) for x in lines]
+    return [CartItem(sku=sku, quantity=n, product=products.get(sku)) for sku, n in lines]
+
+
+def cart_items(*, cart: Cart) -> list[CartItem]:
+    """Return the cart's lines in the order they were added, with current products."""
+    return _items(list(cart.lines.order_by("added_at", "id").values_list("sku", "quantity")))
 
 
 def cart_total(items: list[CartItem]) -> Decimal:
@@ -125,3 +142,120 @@ def cart_attempt_over(*, cart_id: int, version: int) -> bool:
     """The checkout of `version` ended without an order to keep (declined, expired, refused):
     move the cart on, lines kept, so the next attempt is a new request key. Once only."""
     return _advance(cart_id=cart_id, version=version)
+
+
+@transaction.atomic
+def cart_merge(*, cart_id: int, guest_id: str, lines: list[tuple[str, int]]) -> bool:
+    """Merge a guest cart's lines into a shopper's cart, once per guest cart id.
+
+    The guest cart's id is claimed in the inbox first, in this transaction: a
+    second merge of the same guest cart (a double-submitted log-in) finds it
+    and changes nothing. A sku in both gets the sum, capped at 1000. The
+    cart's version moves on (an UPDATE, which also locks the cart row), so a
+    checkout page shown before the merge is "your cart changed", not an order
+    of what it no longer shows.
+    """
+    if not lines or not inbox_claim(consumer=GUEST_MERGE, message_id=guest_id):
+        return False
+    Cart.objects.filter(id=cart_id).update(version=F("version") + 1, updated_at=Now())
+    existing = {
+        line.sku: line
+        for line in CartLine.objects.select_for_update()
+        .filter(cart_id=cart_id, sku__in=[sku for sku, _ in lines])
+        .order_by("id")
+    }
+    for sku, quantity in lines:
+        line = existing.get(sku)
+        if line is None:
+            existing[sku] = CartLine.objects.create(
+                cart_id=cart_id, sku=sku, quantity=min(quantity, MAX_QUANTITY)
+            )
+        else:
+            line.quantity = min(line.quantity + quantity, MAX_QUANTITY)
+            line.save(update_fields=["quantity"])
+    return True
+
+
+# --- The guest's cart, in the session ------------------------------------------
+
+
+@dataclass
+class GuestCart:
+    """The session cart of a shopper not logged in: `{"id", "version", "lines"}` in the session.
+
+    `id` names this cart for the once-only merge; `version` moves on with
+    every change, like `Cart.version`, so a form sent twice changes it once.
+    """
+
+    id: str
+    version: int
+    lines: list[tuple[str, int]]
+
+    def save(self, session) -> None:
+        session[GUEST_CART] = {
+            "id": self.id,
+            "version": self.version,
+            "lines": [[sku, n] for sku, n in self.lines],
+        }
+
+
+def guest_cart(*, session) -> GuestCart:
+    """The session's guest cart (empty, version 0, with a new id, if it has none)."""
+    data = session.get(GUEST_CART)
+    if not isinstance(data, dict):
+        return GuestCart(id=uuid.uuid4().hex, version=0, lines=[])
+    return GuestCart(
+        id=str(data["id"]),
+        version=int(data["version"]),
+        lines=[(str(sku), int(n)) for sku, n in data.get("lines", [])],
+    )
+
+
+def guest_cart_add(*, session, version: int, sku: str, quantity: int) -> None:
+    """Add units of a sku to the session cart (capped at 1000) if it is still at `version`."""
+    cart = guest_cart(session=session)
+    if cart.version != version:
+        raise CartChanged("Your cart changed since this page was shown; nothing was added.")
+    quantities = dict(cart.lines)
+    if sku not in quantities and len(quantities) >= MAX_GUEST_LINES:
+        raise CartFull(f"A cart holds at most {MAX_GUEST_LINES} different items.")
+    quantities[sku] = min(quantities.get(sku, 0) + quantity, MAX_QUANTITY)
+    cart.lines = list(quantities.items())
+    cart.version += 1
+    cart.save(session)
+
+
+def guest_cart_set(*, session, version: int, quantities: dict[str, int]) -> None:
+    """Set each listed sku's quantity (0 removes it) if the session cart is still at `version`."""
+    cart = guest_cart(session=session)
+    if cart.version != version:
+        raise CartChanged("Your cart changed since this page was shown; nothing was changed.")
+    lines = dict(cart.lines)
+    for sku, quantity in quantities.items():
+        if sku not in lines:
+            continue
+        if quantity <= 0:
+            del lines[sku]
+        else:
+            lines[sku] = min(quantity, MAX_QUANTITY)
+    cart.lines = list(lines.items())
+    cart.version += 1
+    cart.save(session)
+
+
+def guest_cart_items(*, session) -> list[CartItem]:
+    return _items(guest_cart(session=session).lines)
+
+
+def guest_cart_merge(*, session, user) -> bool:
+    """After log-in or sign-up: merge the session's guest cart into the shopper's, then drop it.
+
+    True if this call merged it. Safe to repeat (the inbox, see cart_merge).
+    """
+    data = session.get(GUEST_CART)
+    if not isinstance(data, dict):
+        return False
+    guest = guest_cart(session=session)
+    merged = cart_merge(cart_id=cart_for(user=user).id, guest_id=guest.id, lines=guest.lines)
+    session.pop(GUEST_CART, None)
+    return merged

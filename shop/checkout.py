@@ -30,12 +30,17 @@ replay, the next page view) changes nothing:
 from __future__ import annotations
 
 import re
+from typing import cast
+
+from django.urls import reverse
 
 from idempotency.keys import key_lookup
 from idempotency.models import FINISHED, STARTED
 from idempotency.operations import Reply, Result, register_operation, single_phase_resume
+from inventory.models import Product
 from orders import operations as order_operations
 from orders import selectors as order_selectors
+from orders.services import LineRequest
 from orders.states import OrderStatus
 
 from . import cart as carts
@@ -56,6 +61,27 @@ def checkout_key(cart: Cart) -> str:
     return f"checkout:{cart.id}:{cart.version}"
 
 
+def key_under_way(*, owner_id: int, key: str) -> bool:
+    """Has this checkout key got past its first phase (an order exists, payment under way)?"""
+    row = key_lookup(owner_id=owner_id, key=key)
+    return row is not None and row.recovery_point != STARTED
+
+
+def line_requests(items: list[carts.CartItem]) -> list[LineRequest]:
+    """The order lines of the cart's items. A product is None only under a key past
+    STARTED (the view refuses it otherwise), whose resumed run never reads the lines."""
+    return [
+        LineRequest(product=cast(Product, item.product), quantity=item.quantity) for item in items
+    ]
+
+
+def cancel_key(order) -> str:
+    """The "Cancel order" form's request key on a confirmed order's page: the order and the
+    status it was shown in. Two tabs, a double click and a resubmitted page send the same
+    key: one cancellation, the others replay its answer (303 to the order page)."""
+    return f"cancel:{order.id}:{order.status}"
+
+
 def checkout_key_version(key: str, *, cart: Cart) -> int | None:
     """The cart version a checkout key names, or None if it is not a key of this cart."""
     match = _KEY.match(key or "")
@@ -65,7 +91,7 @@ def checkout_key_version(key: str, *, cart: Cart) -> int | None:
 
 
 def order_url(order_id) -> str:
-    return f"/orders/{order_id}/"
+    return reverse("order", args=[order_id])
 
 
 def _refusal_order_id(result: Result):
@@ -81,7 +107,9 @@ def checkout_redirect(result: Result) -> Reply:
     if order_id is not None:
         return Reply(status=303, headers={"Location": order_url(order_id)})
     assert result.refusal is not None  # no order: a refusal that names none
-    return Reply(status=303, headers={"Location": f"/checkout/?problem={result.refusal.code}"})
+    return Reply(
+        status=303, headers={"Location": f"{reverse('checkout')}?problem={result.refusal.code}"}
+    )
 
 
 def decision_redirect(result: Result) -> Reply:
@@ -95,7 +123,9 @@ def decision_redirect(result: Result) -> Reply:
             location += f"?problem={result.refusal.code}"
         return Reply(status=303, headers={"Location": location})
     assert result.refusal is not None  # no order: a refusal that names none
-    return Reply(status=303, headers={"Location": f"/orders/?problem={result.refusal.code}"})
+    return Reply(
+        status=303, headers={"Location": f"{reverse('orders')}?problem={result.refusal.code}"}
+    )
 
 
 def register_operations() -> None:

@@ -7,6 +7,8 @@ from typing import cast
 
 from django import forms
 from django.conf import settings
+from django.contrib.auth import forms as auth_forms
+from django_countries import countries
 
 from orders.states import OnShortage
 
@@ -27,23 +29,40 @@ def _shortage_choices() -> tuple[tuple[str, str], ...]:
     )
 
 
-class AccessibleForm(forms.Form):
-    """Ties each field's help and errors to it with aria-describedby; aria-invalid on errors."""
+PASSWORD_HELP = "At least 8 characters, not only digits, not a common password."
+
+
+def country_choices() -> list[tuple[str, str]]:
+    """ISO 3166-1 countries (django-countries), by name; the value is the two-letter code."""
+    return [("", "Choose a country"), *((code, name) for code, name in countries)]
+
+
+class Accessible:
+    """Ties each field's help and errors to it with aria-describedby; aria-invalid on errors.
+
+    A mixin, so that Django's own auth forms (password reset and change) get it too.
+    """
+
+    fields: dict
+    _errors: dict | None
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        self._describe()
+
+    def _describe(self) -> None:
+        """Point each field with help at it (again after a subclass changed the help)."""
         for name, field in self.fields.items():
-            described = []
             if field.help_text:
-                described.append(f"id_{name}_help")
-            if described:
-                field.widget.attrs["aria-describedby"] = " ".join(described)
+                field.widget.attrs["aria-describedby"] = f"id_{name}_help"
+            elif field.widget.attrs.get("aria-describedby") == f"id_{name}_help":
+                del field.widget.attrs["aria-describedby"]
 
     def add_error(self, field, error) -> None:
-        super().add_error(field, error)
+        super().add_error(field, error)  # type: ignore[misc]
         # Tie each field's errors to it (the template renders them as id_<name>_error).
-        # Not self.errors, which would clean the form; the stubs omit _errors.
-        for name in list(self._errors or ()):  # type: ignore[attr-defined]
+        # Not self.errors, which would clean the form.
+        for name in list(self._errors or ()):
             if name in self.fields:
                 widget = self.fields[name].widget
                 widget.attrs["aria-invalid"] = "true"
@@ -51,6 +70,10 @@ class AccessibleForm(forms.Form):
                 if f"id_{name}_error" not in ids:
                     ids.append(f"id_{name}_error")
                 widget.attrs["aria-describedby"] = " ".join(ids)
+
+
+class AccessibleForm(Accessible, forms.Form):
+    """A storefront form (see Accessible)."""
 
 
 class QuantityForm(AccessibleForm):
@@ -74,13 +97,14 @@ class CheckoutForm(AccessibleForm):
         max_length=20,
         widget=forms.TextInput({"autocomplete": "postal-code"}),
     )
-    country = forms.RegexField(
+    country = forms.ChoiceField(
         label="Country",
-        regex=r"^\s*[A-Za-z]{2}\s*$",
-        max_length=2,
-        help_text="Two-letter country code, for example DE or FR.",
-        error_messages={"invalid": "Enter a two-letter country code, for example DE."},
-        widget=forms.TextInput({"autocomplete": "country", "size": "3"}),
+        choices=(),
+        error_messages={
+            "required": "Choose the country to ship to.",
+            "invalid_choice": "Choose a country from the list.",
+        },
+        widget=forms.Select({"autocomplete": "country"}),
     )
     payment_method = forms.ChoiceField(label="Payment method", choices=PAYMENT_METHODS)
     on_shortage = forms.ChoiceField(
@@ -93,9 +117,12 @@ class CheckoutForm(AccessibleForm):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         cast(forms.ChoiceField, self.fields["on_shortage"]).choices = _shortage_choices()
-
-    def clean_country(self) -> str:
-        return self.cleaned_data["country"].strip().upper()
+        cast(forms.ChoiceField, self.fields["country"]).choices = country_choices()
+        if self.is_bound and isinstance(self.data.get("country"), str):
+            # An address typed before the list (or by a script): " de " is DE.
+            data = dict(self.data.items())
+            data["country"] = data["country"].strip().upper()
+            self.data = data
 
     def clean_expected_total(self) -> Decimal | None:
         value = self.cleaned_data.get("expected_total") or ""
@@ -188,3 +215,65 @@ class ReturnForm(AccessibleForm):
             for line, _name, _returnable in self.lines
             if data.get(f"quantity_{line.id}")
         ]
+
+
+class PasswordResetForm(Accessible, auth_forms.PasswordResetForm):
+    """Step 1 of the reset: "Email". Django's form: the same page whether or not an
+    account has that address (no one learns who shops here), mail only to active
+    accounts with a usable password."""
+
+
+class SetPasswordForm(Accessible, auth_forms.SetPasswordForm):
+    """Step 3 of the reset (from the e-mailed link): "Password" and "Confirm password"."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["new_password1"].label = "Password"
+        self.fields["new_password1"].help_text = PASSWORD_HELP
+        self.fields["new_password2"].label = "Confirm password"
+        self.fields["new_password2"].help_text = ""
+        self._describe()
+
+
+class PasswordChangeForm(Accessible, auth_forms.PasswordChangeForm):
+    """`/accounts/password-change/`: "Current password", "New password", "Confirm new password"."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["old_password"].label = "Current password"
+        self.fields["old_password"].widget.attrs.pop("autofocus", None)
+        self.fields["new_password1"].label = "New password"
+        self.fields["new_password1"].help_text = PASSWORD_HELP
+        self.fields["new_password2"].label = "Confirm new password"
+        self.fields["new_password2"].help_text = ""
+        self._describe()
+
+
+class EmailChangeForm(AccessibleForm):
+    """The account page's e-mail change: the new address and the current password (an
+    e-mail address is where a password reset goes, so changing it proves who asks)."""
+
+    email = forms.EmailField(
+        label="Email", max_length=254, widget=forms.EmailInput({"autocomplete": "email"})
+    )
+    current_password = forms.CharField(
+        label="Current password",
+        strip=False,
+        widget=forms.PasswordInput({"autocomplete": "current-password"}),
+    )
+
+    def __init__(self, *args, user, **kwargs) -> None:
+        self.user = user
+        super().__init__(*args, **kwargs)
+
+    def clean_current_password(self) -> str:
+        password = self.cleaned_data["current_password"]
+        if not self.user.check_password(password):
+            raise forms.ValidationError("That is not your current password.")
+        return password
+
+    def clean_email(self) -> str:
+        email = self.cleaned_data["email"].strip()
+        if email.lower() == (self.user.email or "").lower():
+            raise forms.ValidationError("That is already your e-mail address.")
+        return email

@@ -33,6 +33,7 @@ import hashlib
 from urllib.parse import urlencode
 
 from django.db.models import Sum
+from django.urls import reverse
 
 from idempotency.operations import Reply, Result
 from orders.models import ReturnLine, ReturnRequest
@@ -49,14 +50,16 @@ def return_form_key(order, *, after: str = "") -> str:
 
 
 def return_url(order_id) -> str:
-    return f"/orders/{order_id}/return/"
+    return reverse("order-return", args=[order_id])
 
 
 def return_redirect(result: Result, *, order_id=None, form_key: str = "") -> Reply:
     """The return form's answer: 303 to the order page (which lists its returns); a refusal
     back to the form naming its code (and the refused key, for a fresh one)."""
     if result.refusal is None:
-        return Reply(status=303, headers={"Location": f"/orders/{result.value.order_id}/"})
+        return Reply(
+            status=303, headers={"Location": reverse("order", args=[result.value.order_id])}
+        )
     query = urlencode({"problem": result.refusal.code, "after": form_key})
-    url = return_url(order_id) if order_id else "/orders/"
+    url = return_url(order_id) if order_id else reverse("orders")
     return Reply(status=303, headers={"Location": f"{url}?{query}"})

@@ -11,6 +11,7 @@ from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import IntegrityError, transaction
 from rest_framework.authtoken.models import Token
 
+from core.authentication import expired_tokens
 from core.errors import ApplicationError, InvalidRequest
 
 if TYPE_CHECKING:  # the default user model (AUTH_USER_MODEL is not set)
@@ -54,6 +55,9 @@ def token_obtain(*, user: User | None) -> Token:
     """Return the API token of an authenticated user, creating it once."""
     if user is None or not user.is_active:
         raise InvalidCredentials("Unable to log in with the provided credentials.")
+    # An expired token is replaced: deleted by the database clock's verdict, then
+    # one new token per user (its unique user column decides between two log-ins).
+    expired_tokens(Token).filter(user=user).delete()
     token, _ = Token.objects.get_or_create(user=user)
     return token
 
@@ -73,4 +77,16 @@ def user_anonymise(*, user: User) -> User:
     user.set_unusable_password()
     user.save()
     Token.objects.filter(user=user).delete()
+    return user
+
+
+@transaction.atomic
+def user_email_change(*, user: User, email: str) -> User:
+    """Set a shopper's e-mail address (validated by the form: the address and their password).
+
+    One UPDATE of the one column: a concurrent change of anything else on the
+    row (a password change in another tab) is not overwritten.
+    """
+    User.objects.filter(pk=user.pk).update(email=email)
+    user.email = email
     return user

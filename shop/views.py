@@ -9,41 +9,52 @@ under the storefront's own operation names (shop/checkout.py).
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
 from decimal import Decimal
-from typing import cast
 
 from django.contrib import messages
 from django.contrib.auth import login as auth_login
 from django.contrib.auth import logout as auth_logout
+from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
-from django.contrib.auth.views import LoginView, redirect_to_login
+from django.contrib.auth.views import LoginView
+from django.db.models import Q
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
+from django.urls import reverse, reverse_lazy
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from core.errors import ApplicationError, InvalidRequest, NotFound
 from core.money import shop_currency
-from idempotency.keys import key_lookup
-from idempotency.models import STARTED
 from idempotency.views import idempotent_form
 from inventory import selectors as inventory_selectors
-from inventory.models import Product
 from orders import operations as order_operations
 from orders import returns as order_returns
 from orders import selectors as order_selectors
 from orders import tracking
-from orders.models import CompensationStep, ReturnLine, Shipment
-from orders.services import LineRequest
 from orders.states import OrderStatus
 from payments import selectors as payment_selectors
 
 from . import cart as carts
-from . import checkout, history, loyalty, services, words
+from . import checkout, history, loyalty, selectors, services, words
 from . import returns as shop_returns
 from .api.throttles import login_wait
-from .forms import PAYMENT_METHODS, CheckoutForm, QuantityForm, ReturnForm, SignupForm
+from .forms import (
+    PAYMENT_METHODS,
+    CheckoutForm,
+    EmailChangeForm,
+    PasswordChangeForm,
+    PasswordResetForm,
+    QuantityForm,
+    ReturnForm,
+    SetPasswordForm,
+    SignupForm,
+)
+
+ORDERS_PAGE = 20  # orders per page of /orders/
+SEARCH_MAX = 100  # characters of a catalog search that are used
 
 
 def see_other(url: str) -> HttpResponseRedirect:
@@ -84,8 +95,13 @@ def _problem_text(code: str | None) -> str | None:
 
 @require_GET
 def catalog(request: HttpRequest) -> HttpResponse:
-    products = inventory_selectors.product_list().order_by("name", "sku")
-    return render(request, "shop/catalog.html", {"products": products})
+    """The catalog; `?q=` keeps the products whose name or sku contains it (any case)."""
+    query = request.GET.get("q", "").strip()[:SEARCH_MAX]
+    products = inventory_selectors.product_list()
+    if query:
+        products = products.filter(Q(name__icontains=query) | Q(sku__icontains=query))
+    context = {"products": products.order_by("name", "sku"), "query": query}
+    return render(request, "shop/catalog.html", context)
 
 
 def _product_or_404(sku: str):
@@ -98,23 +114,25 @@ def _product_or_404(sku: str):
 @require_http_methods(["GET", "POST"])
 def product_page(request: HttpRequest, sku: str) -> HttpResponse:
     product = _product_or_404(sku)
-    cart = carts.cart_for(user=request.user) if request.user.is_authenticated else None
     form = QuantityForm()
     status = 200
     if request.method == "POST":
-        if not request.user.is_authenticated:
-            return redirect_to_login(request.get_full_path())
-        assert cart is not None  # the shopper is logged in
         form = QuantityForm(request.POST)
         if form.is_valid():
+            quantity = form.cleaned_data["quantity"]
             try:
                 version = int(request.POST.get("cart_version", ""))
-                carts.cart_add(
-                    cart=cart,
-                    version=version,
-                    sku=product.sku,
-                    quantity=form.cleaned_data["quantity"],
-                )
+                if request.user.is_authenticated:
+                    carts.cart_add(
+                        cart=carts.cart_for(user=request.user),
+                        version=version,
+                        sku=product.sku,
+                        quantity=quantity,
+                    )
+                else:  # a guest: the session cart, merged on log-in
+                    carts.guest_cart_add(
+                        session=request.session, version=version, sku=product.sku, quantity=quantity
+                    )
             except (ValueError, carts.CartChanged):
                 messages.warning(
                     request,
@@ -122,18 +140,27 @@ def product_page(request: HttpRequest, sku: str) -> HttpResponse:
                     "nothing was added. Check your cart, then add the item again.",
                 )
                 return see_other(request.path)
-            messages.success(
-                request, f"Added {form.cleaned_data['quantity']} × {product.name} to your cart."
-            )
-            return see_other("/cart/")
+            except carts.CartFull as exc:
+                messages.error(request, f"{exc.detail} Log in to keep more.")
+                return see_other(request.path)
+            messages.success(request, f"Added {quantity} × {product.name} to your cart.")
+            return see_other(reverse("cart"))
         status = 400
-    context = {"product": product, "form": form, "cart": cart}
+    context = {"product": product, "form": form, "cart_version": _cart_version(request)}
     return render(request, "shop/product.html", context, status=status)
 
 
-@login_required
+def _cart_version(request: HttpRequest) -> int:
+    """The version of the cart the page shows: the shopper's, or the guest's session cart."""
+    if request.user.is_authenticated:
+        return carts.cart_for(user=request.user).version
+    return carts.guest_cart(session=request.session).version
+
+
 @require_http_methods(["GET", "POST"])
 def cart_page(request: HttpRequest) -> HttpResponse:
+    if not request.user.is_authenticated:
+        return _guest_cart_page(request)
     cart = carts.cart_for(user=request.user)
     if request.method == "POST":
         try:
@@ -150,15 +177,44 @@ def cart_page(request: HttpRequest) -> HttpResponse:
             messages.error(request, "Enter a quantity between 0 and 1000.")
         else:
             messages.success(request, "Your cart was updated.")
-        return see_other("/cart/")
+        return see_other(reverse("cart"))
     checkout.checkout_follow_up(cart=cart)
     cart.refresh_from_db()
     items = carts.cart_items(cart=cart)
     return render(
         request,
         "shop/cart.html",
-        {"cart": cart, "items": items, "total": carts.cart_total(items)},
+        {"cart_version": cart.version, "items": items, "total": carts.cart_total(items)},
     )
+
+
+def _guest_cart_page(request: HttpRequest) -> HttpResponse:
+    """The cart of a shopper not logged in (the session's); checkout asks to log in first."""
+    if request.method == "POST":
+        try:
+            version = int(request.POST.get("cart_version", ""))
+            carts.guest_cart_set(
+                session=request.session, version=version, quantities=_posted_quantities(request)
+            )
+        except carts.CartChanged:
+            messages.warning(
+                request,
+                "Your cart changed since this page was shown (in another tab?), so nothing was "
+                "changed. Here it is as it is now.",
+            )
+        except (ValueError, InvalidRequest):
+            messages.error(request, "Enter a quantity between 0 and 1000.")
+        else:
+            messages.success(request, "Your cart was updated.")
+        return see_other(reverse("cart"))
+    items = carts.guest_cart_items(session=request.session)
+    context = {
+        "cart_version": carts.guest_cart(session=request.session).version,
+        "items": items,
+        "total": carts.cart_total(items),
+        "guest": True,
+    }
+    return render(request, "shop/cart.html", context)
 
 
 def _posted_quantities(request: HttpRequest) -> dict[str, int]:
@@ -190,7 +246,7 @@ def _checkout_page(request, *, form=None, problem=None, status=200) -> HttpRespo
     items = carts.cart_items(cart=cart)
     if not items:
         messages.info(request, "Your cart is empty: add something first.")
-        return see_other("/cart/")
+        return see_other(reverse("cart"))
     total = carts.cart_total(items)
     if form is None:
         typed = request.session.pop(CHECKOUT_FIELDS, None) or _last_address(request.user)
@@ -216,7 +272,7 @@ def checkout_page(request: HttpRequest) -> HttpResponse:
     response = _checkout_submit(request)
     # The cart follows the outcome (emptied, or moved on after a final failure): once.
     checkout.checkout_follow_up(cart=carts.cart_for(user=request.user))
-    if response.status_code == 303 and response["Location"].startswith("/checkout/"):
+    if response.status_code == 303 and response["Location"].startswith(reverse("checkout")):
         # Refused (stock, price): the form comes back with what the shopper typed.
         request.session[CHECKOUT_FIELDS] = {
             name: request.POST.get(name, "") for name in CheckoutForm.base_fields
@@ -235,8 +291,7 @@ def _checkout_submit(request: HttpRequest, *, key) -> HttpResponse | None:
         # An older version of the cart: only a key already under way may go on (it
         # answers its own order); anything else would order what the page no longer shows.
         assert request.user.pk is not None  # checkout is for logged-in shoppers
-        row = key_lookup(owner_id=request.user.pk, key=key.key)
-        if row is None or row.recovery_point == STARTED:
+        if not checkout.key_under_way(owner_id=request.user.pk, key=key.key):
             return _checkout_page(request, form=form, problem="cart_changed", status=409)
     if not form.is_valid():
         return _checkout_page(request, form=form, status=400)
@@ -244,10 +299,10 @@ def _checkout_submit(request: HttpRequest, *, key) -> HttpResponse | None:
     if version == cart.version:
         if not items:
             messages.info(request, "Your cart is empty: add something first.")
-            return see_other("/cart/")
+            return see_other(reverse("cart"))
         if any(item.product is None for item in items):
             messages.error(request, "An item in your cart is no longer sold; remove it first.")
-            return see_other("/cart/")
+            return see_other(reverse("cart"))
     data = form.cleaned_data
     order_operations.order_place_keyed(
         run=key.claim(),
@@ -255,10 +310,7 @@ def _checkout_submit(request: HttpRequest, *, key) -> HttpResponse | None:
         user=request.user,
         # A product is None only under a key past STARTED (refused above otherwise),
         # whose resumed run never reads the lines.
-        lines=[
-            LineRequest(product=cast(Product, item.product), quantity=item.quantity)
-            for item in items
-        ],
+        lines=checkout.line_requests(items),
         on_shortage=data["on_shortage"],
         payment_method=data["payment_method"],
         shipping_address=form.shipping_address(),
@@ -281,20 +333,51 @@ def _own_order(request: HttpRequest, order_id: str):
     return order
 
 
+def _cursor(request: HttpRequest, name: str) -> int | None:
+    try:
+        value = int(request.GET.get(name, ""))
+    except ValueError:
+        return None
+    return value if value > 0 else None
+
+
 @login_required
 @require_GET
 def order_list(request: HttpRequest) -> HttpResponse:
-    orders = (
+    """The shopper's orders, newest first, ORDERS_PAGE a page.
+
+    Paged by order number (keyset), not by offset: `?before=N` is the page of
+    orders older than number N, `?after=N` the page newer than it, so an order
+    placed meanwhile never shifts a page or shows twice.
+    """
+    mine = (
         order_selectors.order_list_for_user(user=request.user)
         # login_required: an authenticated User; the stubs cannot narrow request.user.
         .filter(owner=request.user)  # type: ignore[misc]
-        .order_by("-number")[:100]
     )
-    return render(
-        request,
-        "shop/orders.html",
-        {"orders": orders, "problem_text": _problem_text(request.GET.get("problem"))},
-    )
+    before, after = _cursor(request, "before"), _cursor(request, "after")
+    if after is not None and before is None:
+        rows = list(mine.filter(number__gt=after).order_by("number")[: ORDERS_PAGE + 1])
+        newer = len(rows) > ORDERS_PAGE
+        orders = rows[:ORDERS_PAGE][::-1]
+        older = bool(orders) and mine.filter(number__lt=orders[-1].number).exists()
+    else:
+        page = mine.filter(number__lt=before) if before is not None else mine
+        rows = list(page.order_by("-number")[: ORDERS_PAGE + 1])
+        older = len(rows) > ORDERS_PAGE
+        orders = rows[:ORDERS_PAGE]
+        newer = (
+            before is not None
+            and bool(orders)
+            and mine.filter(number__gt=orders[0].number).exists()
+        )
+    context = {
+        "orders": orders,
+        "older_url": f"{reverse('orders')}?before={orders[-1].number}" if older else None,
+        "newer_url": f"{reverse('orders')}?after={orders[0].number}" if newer else None,
+        "problem_text": _problem_text(request.GET.get("problem")),
+    }
+    return render(request, "shop/orders.html", context)
 
 
 def _order_context(request: HttpRequest, order) -> dict:
@@ -305,7 +388,7 @@ def _order_context(request: HttpRequest, order) -> dict:
     )
     payment = order_selectors.order_payment_summary(order=order)
     shipments = []
-    for shipment in Shipment.objects.filter(order_id=order.id).order_by("created_at", "id"):
+    for shipment in selectors.shipments_of_order(order_id=order.id):
         shipments.append(
             {
                 "shipment": shipment,
@@ -329,6 +412,12 @@ def _order_context(request: HttpRequest, order) -> dict:
         "shipments": shipments,
         "problem_text": _problem_text(request.GET.get("problem")),
         "pending": order.status == OrderStatus.PAYMENT_PENDING,
+        "cancelling": order.status == OrderStatus.CANCELLING,
+        # Confirmed, nothing shipped: the shopper may cancel it (refund, restock).
+        "cancellable": order.status in (OrderStatus.CONFIRMED, OrderStatus.PARTIALLY_CONFIRMED)
+        and order.fulfillment == "unfulfilled"
+        and not any(line.quantity_shipped for line in order.line_list),
+        "cancel_key": checkout.cancel_key(order),
         "deciding": order.status == OrderStatus.AWAITING_DECISION,
         "declined": order.status == OrderStatus.PAYMENT_FAILED,
     }
@@ -338,12 +427,11 @@ def _order_returns(order, names: dict[str, str]) -> list[dict]:
     """The order's returns, oldest first, with their lines and compensation steps."""
     found = order_returns.returns_of_order(order_id=order.id)
     ids = [r.id for r in found]
-    lines: dict = {}
-    for line in ReturnLine.objects.filter(order_return_id__in=ids).order_by("id"):
-        lines.setdefault(line.order_return_id, []).append((line, names.get(line.sku, line.sku)))
-    steps: dict = {}
-    for step in CompensationStep.objects.filter(order_return_id__in=ids).order_by("position"):
-        steps.setdefault(step.order_return_id, []).append(step)
+    lines = {
+        return_id: [(line, names.get(line.sku, line.sku)) for line in found_lines]
+        for return_id, found_lines in selectors.return_lines_of(return_ids=ids).items()
+    }
+    steps = selectors.return_steps_of(return_ids=ids)
     return [
         {"return": r, "lines": lines.get(r.id, []), "steps": steps.get(r.id, [])} for r in found
     ]
@@ -360,10 +448,12 @@ def order_page(request: HttpRequest, order_id: str) -> HttpResponse:
 @login_required
 @require_GET
 def order_status_fragment(request: HttpRequest, order_id: str) -> HttpResponse:
-    """The pending order's status block, polled by htmx; once settled, the whole page reloads."""
+    """The status block of an order on its way (payment pending, being cancelled), polled by
+    htmx; once its status is no longer the one the page showed (`?shown=`), the page reloads."""
     order = _own_order(request, order_id)
     response = render(request, "shop/_order_status.html", _order_context(request, order))
-    if order.status != OrderStatus.PAYMENT_PENDING:
+    shown = request.GET.get("shown", OrderStatus.PAYMENT_PENDING)
+    if order.status != shown:
         checkout.checkout_follow_up(cart=carts.cart_for(user=request.user))
         response["HX-Refresh"] = "true"
     return response
@@ -478,13 +568,38 @@ def _return_submit(request: HttpRequest, *, key, order) -> HttpResponse | None:
 # --- Accounts -----------------------------------------------------------------
 
 
+def _account_page(request: HttpRequest, *, email_form=None, status=200) -> HttpResponse:
+    balance, _version = loyalty.loyalty_get(user=request.user)
+    purchases = list(history.history_for_user(user=request.user)[:100])
+    context = {
+        "balance": balance,
+        "purchases": purchases,
+        "currency": shop_currency(),
+        "email_form": email_form
+        # Logged-in pages only; the stubs cannot narrow request.user.
+        or EmailChangeForm(user=request.user, initial={"email": request.user.email}),  # type: ignore[union-attr]
+    }
+    return render(request, "shop/account.html", context, status=status)
+
+
 @login_required
 @require_GET
 def account_page(request: HttpRequest) -> HttpResponse:
-    balance, _version = loyalty.loyalty_get(user=request.user)
-    purchases = list(history.history_for_user(user=request.user)[:100])
-    context = {"balance": balance, "purchases": purchases, "currency": shop_currency()}
-    return render(request, "shop/account.html", context)
+    return _account_page(request)
+
+
+@login_required
+@require_POST
+def account_email(request: HttpRequest) -> HttpResponse:
+    """ "Change email" on /account/: the new address and the current password; errors are
+    the account page again (400) with them tied to the fields."""
+    form = EmailChangeForm(request.POST, user=request.user)
+    if not form.is_valid():
+        return _account_page(request, email_form=form, status=400)
+    # login_required: an authenticated User; the stubs cannot narrow request.user.
+    services.user_email_change(user=request.user, email=form.cleaned_data["email"])  # type: ignore[arg-type]
+    messages.success(request, f"Your e-mail address is now {form.cleaned_data['email']}.")
+    return see_other(reverse("account"))
 
 
 @login_required
@@ -492,25 +607,31 @@ def account_page(request: HttpRequest) -> HttpResponse:
 def account_delete(request: HttpRequest) -> HttpResponse:
     if request.POST.get("confirm") != "yes":
         messages.error(request, "Tick the box to confirm that you want to delete your account.")
-        return see_other("/account/")
+        return see_other(reverse("account"))
     # login_required: an authenticated User; the stubs cannot narrow request.user.
     services.user_anonymise(user=request.user)  # type: ignore[arg-type]
     auth_logout(request)
     messages.success(request, "Your account was deleted. Your orders stay on record, anonymised.")
-    return see_other("/")
+    return see_other(reverse("catalog"))
 
 
 def _safe_next(request: HttpRequest) -> str:
-    target = request.POST.get("next") or request.GET.get("next") or "/"
+    target = request.POST.get("next") or request.GET.get("next") or reverse("catalog")
     if url_has_allowed_host_and_scheme(target, allowed_hosts={request.get_host()}):
         return target
-    return "/"
+    return reverse("catalog")
+
+
+def _merge_guest_cart(request: HttpRequest, user) -> None:
+    """Just logged in or signed up: the session's guest cart joins the shopper's (once)."""
+    if carts.guest_cart_merge(session=request.session, user=user):
+        messages.info(request, "The items you added before logging in are in your cart.")
 
 
 @require_http_methods(["GET", "POST"])
 def signup(request: HttpRequest) -> HttpResponse:
     if request.user.is_authenticated:
-        return see_other("/")
+        return see_other(reverse("catalog"))
     form = SignupForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         data = form.cleaned_data
@@ -525,12 +646,21 @@ def signup(request: HttpRequest) -> HttpResponse:
                 form.add_error("password", message)
         else:
             auth_login(request, user, backend="django.contrib.auth.backends.ModelBackend")
+            _merge_guest_cart(request, user)
             messages.success(request, f"Welcome, {user.username}! Your account is ready.")
             return see_other(_safe_next(request))
     status = 400 if form.is_bound and form.errors else 200
     return render(
         request, "shop/signup.html", {"form": form, "next": _safe_next(request)}, status=status
     )
+
+
+def _throttled(request: HttpRequest, *, username: str) -> str | None:
+    """Count a log-in (or reset) attempt in the token endpoint's buckets; the refusal's text."""
+    wait = login_wait(request, username=username)
+    if wait is None:
+        return None
+    return str(max(1, math.ceil(wait)))
 
 
 class ShopLoginView(LoginView):
@@ -540,9 +670,8 @@ class ShopLoginView(LoginView):
     def post(self, request, *args, **kwargs):
         # Throttled like POST /api/v1/auth/token/, in the same buckets (per
         # username and per address), before the password is even checked.
-        wait = login_wait(request, username=str(request.POST.get("username", "")))
-        if wait is not None:
-            seconds = max(1, math.ceil(wait))
+        seconds = _throttled(request, username=str(request.POST.get("username", "")))
+        if seconds is not None:
             response = self.render_to_response(
                 self.get_context_data(
                     form=self.get_form_class()(request),
@@ -550,12 +679,13 @@ class ShopLoginView(LoginView):
                 ),
                 status=429,
             )
-            response["Retry-After"] = str(seconds)
+            response["Retry-After"] = seconds
             return response
         return super().post(request, *args, **kwargs)
 
     def form_valid(self, form):
         response = super().form_valid(form)
+        _merge_guest_cart(self.request, form.get_user())
         response.status_code = 303
         return response
 
@@ -565,5 +695,77 @@ def logout_page(request: HttpRequest) -> HttpResponse:
     if request.method == "POST":
         auth_logout(request)
         messages.success(request, "You are logged out.")
-        return see_other("/")
+        return see_other(reverse("catalog"))
     return render(request, "shop/logout.html")
+
+
+# --- Password reset and change (Django's views in the shop's templates) --------
+
+
+class _SeeOther:
+    """A form view whose success answers 303 (Post/Redirect/Get), like the shop's forms."""
+
+    def form_valid(self, form):
+        response = super().form_valid(form)  # type: ignore[misc]
+        if response.status_code == 302:
+            response.status_code = 303
+        return response
+
+
+class PasswordResetView(_SeeOther, auth_views.PasswordResetView):
+    """`/accounts/password-reset/`: "Email", "Reset password". The same answer whether or not
+    the address has an account; throttled in the log-in buckets (per address and per e-mail),
+    so the form cannot flood a mailbox."""
+
+    template_name = "shop/password_reset.html"
+    form_class = PasswordResetForm
+    email_template_name = "shop/email/password_reset.txt"
+    html_email_template_name = "shop/email/password_reset.html"
+    subject_template_name = "shop/email/password_reset_subject.txt"
+    success_url = reverse_lazy("password-reset-done")
+
+    def post(self, request, *args, **kwargs):
+        email = str(request.POST.get("email", ""))[:254].strip().lower()
+        # Hashed: an address is no cache key (spaces), and the key need not show it.
+        digest = hashlib.sha256(email.encode()).hexdigest()[:32]
+        seconds = _throttled(request, username=f"password-reset:{digest}")
+        if seconds is not None:
+            response = self.render_to_response(
+                self.get_context_data(
+                    form=self.get_form_class()(request.POST),
+                    throttled=f"Too many requests. Try again in {seconds} seconds.",
+                ),
+                status=429,
+            )
+            response["Retry-After"] = seconds
+            return response
+        return super().post(request, *args, **kwargs)
+
+
+class PasswordResetDoneView(auth_views.PasswordResetDoneView):
+    template_name = "shop/password_reset_done.html"
+
+
+class PasswordResetConfirmView(_SeeOther, auth_views.PasswordResetConfirmView):
+    """The e-mailed link: "Password", "Confirm password", "Set password" (an invalid or used
+    link says so and offers a new one)."""
+
+    template_name = "shop/password_reset_confirm.html"
+    form_class = SetPasswordForm
+    success_url = reverse_lazy("password-reset-complete")
+
+
+class PasswordResetCompleteView(auth_views.PasswordResetCompleteView):
+    template_name = "shop/password_reset_complete.html"
+
+
+class PasswordChangeView(_SeeOther, auth_views.PasswordChangeView):
+    """`/accounts/password-change/` (logged in): the session stays logged in afterwards."""
+
+    template_name = "shop/password_change.html"
+    form_class = PasswordChangeForm
+    success_url = reverse_lazy("password-change-done")
+
+
+class PasswordChangeDoneView(auth_views.PasswordChangeDoneView):
+    template_name = "shop/password_change_done.html"

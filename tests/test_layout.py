@@ -10,24 +10,47 @@ they are how an inner layer is told about an outer one without importing it.
 from __future__ import annotations
 
 import ast
+import re
 import sys
+from collections import defaultdict
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+TABLE = ROOT / "docs" / "architecture.md"
 
 CORE = "core"
 IDEMPOTENCY = "idempotency"
 CONFIG = "config"
-DOMAIN_APPS = ("shop", "orders", "inventory", "payments")
 RUNNER = "runner"
-PRODUCTION = (CONFIG, *DOMAIN_APPS, IDEMPOTENCY, CORE, RUNNER)
-# Every top-level package of the repository, so that "a project app" is not
-# confused with a third-party module.
-PROJECT = (*PRODUCTION, "tests", "bench")
+# Not production: development and measuring tools. They have rows in the table too.
+TOOLING = ("tools", "bench")
 # The test settings install the test-support app; they are not production.
 NOT_PRODUCTION = {Path("config/settings/test.py")}
+
+
+def _project_apps() -> list[str]:
+    """The project's own apps, from INSTALLED_APPS (a new app cannot be left out)."""
+    from django.conf import settings
+
+    tops = {app.split(".")[0] for app in settings.INSTALLED_APPS}
+    return sorted(top for top in tops if (ROOT / top / "__init__.py").exists() and top != "tests")
+
+
+def _graph_table(text: str | None = None) -> dict[str, set[str]]:
+    """docs/architecture.md's "Who may import whom": package -> packages it may import."""
+    text = TABLE.read_text() if text is None else text
+    section = re.split(r"\n#", text.split("### Who may import whom", 1)[1], maxsplit=1)[0]
+    rows = re.findall(r"^\| `(\w+)` \| (.*?) \|$", section, re.M)
+    return {name: set(re.findall(r"`(\w+)`", allowed)) for name, allowed in rows}
+
+
+DOMAIN_APPS = tuple(app for app in _project_apps() if app not in (CORE, IDEMPOTENCY))
+PRODUCTION = (CONFIG, *_project_apps(), RUNNER)
+# Every top-level package of the repository, so that "a project app" is not
+# confused with a third-party module.
+PROJECT = (*PRODUCTION, *TOOLING, "tests")
 
 
 def _modules(app: str) -> list[Path]:
@@ -39,8 +62,11 @@ def _modules(app: str) -> list[Path]:
     return [path for path in paths if path not in NOT_PRODUCTION]
 
 
-def _imported(path: Path) -> list[tuple[int, str]]:
-    """Every module `path` imports, as absolute dotted names, with its line."""
+def _imported(path: Path, *, with_names: bool = False) -> list[tuple[int, str]]:
+    """Every module `path` imports, as absolute dotted names, with its line.
+
+    `with_names`: `from x import a` also yields `x.a` (a submodule, when `a` is one).
+    """
     package = list(path.parent.parts)
     found = []
     for node in ast.walk(ast.parse((ROOT / path).read_text(), filename=str(path))):
@@ -54,8 +80,10 @@ def _imported(path: Path) -> list[tuple[int, str]]:
                     found += [(node.lineno, f"{module}.{a.name}") for a in node.names]
                     continue
             else:
-                module = node.module
+                module = node.module or ""
             found.append((node.lineno, module))
+            if with_names:
+                found += [(node.lineno, f"{module}.{a.name}") for a in node.names]
     return found
 
 
@@ -79,20 +107,17 @@ def test_every_app_has_modules_to_check(app):
     assert _modules(app), f"no production module found under {app}/"
 
 
-def test_core_imports_no_project_app():
-    assert _project_imports(CORE) == []
+def test_the_table_has_a_row_for_every_package_and_no_cycle():
+    table = _graph_table()
+    assert set(table) == {*PRODUCTION, *TOOLING}
+    assert all(allowed <= set(PROJECT) for allowed in table.values())
+    assert _cycles({name: allowed & set(table) for name, allowed in table.items()}) == []
 
 
-def test_idempotency_imports_only_core():
-    wrong = [(where, m) for where, m in _project_imports(IDEMPOTENCY) if _top(m) != CORE]
-    assert wrong == []
-
-
-@pytest.mark.parametrize("app", DOMAIN_APPS)
-def test_domain_apps_import_neither_config_nor_tests(app):
-    wrong = [
-        (where, m) for where, m in _project_imports(app) if _top(m) in (CONFIG, "tests", "bench")
-    ]
+@pytest.mark.parametrize("app", (*PRODUCTION, *TOOLING))
+def test_every_import_is_one_the_table_allows(app):
+    allowed = _graph_table()[app]
+    wrong = [(where, m) for where, m in _project_imports(app) if _top(m) not in allowed]
     assert wrong == []
 
 
@@ -108,18 +133,107 @@ def test_domain_apps_never_import_another_apps_api(app):
     assert wrong == []
 
 
-@pytest.mark.parametrize("app", ("payments", "inventory"))
-def test_payments_and_inventory_import_no_other_domain_app(app):
-    # Payments tells orders about an outcome through PAYMENTS_SETTLED_HANDLER
-    # (a dotted path), never by importing it; inventory is below both.
-    wrong = [(where, m) for where, m in _project_imports(app) if _top(m) in DOMAIN_APPS]
-    assert wrong == []
+# The HTTP and admin surface: parses input, calls one service or selector.
+_SURFACE = re.compile(r"(^|/)(views|forms|urls|admin\w*)\.py$|(^|/)(api|templatetags)/")
 
 
-@pytest.mark.parametrize("app", (CORE, IDEMPOTENCY, *DOMAIN_APPS))
-def test_inner_layers_never_import_config(app):
-    wrong = [(where, m) for where, m in _project_imports(app) if _top(m) == CONFIG]
-    assert wrong == []
+def _reach_ins(app: str) -> list[tuple[str, str]]:
+    return [
+        (f"{path}:{line}", module)
+        for path in _modules(app)
+        if _SURFACE.search(path.as_posix())
+        for line, module in _imported(path)
+        if _top(module) in DOMAIN_APPS + (IDEMPOTENCY,)
+        and _top(module) != app
+        and module.split(".")[1:2] == ["models"]
+    ]
+
+
+@pytest.mark.parametrize("app", (CONFIG, *DOMAIN_APPS))
+def test_no_view_api_or_admin_module_reads_another_apps_models(app):
+    assert _reach_ins(app) == []
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _module_graph(apps) -> dict[str, set[str]]:
+    """module -> the production modules it imports (a name imported from a package counts
+    as its module when it is one, else as the package)."""
+    modules = {_module_name(path) for app in apps for path in _modules(app)}
+
+    def resolve(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = defaultdict(set)
+    for app in apps:
+        for path in _modules(app):
+            here = _module_name(path)
+            for _, name in _imported(path, with_names=True):
+                target = resolve(name)
+                # A module importing its own package's __init__ is not a cycle of interest.
+                if target and target != here and not here.startswith(f"{target}."):
+                    graph[here].add(target)
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one member (Tarjan), sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 10_000))
+    try:
+        for node in sorted(graph):
+            if node not in index:
+                visit(node)
+    finally:
+        sys.setrecursionlimit(limit)
+    return sorted(found)
+
+
+def test_no_import_cycle_between_production_modules():
+    assert _cycles(_module_graph(PRODUCTION)) == []
+
+
+def test_the_cycle_finder_finds_cycles_lazy_imports_included(tmp_path, monkeypatch):
+    pkg = tmp_path / "payments"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "services.py").write_text("from .webhooks import stored\n")
+    (pkg / "webhooks.py").write_text("def f():\n    from payments.services import record\n")
+    (pkg / "capture.py").write_text("from . import services\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    assert _cycles(_module_graph(["payments"])) == [["payments.services", "payments.webhooks"]]
 
 
 @pytest.mark.parametrize("app", PRODUCTION)

@@ -6,6 +6,7 @@ command, `manage.py` and the test suite start embedded servers and set them
 before Django loads (see docs/running.md); settings never start anything.
 """
 
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,8 @@ import environ
 from celery.schedules import crontab
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
+# The shop's one version, from pyproject.toml's [project] (the OpenAPI document shows it).
+SHOP_VERSION: str = tomllib.loads((BASE_DIR / "pyproject.toml").read_text())["project"]["version"]
 
 env = environ.Env()
 # A `.env` file in the checkout (or SHOP_ENV_FILE) fills in what the
@@ -218,7 +221,7 @@ REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         # Token first so that an unauthenticated API call answers 401 with a
         # WWW-Authenticate header rather than 403.
-        "rest_framework.authentication.TokenAuthentication",
+        "core.authentication.ExpiringTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
@@ -240,10 +243,14 @@ REST_FRAMEWORK = {
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
 }
 
+# An API token authenticates for this long after it was issued (database clock),
+# then answers 401 and the client asks POST /api/v1/auth/token/ again.
+API_TOKEN_LIFETIME = env.int("API_TOKEN_LIFETIME", default=30 * 24 * 3600)
+
 SPECTACULAR_SETTINGS: dict[str, Any] = {
     "TITLE": "Shop API",
     "DESCRIPTION": "Exactly-once effects on at-least-once infrastructure.",
-    "VERSION": "1.0.0",
+    "VERSION": SHOP_VERSION,
     "SERVE_INCLUDE_SCHEMA": False,
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
@@ -470,3 +477,15 @@ SPECTACULAR_SETTINGS["APPEND_PATHS"]["/metrics"] = {
         },
     }
 }
+
+# --- Error reporting (optional): Sentry's Django and Celery integrations when
+# SENTRY_DSN is set, personal data off (docs/operations.md, "Error reporting").
+SENTRY_DSN = env.str("SENTRY_DSN", default="")
+if SENTRY_DSN:
+    from config.error_reporting import error_reporting_init
+
+    error_reporting_init(
+        dsn=SENTRY_DSN,
+        environment=env.str("SENTRY_ENVIRONMENT", default="production"),
+        release=SHOP_VERSION,
+    )

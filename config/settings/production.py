@@ -1,7 +1,27 @@
-"""Production settings: everything secret or host-specific must come from the environment."""
+"""Production settings: everything secret or host-specific must come from the environment.
 
+Loading them with any of `REQUIRED` unset (or empty) stops the process at
+start with one message naming every missing variable: a production host never
+falls back to the development defaults of `base` (a local database, a dev
+secret key, the loopback host names). `manage.py` never starts embedded
+servers under these settings (runner/manage.py).
+"""
+
+from django.core.exceptions import ImproperlyConfigured
+
+# `base` reads the checkout's `.env` into the environment before anything else,
+# so a variable set there counts; checked before any of base's development
+# defaults could stand in for it.
 from .base import *  # noqa: F401,F403
 from .base import env
+from .required import missing_required
+
+if _missing := missing_required():
+    raise ImproperlyConfigured(
+        "production settings need these environment variables, which are not set: "
+        + ", ".join(_missing)
+        + " (docs/deployment.md, 'Production settings')"
+    )
 
 SECRET_KEY = env.str("SECRET_KEY")
 # The provider's webhooks are authenticated by this secret alone: no default.
@@ -19,7 +39,9 @@ if _proxy_ssl_header:
     SECURE_PROXY_SSL_HEADER = (f"HTTP_{_name.strip().upper().replace('-', '_')}", _value.strip())
 SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=True)
 # Load-balancer health checks and the host's scraper speak plain HTTP on the host.
-SECURE_REDIRECT_EXEMPT = env.list("SECURE_REDIRECT_EXEMPT", default=[r"^healthz$", r"^metrics$"])
+SECURE_REDIRECT_EXEMPT = env.list(
+    "SECURE_REDIRECT_EXEMPT", default=[r"^livez$", r"^healthz$", r"^metrics$"]
+)
 SECURE_HSTS_SECONDS = env.int("SECURE_HSTS_SECONDS", default=365 * 24 * 3600)
 SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", default=True)
 SECURE_HSTS_PRELOAD = env.bool("SECURE_HSTS_PRELOAD", default=True)

@@ -39,13 +39,26 @@ def money(amount, currency: str | None = None) -> str:
 
 @register.simple_tag(takes_context=True)
 def cart_count(context) -> int:
-    """Units in the logged-in shopper's cart (0 without a cart)."""
+    """Units in the shopper's cart, or the guest's session cart (0 without a cart)."""
     from django.db.models import Sum
 
+    from ..cart import GUEST_CART, guest_cart
     from ..models import CartLine
 
     request = context.get("request")
-    if request is None or not request.user.is_authenticated:
+    if request is None:
         return 0
+    if not request.user.is_authenticated:
+        if GUEST_CART not in request.session:  # reading it would not create a session
+            return 0
+        return sum(n for _sku, n in guest_cart(session=request.session).lines)
     total = CartLine.objects.filter(cart__user=request.user).aggregate(n=Sum("quantity"))["n"]
     return total or 0
+
+
+@register.filter
+def country_name(code: str) -> str:
+    """`{{ address.country|country_name }}` → "United Kingdom" (the code if unknown)."""
+    from django_countries import countries
+
+    return dict(countries).get(str(code).upper(), code)

@@ -40,6 +40,8 @@ STATUS_WORDS = {
     "payment_pending": re.compile(r"pending", re.I),
     "payment_failed": re.compile(r"payment failed|declined", re.I),
     "expired": re.compile(r"expired", re.I),
+    "cancelling": re.compile(r"being cancelled", re.I),
+    "cancelled": re.compile(r"cancelled", re.I),
 }
 
 
@@ -414,3 +416,210 @@ def test_storefront_post_without_csrf_token_is_refused(make_user, path):
     client.force_login(make_user())
     response = client.post(path, {"Quantity": "1"})
     assert response.status_code == 403, (response.status_code, response.content[:300])
+
+
+# --- Accounts: password reset and change, e-mail change -------------------------------
+
+
+def _mailed_link(mail_dir, *, timeout: float = 30) -> str:
+    """The reset link of the one e-mail the shop wrote to `mail_dir` (the file backend)."""
+
+    def found():
+        for path in mail_dir.glob("*.log"):
+            match = re.search(r"https?://\S+/accounts/password-reset/\S+/\S+/", path.read_text())
+            if match:
+                return match[0]
+        return None
+
+    return wait_until(found, timeout=timeout, message="the password reset e-mail")
+
+
+def test_a_shopper_resets_a_forgotten_password_then_changes_it_and_the_email(
+    live_shop, shop, new_context, tmp_path
+):
+    """Reset by e-mail (the link from the mail the shop sent), then change the password and the
+    e-mail address on the account pages; every page at two widths, axe-clean."""
+    mail_dir = tmp_path / "mail"
+    mail_dir.mkdir()
+    env = ui.shop_env(
+        live_shop.simulator,
+        EMAIL_BACKEND="django.core.mail.backends.filebased.EmailBackend",
+        EMAIL_FILE_PATH=str(mail_dir),
+        SHOP_TOKEN_THROTTLE_RATE="100/min",
+    )
+    with gunicorn_server(env=env, workers=1, log_dir=live_shop.log_dir) as server:
+        mailing = ui.LiveShop(url=server.url, simulator=live_shop.simulator, server=server)
+        page = new_context(mailing).new_page()
+        username = ui.signup(page)
+        page.get_by_role("button", name="Log out").click()
+        page.wait_for_load_state()
+
+        ui.visit(page, "/accounts/login/")
+        page.get_by_role("link", name="Forgot your password?").click()
+        page.wait_for_url(re.compile(r"/accounts/password-reset/$"))
+        ui.check_page(page, "password-reset")
+        page.get_by_label("Email", exact=True).fill(f"{username}@example.com")
+        page.get_by_role("button", name="Reset password").click()
+        page.wait_for_url(re.compile(r"/accounts/password-reset/done/$"))
+        ui.check_page(page, "password-reset-done")
+
+        link = _mailed_link(mail_dir)
+        assert link.startswith(mailing.url), link
+        ui.visit(page, link)
+        ui.check_page(page, "password-reset-confirm")
+        new_password = "a brand new passphrase 7"
+        page.get_by_label("Password", exact=True).fill(new_password)
+        page.get_by_label("Confirm password", exact=True).fill(new_password)
+        page.get_by_role("button", name="Set password").click()
+        page.wait_for_url(re.compile(r"/accounts/password-reset/complete/$"))
+        ui.check_page(page, "password-reset-complete")
+        ui.visit(page, link)  # used once: the link says so
+        assert page.get_by_text("does not work any more").count()
+
+        ui.login(page, username, password=new_password)
+        ui.visit(page, "/account/")
+        page.get_by_role("link", name="Change your password").click()
+        page.wait_for_url(re.compile(r"/accounts/password-change/$"))
+        ui.check_page(page, "password-change")
+        page.get_by_label("Current password", exact=True).fill(new_password)
+        page.get_by_label("New password", exact=True).fill(ui.PASSWORD)
+        page.get_by_label("Confirm new password", exact=True).fill(ui.PASSWORD)
+        page.get_by_role("button", name="Change password").click()
+        page.wait_for_url(re.compile(r"/accounts/password-change/done/$"))
+        ui.check_page(page, "password-change-done")
+
+        ui.visit(page, "/account/")
+        page.get_by_label("Email", exact=True).fill("not an address")
+        page.get_by_label("Current password", exact=True).fill(ui.PASSWORD)
+        page.get_by_role("button", name="Change email").click()
+        page.wait_for_load_state()
+        assert page.get_by_label("Email", exact=True).get_attribute("aria-invalid") == "true"
+        ui.check_page(page, "account-email-error")
+        page.get_by_label("Email", exact=True).fill(f"{username}@new.example")
+        page.get_by_label("Current password", exact=True).fill(ui.PASSWORD)
+        page.get_by_role("button", name="Change email").click()
+        page.wait_for_url(re.compile(r"/account/$"))
+        assert page.get_by_text(f"{username}@new.example").count()
+        ui.check_page(page, "account")
+
+
+# --- The guest cart -----------------------------------------------------------------------
+
+
+def test_a_guest_cart_survives_log_in_without_javascript(
+    shop, new_context, make_product, django_user_model
+):
+    """Logged out, "Add to cart" keeps the item; "Go to checkout" asks to log in; after log-in
+    the checkout shows the guest's items merged into the shopper's cart (quantities added)."""
+    from shop.cart import cart_add, cart_for
+
+    make_product("MUG", price="8.50", stock=5, name="Enamel mug")
+    make_product("TEE-M", price="19.99", stock=5, name="T-shirt, medium")
+    username = ui.unique_name()
+    shopper = django_user_model.objects.create_user(
+        username=username, email=f"{username}@example.com", password=ui.PASSWORD
+    )
+    cart_add(cart=cart_for(user=shopper), version=0, sku="MUG", quantity=1)
+
+    page = new_context(shop, java_script_enabled=False).new_page()
+    add_to_cart(page, "MUG", 2)
+    add_to_cart(page, "TEE-M", 1)
+    assert re.search(r"/cart/$", page.url), page.url
+    assert page.get_by_text("Enamel mug").count() and page.get_by_text("T-shirt, medium").count()
+    ui.check_page(page, "cart-guest-no-script", axe=False)  # axe needs script; see below
+
+    page.get_by_role("link", name="Go to checkout").click()
+    page.wait_for_url(re.compile(r"/accounts/login/\?next=/checkout/$"))
+    page.get_by_label("Username", exact=True).fill(username)
+    page.get_by_label("Password", exact=True).fill(ui.PASSWORD)
+    page.get_by_role("button", name="Log in").click()
+    page.wait_for_url(re.compile(r"/checkout/$"))
+    text = page.locator("main").inner_text()
+    assert "3 × Enamel mug" in text and "1 × T-shirt, medium" in text, text
+    ui.check_page(page, "checkout-after-merge", axe=False)
+    fill_checkout(page)
+    order = place_order(page)
+    assert order.status == "confirmed"
+    assert {line.product.sku: line.quantity_requested for line in order.lines.all()} == {
+        "MUG": 3,
+        "TEE-M": 1,
+    }
+
+
+# --- Cancel a confirmed order; search; paging ---------------------------------------------
+
+
+def test_cancel_order_shows_cancelling_then_cancelled(shop, page, make_product):
+    """The worker runs the cancellation (refund, restock); the page polls and shows the end."""
+    make_product("MUG", price="8.50", stock=5)
+    username = ui.signup(page)
+    add_to_cart(page, "MUG", 2)
+    fill_checkout(page)
+    order = place_order(page)
+    assert order.status == "confirmed"
+    ui.check_page(page, "order-cancellable")
+
+    page.get_by_role("button", name="Cancel order").click()
+    page.wait_for_url(ORDER_URL)
+    order.refresh_from_db()
+    assert order.status in ("cancelling", "cancelled")
+    if order.status == "cancelling":
+        assert page.get_by_text("Being cancelled").count()
+        ui.check_page(page, "order-cancelling")
+    # htmx polls the status block and reloads the page once the worker is done.
+    page.get_by_text("This order was cancelled").wait_for(timeout=60_000)
+    order.refresh_from_db()
+    assert order.status == "cancelled"
+    assert_order_shown(page, order)
+    assert not page.get_by_role("button", name="Cancel order").count()
+    ui.check_page(page, "order-cancelled")
+    assert StockItem.objects.get(product__sku="MUG").on_hand == 5
+    refunds = [
+        op
+        for op in shop.simulator.ledger()
+        if op["kind"] == "refund" and op["status"] == "succeeded"
+    ]
+    assert len(refunds) == 1, refunds
+    assert Order.objects.filter(owner__username=username).count() == 1
+
+
+def test_catalog_search_and_order_pages(shop, page, make_product):
+    from orders.services import order_hold
+    from tests.orders.conftest import ADDRESS as ORDER_ADDRESS
+    from tests.orders.conftest import line_requests
+
+    make_product("MUG", price="8.50", stock=50, name="Enamel mug")
+    make_product("TEE-M", price="19.99", stock=5, name="T-shirt, medium")
+    ui.visit(page, "/")
+    page.get_by_label("Search", exact=True).fill("mug")
+    page.get_by_role("button", name="Search").click()
+    page.wait_for_url(re.compile(r"/\?q=mug$"))
+    assert page.get_by_text("Enamel mug").count() and not page.get_by_text("T-shirt").count()
+    ui.check_page(page, "catalog-search")
+    add_to_cart(page, "MUG", 1)  # as a guest
+    ui.visit(page, "/cart/")
+    assert page.get_by_text("your cart comes with you").count()
+    ui.check_page(page, "cart-guest")
+
+    username = ui.signup(page)
+    from django.contrib.auth import get_user_model
+
+    shopper = get_user_model().objects.get(username=username)
+    for _ in range(25):
+        order_hold(
+            owner=shopper,
+            lines=line_requests({"MUG": 1}),
+            on_shortage="ask",
+            payment_method="pm_card_ok",
+            shipping_address=ORDER_ADDRESS,
+        )
+    ui.visit(page, "/orders/")
+    assert page.locator("tbody tr").count() == 20
+    ui.check_page(page, "orders-page-1")
+    page.get_by_role("link", name="Older orders").click()
+    page.wait_for_url(re.compile(r"/orders/\?before=\d+$"))
+    assert page.locator("tbody tr").count() == 5
+    ui.check_page(page, "orders-page-2")
+    page.get_by_role("link", name="Newer orders").click()
+    page.wait_for_url(re.compile(r"/orders/\?after=\d+$"))
+    assert page.locator("tbody tr").count() == 20

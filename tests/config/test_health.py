@@ -62,3 +62,98 @@ def test_healthz_503_when_broker_down():
     assert result["status"] == 503
     assert result["body"]["errors"]["broker"] != "ok"
     assert result["body"]["errors"]["database"] == "ok"
+
+
+# -- a dependency that hangs instead of refusing (SIGSTOP, a partition) -------------
+
+CALL_HEALTHZ_TIMED = """
+import django, json, threading, time
+django.setup()
+from django.test import Client
+client = Client()
+answers = []
+for _ in range(3):
+    start = time.monotonic()
+    r = client.get('/healthz')
+    answers.append({'status': r.status_code, 'seconds': time.monotonic() - start,
+                    'body': r.json()})
+threads = sum(1 for t in threading.enumerate() if t.name.startswith('healthz'))
+print(json.dumps({'answers': answers, 'threads': threads}))
+"""
+
+
+def _healthz_timed(**overrides) -> dict:
+    env = dict(os.environ, DJANGO_SETTINGS_MODULE="config.settings.base", **overrides)
+    out = subprocess.run(
+        [sys.executable, "-c", CALL_HEALTHZ_TIMED],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _assert_503_within_2_s(result: dict, *, down: str) -> None:
+    for answer in result["answers"]:
+        assert answer["status"] == 503
+        assert answer["body"]["errors"][down] != "ok"
+        assert answer["seconds"] < 2.0, answer  # the contract's bound, not a speed figure
+    # A hung check keeps its one thread; later probes do not start more.
+    assert result["threads"] <= 3
+
+
+def test_healthz_503_within_2_s_when_the_database_hangs():
+    from tests.support.blackhole import blackhole
+
+    with blackhole() as port:
+        result = _healthz_timed(
+            DATABASE_URL=f"postgres://postgres@127.0.0.1:{port}/postgres", DB_POOL="false"
+        )
+    _assert_503_within_2_s(result, down="database")
+    assert result["answers"][0]["body"]["errors"]["broker"] == "ok"
+
+
+def test_healthz_503_within_2_s_when_the_redis_broker_hangs():
+    from tests.support.blackhole import blackhole
+
+    with blackhole() as port:
+        url = f"redis://127.0.0.1:{port}/0"
+        result = _healthz_timed(CELERY_BROKER_URL=url, REDIS_URL=url)
+    _assert_503_within_2_s(result, down="broker")
+    assert result["answers"][0]["body"]["errors"]["database"] == "ok"
+
+
+def test_healthz_503_within_2_s_when_the_rabbitmq_broker_hangs():
+    from tests.support.blackhole import blackhole
+
+    with blackhole() as port:
+        result = _healthz_timed(CELERY_BROKER_URL=f"amqp://guest:guest@127.0.0.1:{port}//")
+    _assert_503_within_2_s(result, down="broker")
+
+
+def test_livez_answers_without_any_dependency():
+    """Liveness: 200 with the database and the broker both gone."""
+    env_db = f"postgres://postgres@127.0.0.1:{_closed_port()}/postgres"
+    code = (
+        "import django, json; django.setup(); from django.test import Client; "
+        "r = Client().get('/livez'); print(json.dumps([r.status_code, r.json()]))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env=dict(
+            os.environ,
+            DJANGO_SETTINGS_MODULE="config.settings.base",
+            DATABASE_URL=env_db,
+            DB_POOL="false",
+            CELERY_BROKER_URL=f"redis://127.0.0.1:{_closed_port()}/0",
+        ),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == [200, {"status": "ok"}]

@@ -36,6 +36,7 @@ CONTRACT_NAMES = {
     "shop_http_request_duration_seconds",
     "shop_orders_total",
     "shop_refunds_total",
+    "shop_needs_attention",
 }
 
 
@@ -95,6 +96,27 @@ def test_database_figures(client, make_product, shopper):
     orders = samples["shop_orders_total"]
     assert sum(orders.values()) == 1
     assert (("status", "cancelled"),) in orders  # every status, 0 when none
+
+
+def test_needs_attention_is_counted_by_kind_in_the_database(client, shopper):
+    from django.db.models.functions import Now
+
+    from payments.models import PaymentSettlement
+    from payments.services import refund_record_outside
+    from tests.config.attention_support import every_kind, flagged_settlement
+
+    def kinds() -> dict[str, float]:
+        return {dict(k)["kind"]: v for k, v in scrape(client)["shop_needs_attention"].items()}
+
+    assert kinds() == {"settlement": 0, "refund": 0, "step": 0, "dead_letter": 0}
+    items = every_kind(shopper)
+    # Not waiting: a settlement that is done, even if it was flagged once.
+    PaymentSettlement.objects.filter(id=flagged_settlement(items["payment"]).id).update(
+        done_at=Now()
+    )
+    assert kinds() == {"settlement": 1, "refund": 1, "step": 1, "dead_letter": 1}
+    assert refund_record_outside(refund_id=items["refund"].id)  # staff ended it
+    assert kinds()["refund"] == 0
 
 
 def test_requests_are_counted_by_route_pattern_not_path(client, make_product):

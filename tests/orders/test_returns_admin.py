@@ -129,3 +129,83 @@ def test_retry_failed_steps_form(admin_client, staff_client, requested):
     step.refresh_from_db()
     assert step.status == "pending" and not step.needs_attention and step.attempts == 0
     assert ReturnRequest.objects.get(id=requested.id).status == "processing"
+
+
+# --- Bulk "Mark received", search by order number and e-mail ---------------------------
+
+
+def mark_received(client, ids, *, confirm_key=None):
+    body = {"action": "mark_received", "_selected_action": [str(i) for i in ids]}
+    if confirm_key is not None:
+        body |= {"confirm": "yes", "idempotency_key": confirm_key}
+    return client.post("/admin/orders/returnrequest/", body)
+
+
+def test_bulk_mark_received_asks_then_receives_each_return_once(
+    admin_client, requested, shopper_client
+):
+    other_order = shipped_order(shopper_client, {"TEE-M": 1}, key="order-2")
+    other = ReturnRequest.objects.get(
+        id=ask_return(shopper_client, other_order, {"TEE-M": 1}, key="ret-2").json()["id"]
+    )
+    ids = [requested.id, other.id]
+    pages = [mark_received(admin_client, ids) for _ in range(2)]  # two tabs
+    assert pages[0].status_code == 200 and b"Yes, mark received" in pages[0].content
+    keys = [
+        re.search(r'name="idempotency_key" value="([^"]+)"', p.content.decode()).group(1)
+        for p in pages
+    ]
+    assert keys[0] == keys[1]
+    answers = [mark_received(admin_client, ids, confirm_key=k) for k in keys]
+    assert [a.status_code for a in answers] == [303, 303]
+    for order_return in (requested, other):
+        assert ReturnRequest.objects.get(id=order_return.id).status == "processing"
+        assert CompensationStep.objects.filter(order_return=order_return).count() == 5
+    listing = admin_client.get(answers[0]["Location"])
+    assert "2 marked received; 0 unchanged (received already)." in [
+        str(m) for m in listing.context["messages"]
+    ]
+
+
+def test_view_only_staff_cannot_mark_received(make_user, requested):
+    from django.contrib.auth.models import Permission
+
+    viewer = make_user(staff=True)
+    viewer.user_permissions.add(Permission.objects.get(codename="view_returnrequest"))
+    browser = Client()
+    browser.force_login(viewer)
+    assert mark_received(browser, [requested.id]).status_code == 403
+    assert mark_received(browser, [requested.id], confirm_key="k-1").status_code == 403
+    assert ReturnRequest.objects.get(id=requested.id).status == "requested"
+
+
+def test_returns_and_steps_are_found_by_order_number_and_email(
+    admin_client, staff_client, requested
+):
+    receive(staff_client, requested.id)
+    order = requested.order
+    for query in (str(order.number), order.owner.email):
+        found = admin_client.get("/admin/orders/returnrequest/", {"q": query})
+        assert [r.pk for r in found.context["cl"].result_list] == [requested.pk], query
+        steps = admin_client.get("/admin/orders/compensationstep/", {"q": query})
+        assert len(steps.context["cl"].result_list) == 5, query
+    none = admin_client.get("/admin/orders/returnrequest/", {"q": "nobody@example.com"})
+    assert list(none.context["cl"].result_list) == []
+
+
+def test_payment_links_to_its_order_and_settlements_are_found(admin_client, requested):
+    from payments.models import PaymentSettlement
+
+    order = requested.order
+    page = admin_client.get(f"/admin/payments/payment/{order.payment_id}/change/")
+    assert f"/admin/orders/order/{order.pk}/change/" in page.content.decode()
+    for query in (str(order.number), order.owner.email):
+        payments = admin_client.get("/admin/payments/payment/", {"q": query})
+        assert [p.pk for p in payments.context["cl"].result_list] == [order.payment_id]
+        settlements = admin_client.get("/admin/payments/paymentsettlement/", {"q": query})
+        assert {s.transaction.payment_id for s in settlements.context["cl"].result_list} <= {
+            order.payment_id
+        }
+    expected = PaymentSettlement.objects.filter(transaction__payment_id=order.payment_id).count()
+    found = admin_client.get("/admin/payments/paymentsettlement/", {"q": str(order.number)})
+    assert len(found.context["cl"].result_list) == expected

@@ -159,6 +159,9 @@ def test_accept_the_providers_refund_needs_the_change_permission(
     assert _refund_flag(refund_id=made.id, reason="outcome unknown")
     assert refund_record_failed(refund_id=made.id)
     assert refund_late_success(refund_id=made.id)  # the provider's late word, as a webhook's
+    from payments.selectors import refunds_needing_attention
+
+    assert list(refunds_needing_attention().values_list("id", flat=True)) == [made.id]
 
     viewer = make_user(staff=True, username="viewer")
     viewer.user_permissions.add(Permission.objects.get(codename="view_refund"))
@@ -167,7 +170,8 @@ def test_accept_the_providers_refund_needs_the_change_permission(
     changelist = reverse("admin:payments_refund_changelist")
     action = {"action": "accept_provider_refund", "_selected_action": [str(made.pk)]}
     assert "accept_provider_refund" not in client.get(changelist).content.decode()
-    client.post(changelist, {**action, "confirm": "yes", "idempotency_key": "k1"})
+    forced = client.post(changelist, {**action, "confirm": "yes", "idempotency_key": "k1"})
+    assert forced.status_code == 403
     assert Refund.objects.get(id=made.id).needs_attention  # nothing changed
 
     confirm = staff.post(changelist, action)
@@ -178,3 +182,4 @@ def test_accept_the_providers_refund_needs_the_change_permission(
     assert done.status_code == 303
     row = Refund.objects.get(id=made.id)
     assert row.status == RefundStatus.SUCCEEDED and not row.needs_attention
+    assert not refunds_needing_attention().exists()

@@ -114,6 +114,7 @@ def test_two_hosts_starting_at_once_migrate_and_seed_one_database_once(tmp_path)
             "DATABASE_URL": _url(dbname),
             "DJANGO_SETTINGS_MODULE": "config.settings.base",
             "DB_POOL": "false",
+            "SHOP_DEMO": "1",  # what the supervisor sets when it seeds
         }
         steps = [step for step in SETUP if step.name in ("migrate", "seed_demo")]
         ctx = {"python": sys.executable}
@@ -141,3 +142,12 @@ def test_two_hosts_starting_at_once_migrate_and_seed_one_database_once(tmp_path)
     finally:
         admin.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
         admin.close()
+
+
+def test_demo_data_only_on_the_embedded_database_or_when_asked():
+    from runner.supervisor import demo_wanted
+
+    assert demo_wanted({}, embedded_database=True)
+    assert not demo_wanted({}, embedded_database=False)  # a DATABASE_URL others may share
+    assert demo_wanted({"SHOP_DEMO": "1"}, embedded_database=False)
+    assert not demo_wanted({"SHOP_DEMO": "0"}, embedded_database=True)

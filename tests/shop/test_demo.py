@@ -24,7 +24,7 @@ def _demo_provider(tmp_path, monkeypatch, settings):
 
 
 def _seed(capsys) -> str:
-    call_command("seed_demo")
+    call_command("seed_demo", "--demo")
     return capsys.readouterr().out
 
 
@@ -129,3 +129,13 @@ def test_seed_gives_the_shopper_a_completed_return_and_one_needing_attention(cap
     assert CompensationStep.objects.get(order_return=attention, name="refund").last_error
     assert not Refund.objects.filter(payment_id=attention.order.payment_id).exists()
     assert ReturnRequest.objects.count() == 2
+
+
+def test_seed_refuses_without_demo_flag_or_shop_demo(monkeypatch):
+    """Published passwords never land in a database by accident."""
+    from django.core.management.base import CommandError
+
+    monkeypatch.delenv("SHOP_DEMO", raising=False)
+    with pytest.raises(CommandError, match="--demo"):
+        call_command("seed_demo")
+    assert not get_user_model().objects.filter(username="staff").exists()

@@ -1,4 +1,6 @@
-from django.core.management.base import BaseCommand
+import os
+
+from django.core.management.base import BaseCommand, CommandError
 
 from shop.demo import DEMO_USERS, demo_orders, demo_seed
 
@@ -6,7 +8,22 @@ from shop.demo import DEMO_USERS, demo_orders, demo_seed
 class Command(BaseCommand):
     help = "Load the demo catalog and one user per role; a second run creates nothing."
 
+    def add_arguments(self, parser) -> None:
+        parser.add_argument(
+            "--demo",
+            action="store_true",
+            help="yes, load demo users with published passwords into this database",
+        )
+
     def handle(self, *args, **options) -> None:
+        # Demo users have published passwords (a superuser among them): never
+        # on a database by accident. The run command sets SHOP_DEMO=1 for its
+        # embedded PostgreSQL (runner/supervisor.py::demo_wanted).
+        if not (options["demo"] or os.environ.get("SHOP_DEMO") == "1"):
+            raise CommandError(
+                "seed_demo loads users with published passwords: pass --demo or set "
+                "SHOP_DEMO=1 to load them into this database"
+            )
         seed = demo_seed()
         if seed.created_anything:
             self.stdout.write(

@@ -1,0 +1,389 @@
+"""The admin's "Needs attention" page: every item waiting for a person, and what ends it.
+
+One list across the apps (docs/operations.md, "Needs attention"): settlements
+past their attempt budget and refunds in `needs_attention` (payments),
+compensation steps that failed (orders), dead letters (idempotency). Each app
+lists its own rows (`needs_attention_items()` in its selectors); this module,
+the top layer, names what each belongs to (order number, return), offers the
+actions that end it and counts the kinds for `shop_needs_attention{kind}`.
+
+Every action is a POST form whose request key is derived from the item, the
+action and the row's state as listed (`action_key`): a double click, a
+refresh or the same page in two tabs runs the action once (the second post is
+a replay of the first answer); a row that changed since gets a new key, and
+the service's conditional transition decides (a second decision changes
+nothing). A refusal is shown as an admin message with its title, on this page.
+Each action requires the model permission it changes; the list shows only
+the kinds the user may view.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from django.contrib import admin, messages
+from django.core import signing
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
+from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.utils.http import urlencode
+
+from core import attention
+from idempotency import selectors as idempotency_selectors
+from idempotency.admin_actions import ADMIN_NEEDS_ATTENTION
+from idempotency.deliveries import dead_letter_requeue
+from idempotency.operations import Reply, Result, close_run, refusals_presented
+from idempotency.views import FORM_FIELD, idempotent_form
+from orders import compensation
+from orders import selectors as orders_selectors
+from payments import selectors as payments_selectors
+from payments import services as payments_services
+from payments.models import PaymentSettlement, RefundStatus
+
+_NOTE_SALT = "admin.needs_attention.note"
+
+# The permission to see each kind (its model's "view"), and each row's admin page.
+VIEW_PERMISSION = {
+    attention.SETTLEMENT: "payments.view_paymentsettlement",
+    attention.REFUND: "payments.view_refund",
+    attention.STEP: "orders.view_compensationstep",
+    attention.DEAD_LETTER: "idempotency.view_deadletter",
+}
+ROW_PAGE = {
+    attention.SETTLEMENT: "admin:payments_paymentsettlement_change",
+    attention.REFUND: "admin:payments_refund_change",
+    attention.STEP: "admin:orders_compensationstep_change",
+    attention.DEAD_LETTER: "admin:idempotency_deadletter_change",
+}
+TITLES = {
+    attention.SETTLEMENT: "Settlements past their attempt budget",
+    attention.REFUND: "Refunds that need attention",
+    attention.STEP: "Compensation steps that failed",
+    attention.DEAD_LETTER: "Dead letters",
+}
+
+
+# --- The actions ------------------------------------------------------------------
+
+
+def _settlement_retry(pk: str, by) -> bool:
+    # settlement_retry_now answers with the row; "changed" is only for the message.
+    waiting = PaymentSettlement.objects.filter(
+        pk=pk, needs_attention=True, done_at__isnull=True
+    ).exists()
+    if not PaymentSettlement.objects.filter(pk=pk).exists():
+        return False  # no such row (a forged form): nothing to retry
+    settlement = payments_services.settlement_retry_now(settlement_id=int(pk), by=by)
+    return waiting and not settlement.needs_attention
+
+
+@dataclass(frozen=True)
+class Action:
+    name: str
+    label: str
+    permission: str  # the model permission it changes
+    run: Callable[[str, object], bool]  # (row pk, staff user) -> changed
+    statuses: tuple[str, ...] = ()  # the row statuses it applies to (empty: any)
+    explanation: str = ""
+
+
+ACTIONS: dict[str, tuple[Action, ...]] = {
+    attention.SETTLEMENT: (
+        Action(
+            "retry",
+            "Retry now",
+            "payments.change_paymentsettlement",
+            _settlement_retry,
+            explanation="A fresh attempt budget, due now (the same provider key).",
+        ),
+    ),
+    attention.REFUND: (
+        Action(
+            "retry",
+            "Retry now",
+            "payments.change_refund",
+            lambda pk, by: payments_services.refund_retry_now(refund_id=pk, by=by),
+            statuses=(RefundStatus.NEEDS_ATTENTION,),
+            explanation="Send the refund to the provider again (the same provider key).",
+        ),
+        Action(
+            "outside",
+            "Refunded outside the shop",
+            "payments.change_refund",
+            lambda pk, by: payments_services.refund_record_outside(refund_id=pk, by=by),
+            statuses=(RefundStatus.NEEDS_ATTENTION,),
+            explanation="The money went back another way; the provider is not called.",
+        ),
+        Action(
+            "failed",
+            "Record as failed",
+            "payments.change_refund",
+            lambda pk, by: payments_services.refund_record_failed(refund_id=pk, by=by),
+            statuses=(RefundStatus.NEEDS_ATTENTION,),
+            explanation="The refund will not happen; its reserved amount is released.",
+        ),
+        Action(
+            "accept_provider",
+            "Accept the provider's refund",
+            "payments.change_refund",
+            lambda pk, by: payments_services.refund_accept_provider(refund_id=pk, by=by),
+            # Flagged after staff decided it: the provider reports it refunded after all.
+            statuses=(RefundStatus.SUCCEEDED, RefundStatus.FAILED),
+            explanation="The provider's refund becomes the record (outside the shop: the "
+            "outside payment was recovered or accepted; failed: it counts as refunded).",
+        ),
+    ),
+    attention.STEP: (
+        Action(
+            "retry",
+            "Retry step",
+            "orders.change_compensationstep",
+            lambda pk, by: bool(compensation.steps_retry_failed(step_ids=[int(pk)], by=by)),
+            statuses=("failed",),
+            explanation="A fresh attempt budget, due now; its return goes back to processing.",
+        ),
+    ),
+    attention.DEAD_LETTER: (
+        Action(
+            "requeue",
+            "Requeue",
+            "idempotency.change_deadletter",
+            lambda pk, by: dead_letter_requeue(int(pk)),
+            explanation="A fresh attempt budget, published now (fix the cause first).",
+        ),
+    ),
+}
+
+
+# How each kind's primary key is read from a form (anything else is a 400).
+PK_TYPES: dict[str, Callable[[str], object]] = {
+    attention.SETTLEMENT: int,
+    attention.REFUND: uuid.UUID,
+    attention.STEP: int,
+    attention.DEAD_LETTER: int,
+}
+
+
+def _valid_pk(kind: str, pk: str) -> bool:
+    try:
+        PK_TYPES[kind](pk)
+    except (KeyError, ValueError):
+        return False
+    return True
+
+
+def action_for(kind: str, name: str) -> Action | None:
+    return next((a for a in ACTIONS.get(kind, ()) if a.name == name), None)
+
+
+def actions_of(item: attention.AttentionItem) -> tuple[Action, ...]:
+    """The actions that end this item (those that apply to its status)."""
+    return tuple(
+        a for a in ACTIONS.get(item.kind, ()) if not a.statuses or item.status in a.statuses
+    )
+
+
+def action_key(*, kind: str, pk: str, action: str, state: str) -> str:
+    """The request key of one action form: the item, the action and the row's state as listed.
+
+    Not random: the same page in two tabs (or rendered twice) carries the same
+    key, so sending both is one action; the action moves the row's state, so
+    the next listing gets a new key.
+    """
+    seed = f"{kind}|{pk}|{action}|{state}"
+    return "admin-attention-" + hashlib.sha256(seed.encode()).hexdigest()[:32]
+
+
+# --- Reading ------------------------------------------------------------------------
+
+
+def needs_attention_counts() -> dict[str, int]:
+    """{kind: items} for every kind, counted in the database (`shop_needs_attention{kind}`)."""
+    counts = dict.fromkeys(attention.KINDS, 0)
+    counts |= payments_selectors.needs_attention_counts()
+    counts |= orders_selectors.needs_attention_counts()
+    counts |= idempotency_selectors.needs_attention_counts()
+    return counts
+
+
+def visible_kinds(user) -> list[str]:
+    return [kind for kind in attention.KINDS if user.has_perm(VIEW_PERMISSION[kind])]
+
+
+def _uuid(value) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(str(value))
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
+class Row:
+    item: attention.AttentionItem
+    page: str  # the row's own admin page
+    order_number: int | None
+    order_page: str | None
+    return_id: str | None
+    return_page: str | None
+    age: str
+    actions: list[dict]
+    # Some action ends this item, but not one this user may take.
+    forbidden: bool = False
+
+
+def age_text(age: datetime.timedelta) -> str:
+    """ "2 d 3 h", "3 h 12 min", "4 min 5 s", "12 s": the two largest units."""
+    seconds = max(0, int(age.total_seconds()))
+    parts: list[str] = []
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60), ("s", 1)):
+        if seconds >= size or (unit == "s" and not parts):
+            parts.append(f"{seconds // size} {unit}")
+            seconds %= size
+        if len(parts) == 2:
+            break
+    return " ".join(parts)
+
+
+def needs_attention_rows(user) -> dict[str, list[Row]]:
+    """{kind: rows} for the kinds `user` may view, each with what it belongs to and its actions."""
+    kinds = visible_kinds(user)
+    items: list[attention.AttentionItem] = []
+    if attention.SETTLEMENT in kinds or attention.REFUND in kinds:
+        items += payments_selectors.needs_attention_items()
+    if attention.STEP in kinds:
+        items += orders_selectors.needs_attention_items()
+    if attention.DEAD_LETTER in kinds:
+        items += idempotency_selectors.needs_attention_items()
+    items = [i for i in items if i.kind in kinds]
+    order_ids = {u for u in (_uuid(i.order_id) for i in items if i.order_id) if u}
+    by_order, by_payment = orders_selectors.orders_for_attention(
+        order_ids=order_ids, payment_ids={i.payment_id for i in items if i.payment_id}
+    )
+    returns = orders_selectors.returns_of_refunds(
+        refund_ids={i.refund_id for i in items if i.kind == attention.REFUND}
+    )
+    rows: dict[str, list[Row]] = {kind: [] for kind in kinds}
+    for item in items:
+        order = by_order.get(_uuid(item.order_id)) if item.order_id else None
+        order = order or by_payment.get(item.payment_id)
+        return_id = item.return_id or returns.get(item.refund_id)
+        rows[item.kind].append(
+            Row(
+                item=item,
+                page=reverse(ROW_PAGE[item.kind], args=[item.pk]),
+                order_number=order.number if order else None,
+                order_page=reverse("admin:orders_order_change", args=[order.pk]) if order else None,
+                return_id=str(return_id) if return_id else None,
+                return_page=reverse("admin:orders_returnrequest_change", args=[return_id])
+                if return_id
+                else None,
+                age=age_text(item.age),
+                actions=[
+                    {
+                        "action": action,
+                        "key": action_key(
+                            kind=item.kind, pk=item.pk, action=action.name, state=item.state
+                        ),
+                    }
+                    for action in actions_of(item)
+                    if user.has_perm(action.permission)
+                ],
+                forbidden=any(not user.has_perm(a.permission) for a in actions_of(item)),
+            )
+        )
+    return rows
+
+
+# --- The views --------------------------------------------------------------------------
+
+
+def page_url(*, level: str = "", text: str = "") -> str:
+    """The page's URL, with a signed note to show as an admin message (kept by a replay)."""
+    url = reverse("admin-needs-attention")
+    if not text:
+        return url
+    note = signing.dumps({"level": level, "text": text}, salt=_NOTE_SALT)
+    return f"{url}?{urlencode({'note': note})}"
+
+
+def present(result: Result) -> Reply:
+    """303 back to the page: the action's outcome, or the refusal's title and detail."""
+    if result.refusal is not None:
+        refusal = result.refusal
+        text = f"{refusal.default_title()}: {refusal.detail}"
+        return Reply(status=303, headers={"Location": page_url(level="error", text=text)})
+    return Reply(status=303, headers={"Location": page_url(level="success", text=result.value)})
+
+
+@idempotent_form(operation=ADMIN_NEEDS_ATTENTION)
+def _submit(request: HttpRequest, action: Action, pk: str, *, key) -> None:
+    run = key.claim()
+    with refusals_presented(run, present), run.phase(next_point="done"):
+        changed = action.run(pk, request.user)
+        text = (
+            f"{action.label}: done."
+            if changed
+            else f"{action.label}: nothing changed (no longer waiting for this action)."
+        )
+        close_run(run, Result.done(text), present)
+
+
+def _show_note(request: HttpRequest) -> None:
+    note = request.GET.get("note")
+    if not note:
+        return
+    try:
+        data = signing.loads(note, salt=_NOTE_SALT)
+    except signing.BadSignature:
+        return
+    level = messages.ERROR if data.get("level") == "error" else messages.SUCCESS
+    messages.add_message(request, level, str(data.get("text", "")))
+
+
+def needs_attention_view(request: HttpRequest) -> HttpResponse:
+    """GET: the list; POST: one keyed action (kind, pk, action), then 303 back here."""
+    if request.method == "POST":
+        kind, pk = request.POST.get("kind", ""), request.POST.get("pk", "")
+        action = action_for(kind, request.POST.get("action", ""))
+        if action is None or not _valid_pk(kind, pk) or FORM_FIELD not in request.POST:
+            return HttpResponseBadRequest("unknown action")
+        if not request.user.has_perm(action.permission):
+            raise PermissionDenied
+        return _submit(request, action, pk)
+    _show_note(request)
+    rows = needs_attention_rows(request.user)
+    return TemplateResponse(
+        request,
+        "admin/needs_attention.html",
+        {
+            **admin.site.each_context(request),
+            "title": "Needs attention",
+            "sections": [
+                {"kind": kind, "title": TITLES[kind], "rows": rows[kind]} for kind in rows
+            ],
+            "total": sum(len(r) for r in rows.values()),
+            "field": FORM_FIELD,
+        },
+    )
+
+
+def visible_count(user) -> int:
+    """How many items `user` may see on the page (the admin index's link)."""
+    counts = needs_attention_counts()
+    return sum(counts[kind] for kind in visible_kinds(user))
+
+
+def index_view(request: HttpRequest) -> HttpResponse:
+    """The admin's index, with the "Needs attention" link and its count above the apps."""
+    return admin.site.index(
+        request,
+        extra_context={
+            "needs_attention_count": visible_count(request.user),
+            "needs_attention_url": reverse("admin-needs-attention"),
+        },
+    )

@@ -1,0 +1,47 @@
+"""API tokens that expire (docs/security.md, "API tokens").
+
+A token older than `API_TOKEN_LIFETIME` seconds, judged by the database's
+clock like every other age in the shop, no longer authenticates: 401
+`not_authenticated` with a problem body saying it expired. Asking
+`POST /api/v1/auth/token/` again gives a new one (shop/services.py::token_obtain).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db.models import BooleanField, ExpressionWrapper, Q
+from django.db.models.functions import Now
+from rest_framework.authentication import TokenAuthentication
+from rest_framework.exceptions import AuthenticationFailed
+
+
+def token_lifetime() -> timedelta:
+    return timedelta(seconds=settings.API_TOKEN_LIFETIME)
+
+
+def expired_tokens(model):
+    """The tokens of `model` older than the lifetime by the database clock."""
+    return model.objects.filter(created__lte=Now() - token_lifetime())
+
+
+class ExpiringTokenAuthentication(TokenAuthentication):
+    """DRF's token authentication, with the token's age checked in the same query."""
+
+    def authenticate_credentials(self, key):
+        model: Any = self.get_model()  # DRF's Token (or a subclass's `model`)
+        expired = ExpressionWrapper(
+            Q(created__lte=Now() - token_lifetime()), output_field=BooleanField()
+        )
+        found = (
+            model.objects.select_related("user").annotate(expired=expired).filter(key=key).first()
+        )
+        if found is None:
+            raise AuthenticationFailed("Invalid token.")
+        if not found.user.is_active:
+            raise AuthenticationFailed("User inactive or deleted.")
+        if found.expired:
+            raise AuthenticationFailed("Token expired: ask POST /api/v1/auth/token/ for a new one.")
+        return (found.user, found)

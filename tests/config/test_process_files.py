@@ -1,0 +1,213 @@
+"""The production process files (Procfile, deploy/systemd/*.service) work as they are.
+
+Each command is parsed out of its file, checked to name an existing program
+(the venv's python, an importable module, a Django command) under production
+settings, then started under those settings against the test database for a
+few seconds: the web answers /healthz, the others print their start line and
+are still running (docs/deployment.md, "Production processes").
+"""
+
+from __future__ import annotations
+
+import configparser
+import contextlib
+import importlib.util
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.support.servers import server_env
+
+ROOT = Path(__file__).resolve().parents[2]
+UNITS = sorted((ROOT / "deploy" / "systemd").glob("*.service"))
+PRODUCTION = "DJANGO_SETTINGS_MODULE=config.settings.production"
+
+
+def procfile() -> dict[str, str]:
+    lines = (ROOT / "Procfile").read_text().splitlines()
+    entries = [line.split(":", 1) for line in lines if line.strip() and not line.startswith("#")]
+    return {name.strip(): command.strip() for name, command in entries}
+
+
+def unit(path: Path) -> configparser.SectionProxy:
+    parser = configparser.ConfigParser(strict=False, interpolation=None)
+    parser.optionxform = str  # type: ignore[assignment,method-assign]  # keep ExecStart's case
+    parser.read(path)
+    return parser["Service"]
+
+
+def _argv(command: str) -> tuple[dict[str, str], list[str]]:
+    """Split `A=b python -m x ...` into its leading assignments and the argv."""
+    words = shlex.split(command)
+    assignments: dict[str, str] = {}
+    while words and "=" in words[0] and not words[0].startswith(("-", "/")):
+        name, value = words.pop(0).split("=", 1)
+        assignments[name] = value
+    return assignments, words
+
+
+def _check_program(argv: list[str]) -> None:
+    assert Path(argv[0]).name == "python", argv  # the venv's python, nothing else
+    if argv[1] == "-m":
+        assert importlib.util.find_spec(argv[2]) is not None, argv
+    else:
+        from django.core.management import get_commands
+
+        assert argv[1] == "manage.py" and argv[2] in get_commands(), argv
+
+
+def test_every_procfile_command_runs_a_real_program_under_production_settings():
+    entries = procfile()
+    assert {"web", "worker", "beat", "relay", "release"} <= set(entries)
+    for command in entries.values():
+        assignments, argv = _argv(command)
+        assert assignments.get("DJANGO_SETTINGS_MODULE") == "config.settings.production"
+        _check_program(argv)
+
+
+def test_every_systemd_unit_runs_a_real_program_under_production_settings():
+    names = {path.stem for path in UNITS}
+    assert {"shop-web", "shop-worker", "shop-beat", "shop-relay"} <= names
+    for path in UNITS:
+        service = unit(path)
+        assert service["Environment"] == PRODUCTION, path
+        assert service["EnvironmentFile"] == "/etc/shop/shop.env"
+        for key in ("ExecStartPre", "ExecStart"):
+            if key in service:
+                _, argv = _argv(service[key])
+                assert argv[0] == "/srv/shop/.venv/bin/python", path
+                _check_program(argv)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _production_env(port: int) -> dict[str, str]:
+    env = server_env()
+    env.update(
+        DJANGO_SETTINGS_MODULE="config.settings.production",
+        SECRET_KEY="process-files-test-" + "x" * 50,
+        PAYMENTS_WEBHOOK_SECRET="whsec_process_files_test",
+        ALLOWED_HOSTS="127.0.0.1,localhost",
+        SHOP_ENV_FILE=os.devnull,
+        PORT=str(port),
+        SECURE_SSL_REDIRECT="false",
+    )
+    return env
+
+
+def _localise(argv: list[str], tmp_path: Path) -> list[str]:
+    """The file's paths on this checkout: the venv's python, a temporary state folder."""
+    out = []
+    for word in argv:
+        word = word.replace("/srv/shop/.venv/bin/python", sys.executable)
+        word = word.replace("%%", "%")  # systemd's escape for a literal % (celery's %h)
+        for state in ("/var/lib/shop/", "/tmp/"):
+            if word.startswith(state):
+                word = f"{tmp_path}/{word.removeprefix(state)}"
+                break
+        out.append(sys.executable if word == "python" else word)
+    return out
+
+
+@contextlib.contextmanager
+def _started(argv: list[str], env: dict[str, str], log: Path):
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    try:
+        yield proc
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+
+
+def _wait_for(proc, log: Path, done, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        text = log.read_text(errors="replace")
+        assert proc.poll() is None, f"exited with {proc.returncode}:\n{text[-3000:]}"
+        if done(text):
+            return
+        time.sleep(0.3)
+    raise AssertionError(f"not started within {timeout} s:\n{log.read_text()[-3000:]}")
+
+
+def _answers(port: int):
+    def check(_text: str) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as answer:
+                return answer.status == 200
+        except OSError:
+            return False
+
+    return check
+
+
+STARTED = {
+    "worker": lambda text: " ready." in text,
+    "beat": lambda text: "beat: Starting" in text,
+    "relay": lambda text: "relay " in text and " started" in text,
+}
+
+
+def _commands() -> list[tuple[str, str]]:
+    found = [(f"Procfile:{name}", cmd) for name, cmd in procfile().items() if name != "release"]
+    found += [(path.name, unit(path)["ExecStart"]) for path in UNITS]
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(("where", "command"), _commands(), ids=lambda value: value.split(" ")[0])
+def test_each_process_starts_under_production_settings(where, command, tmp_path):
+    port = _free_port()
+    _, argv = _argv(command.replace("$PORT", str(port)))
+    argv = _localise(argv, tmp_path)
+    if "--bind" in argv:
+        argv[argv.index("--bind") + 1] = f"127.0.0.1:{port}"
+    kind = next(
+        (
+            kind
+            for kind in ("gunicorn", "worker", "beat", "relay")
+            if kind in argv or "relay_outbox" in argv and kind == "relay"
+        ),
+        None,
+    )
+    assert kind is not None, where
+    log = tmp_path / "out.log"
+    with _started(argv, _production_env(port), log) as proc:
+        _wait_for(proc, log, _answers(port) if kind == "gunicorn" else STARTED[kind])
+        assert "Traceback" not in log.read_text(errors="replace")
+        if kind == "worker":
+            # The worker health check of docs/deployment.md answers for this node.
+            node = argv[argv.index("--hostname") + 1] if "--hostname" in argv else "celery@%h"
+            node = node.replace("%h", socket.gethostname())
+            assert worker_health(node, _production_env(port)).returncode == 0
+            assert worker_health("nobody@nowhere", _production_env(port)).returncode != 0
+
+
+def worker_health(node: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """docs/deployment.md's worker health check: `celery inspect ping` for one node."""
+    return subprocess.run(
+        [sys.executable, "-m", "celery", "--app", "config.celery:app", "inspect", "ping",
+         "--destination", node, "--timeout", "5"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
