@@ -494,7 +494,7 @@ def _refund(step: CompensationStep) -> str:
         return "waiting"
     else:
         raise StepNeedsAttention(f"more than {MAX_REFUND_GENERATIONS} refunds were asked for")
-    payment = Payment.objects.filter(id=order.payment_id).first()
+    payment = Payment.objects.filter(id=order.payment_id).first() if order.payment_id else None
     if is_return:
         at_most = _return_value(step.order_return_id)
         reason = f"return {step.order_return_id}"
