@@ -43,7 +43,7 @@ from decimal import Decimal
 from django.conf import settings
 from django.core.mail import send_mail
 from django.db import connection, transaction
-from django.db.models import F, Q
+from django.db.models import F, Q, Sum
 from django.db.models.functions import Greatest, Now
 
 from core import due
@@ -53,10 +53,17 @@ from idempotency.failpoints import failpoint
 from idempotency.outbox import outbox_write
 from inventory import services as inventory_services
 from payments import services as payment_services
-from payments.models import Refund, RefundOrigin, RefundStatus
+from payments.models import Payment, Refund, RefundOrigin, RefundStatus
 
 from . import lock_objects
-from .models import CompensationStep, Order, OrderEvent, OrderLine, ReturnRequest
+from .models import (
+    CompensationStep,
+    Order,
+    OrderEvent,
+    OrderLine,
+    ReturnLine,
+    ReturnRequest,
+)
 from .states import (
     CompensationKind,
     LineStatus,
@@ -464,55 +471,144 @@ def _cancel_lines(step: CompensationStep) -> dict[uuid.UUID, int]:
     }
 
 
-def _refund(step: CompensationStep) -> str:
-    order = Order.objects.select_related("payment").get(id=step.order_id)
+def step_refund_id(step: CompensationStep, *, generation: int) -> uuid.UUID:
+    """The refund id of a refund step's `generation`-th request (0: `return_refund_id` /
+    `cancellation_refund_id`; n: uuid5 of "<same>:<n>"). Deterministic: two runners of
+    the step, or a retry after a crash, ask under the same id."""
     if step.order_return_id is not None:
-        refund_id = return_refund_id(step.order_return_id)
-        origin = RefundOrigin.RETURN
-        order_return = ReturnRequest.objects.get(id=step.order_return_id)
-        amount = order_return.refund_amount
-        reason = f"return {order_return.id}"
+        base = f"return:{step.order_return_id}"
     else:
-        refund_id = cancellation_refund_id(step.order_id)
-        origin = RefundOrigin.CANCELLATION
-        amount = None  # what was captured minus what is refunded or being refunded
-        reason = f"cancellation of order {order.number}"
-    refund = Refund.objects.filter(id=refund_id).first()
-    if refund is None:
-        payment = order.payment
-        if amount is None:
-            amount = payment.amount_captured - payment.refund_reserved if payment else Decimal(0)
-        if payment is None or amount <= 0:
-            with _finishing(step) as won:
-                if won:
-                    CompensationStep.objects.filter(id=step.id).update(
-                        detail={"refund": "nothing to refund"}
-                    )
-            return "nothing to refund"
-        CompensationStep.objects.filter(id=step.id).update(refund_id=refund_id)
-        try:
-            refund = payment_services.refund_request(
-                refund_id=refund_id,
-                payment_id=payment.id,
-                amount=amount,
-                reason=reason,
-                origin=origin,
+        base = f"cancel:{step.order_id}"
+    return uuid.uuid5(NAMESPACE, base if generation == 0 else f"{base}:{generation}")
+
+
+# A refund step asks again under its next derived refund id only after staff recorded
+# the previous one as failed, so this bound is never reached in practice.
+MAX_REFUND_GENERATIONS = 100
+
+
+def _return_value(order_return_id) -> Decimal:
+    """The return's lines' value: what it refunds at most (before the budget's cap)."""
+    value = ReturnLine.objects.filter(order_return_id=order_return_id).aggregate(
+        value=Sum(F("quantity") * F("order_line__unit_price"))
+    )["value"]
+    return value if value is not None else Decimal(0)
+
+
+def _refund_done(step: CompensationStep, *, refund_ids: list, amount: Decimal) -> str:
+    """The refund step's done transaction: what it refunded is recorded on the step and,
+    for a return, as the return's `refund_amount` (the capped amount, 0.00 when nothing)."""
+    with _finishing(step) as won:
+        if won:
+            CompensationStep.objects.filter(id=step.id).update(
+                refund_id=refund_ids[-1] if refund_ids else None,
+                detail={
+                    **({"refund_id": str(refund_ids[-1])} if refund_ids else {}),
+                    **({"refund_ids": [str(i) for i in refund_ids]} if len(refund_ids) > 1 else {}),
+                    **({} if refund_ids else {"refund": "nothing to refund"}),
+                    "amount": format_money(amount),
+                },
             )
-        except ApplicationError as exc:  # 409 nothing captured, 422 more than refundable
-            raise StepNeedsAttention(f"the refund was refused: {exc.code}: {exc.detail}") from exc
-    failpoint("compensation.refund.after_effect")
-    if refund.status == RefundStatus.SUCCEEDED:
-        with _finishing(step) as won:
-            if won:
-                CompensationStep.objects.filter(id=step.id).update(
-                    refund_id=refund.id,
-                    detail={"refund_id": str(refund.id), "amount": format_money(refund.amount)},
+            if step.order_return_id is not None:
+                ReturnRequest.objects.filter(id=step.order_return_id).update(
+                    refund_amount=amount, updated_at=Now()
                 )
-        return "done"
-    if refund.status in (RefundStatus.NEEDS_ATTENTION, RefundStatus.FAILED):
-        raise StepNeedsAttention(
-            f"refund {refund.id} is {refund.status}: {refund.last_error or 'see the refund'}"
+    return "done" if refund_ids else "nothing to refund"
+
+
+def _refund(step: CompensationStep) -> str:
+    """One look at the refund step: its refunds so far decide; then ask, wait, or finish.
+
+    The step's refunds are its derived refund ids by generation
+    (`step_refund_id`). A refund staff recorded as `failed` released its
+    reservation: the step asks again under the next generation for what is
+    still refundable (docs/compensation.md, "No dead ends"). One pending →
+    wait; one needing attention → the step needs attention (staff decide
+    the refund, then "Retry failed steps"). A return is done with its first
+    succeeded refund, or with nothing when nothing is refundable (0.00). A
+    cancellation waits until no refund of the order is in progress, then
+    refunds everything captured and not refunded, and is done only when
+    `amount_refunded = amount_captured`.
+    """
+    order = Order.objects.get(id=step.order_id)
+    is_return = step.order_return_id is not None
+    succeeded: list[Refund] = []
+    for generation in range(MAX_REFUND_GENERATIONS):
+        refund_id = step_refund_id(step, generation=generation)
+        refund = Refund.objects.filter(id=refund_id).first()
+        if refund is None:
+            break
+        if refund.status == RefundStatus.FAILED:
+            continue  # recorded failed (nothing refunded, reservation released): ask again
+        if refund.status == RefundStatus.SUCCEEDED:
+            if is_return:
+                failpoint("compensation.refund.after_effect")
+                return _refund_done(step, refund_ids=[refund.id], amount=refund.amount)
+            succeeded.append(refund)
+            continue  # a cancellation refunds until nothing captured is left unrefunded
+        if refund.status == RefundStatus.NEEDS_ATTENTION:
+            raise StepNeedsAttention(
+                f"refund {refund.id} is {refund.status}: {refund.last_error or 'see the refund'}"
+            )
+        _wait(
+            step_id=step.id,
+            seconds=settings.COMPENSATION_WAIT_SECONDS,
+            note=f"waiting for refund {refund.id} ({refund.status})",
         )
+        return "waiting"
+    else:
+        raise StepNeedsAttention(f"more than {MAX_REFUND_GENERATIONS} refunds were asked for")
+    payment = Payment.objects.filter(id=order.payment_id).first() if order.payment_id else None
+    if is_return:
+        at_most = _return_value(step.order_return_id)
+        reason = f"return {step.order_return_id}"
+        origin = RefundOrigin.RETURN
+    else:
+        if payment is not None and payment_services.refunds_in_progress(payment=payment) > 0:
+            # Waits as due work (the row is due again later; no task sleeps), not an
+            # attempt. A refund needing staff may take long: the sweeper looks again.
+            held = Refund.objects.filter(payment_id=payment.id, needs_attention=True).exists()
+            _wait(
+                step_id=step.id,
+                seconds=(
+                    settings.COMPENSATION_REFUND_HELD_RECHECK
+                    if held
+                    else settings.COMPENSATION_WAIT_SECONDS
+                ),
+                note="waiting: a refund of the order is in progress",
+                ring=not held,
+            )
+            return "waiting"
+        at_most = (
+            payment.amount_captured - payment.amount_refunded if payment is not None else Decimal(0)
+        )
+        reason = f"cancellation of order {order.number}"
+        origin = RefundOrigin.CANCELLATION
+    if payment is None or at_most <= 0:
+        return _refund_done(
+            step,
+            refund_ids=[r.id for r in succeeded],
+            amount=sum((r.amount for r in succeeded), Decimal(0)),
+        )
+    CompensationStep.objects.filter(id=step.id).update(refund_id=refund_id)
+    try:
+        refund = payment_services.refund_request_capped(
+            refund_id=refund_id,
+            payment_id=payment.id,
+            at_most=at_most,
+            reason=reason,
+            origin=origin,
+        )
+    except ApplicationError as exc:  # 409: another payment holds the refund id
+        raise StepNeedsAttention(f"the refund was refused: {exc.code}: {exc.detail}") from exc
+    if refund is None:  # nothing refundable left: 0.00, and the run goes on
+        return _refund_done(
+            step,
+            refund_ids=[r.id for r in succeeded],
+            amount=sum((r.amount for r in succeeded), Decimal(0)),
+        )
+    failpoint("compensation.refund.after_effect")
+    # Requested (pending): the `payments.refund` task calls the provider; look again soon.
     _wait(
         step_id=step.id,
         seconds=settings.COMPENSATION_WAIT_SECONDS,

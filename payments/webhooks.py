@@ -387,7 +387,10 @@ def apply_refund_event(event: WebhookEvent) -> tuple[str, str]:
     shop does not know (yet) is stored `unmatched`; the task applies it when
     it meets the key with no final answer of its own (`stored_refund_result`).
     """
-    from .services import _refund_record  # services imports this module lazily too
+    from .services import (  # services imports this module lazily too
+        _refund_record,
+        refund_late_success,
+    )
 
     data = event.data
     refund = Refund.objects.filter(provider_key=data.get("provider_key")).first()
@@ -405,6 +408,14 @@ def apply_refund_event(event: WebhookEvent) -> tuple[str, str]:
     succeeded = event.type == REFUND_SUCCEEDED
     if _refund_record(refund=refund, result=_refund_result_of(event.type, data), mode="webhook"):
         return APPLIED, f"refund {refund.id} {'succeeded' if succeeded else 'refused'}"
+    if succeeded and refund_late_success(
+        refund_id=refund.id, operation_id=str(data.get("operation_id") or ""), via="webhook"
+    ):
+        # Staff had decided it (outside the shop / failed): never silence, never a
+        # second hole in the budget — a needs-attention item (payments.services).
+        detail = f"refund {refund.id}: {Refund.objects.get(id=refund.id).last_error}"
+        logger.warning("webhook %s suspicious: %s", event.id, detail)
+        return SUSPICIOUS, detail
     status = Refund.objects.values_list("status", flat=True).get(id=refund.id)
     if (succeeded and status == RefundStatus.SUCCEEDED) or (
         not succeeded and status in (RefundStatus.NEEDS_ATTENTION, RefundStatus.FAILED)

@@ -496,6 +496,9 @@ COMPENSATION_WAIT_SECONDS = env.float("COMPENSATION_WAIT_SECONDS", default=5.0)
 # A step behind one that needs staff is parked, not polled: it is made due when
 # that step is done; this long re-check is only a safety net.
 COMPENSATION_PARKED_RECHECK = env.float("COMPENSATION_PARKED_RECHECK", default=3600.0)
+# A cancellation's refund waits for the order's refunds in progress; while one needs
+# staff it is not polled by bells, the sweeper looks again after this long.
+COMPENSATION_REFUND_HELD_RECHECK = env.float("COMPENSATION_REFUND_HELD_RECHECK", default=60.0)
 COMPENSATION_SWEEP_INTERVAL = env.float("COMPENSATION_SWEEP_INTERVAL", default=5.0)
 COMPENSATION_SWEEP_BATCH = env.int("COMPENSATION_SWEEP_BATCH", default=100)
 CELERY_BEAT_SCHEDULE["orders.sweep_compensation"] = _beat_every(

@@ -120,6 +120,18 @@ class PaymentSummaryOut(serializers.Serializer):
     amount_refunded = serializers.CharField()
 
 
+class CompensationStepOut(serializers.Serializer):
+    name = serializers.CharField()
+    status = serializers.CharField()
+    attempts = serializers.IntegerField()
+    last_error = serializers.CharField(allow_null=True)
+
+
+class CancellationOut(serializers.Serializer):
+    status = serializers.ChoiceField(choices=["processing", "completed", "needs_attention"])
+    steps = CompensationStepOut(many=True)
+
+
 class OrderOut(serializers.Serializer):
     id = serializers.UUIDField()
     number = serializers.IntegerField()
@@ -131,10 +143,16 @@ class OrderOut(serializers.Serializer):
     payment = serializers.SerializerMethodField()
     reservation_expires_at = serializers.DateTimeField(allow_null=True)
     created_at = serializers.DateTimeField()
+    # While the order is `cancelling`: its compensation's progress; null otherwise.
+    cancellation = serializers.SerializerMethodField()
 
     @extend_schema_field(PaymentSummaryOut)
     def get_payment(self, order) -> dict:
         return selectors.order_payment_summary(order=order)
+
+    @extend_schema_field(CancellationOut(allow_null=True))
+    def get_cancellation(self, order) -> dict | None:
+        return selectors.order_cancellation(order=order)
 
 
 def order_body(order) -> dict:
