@@ -19,7 +19,7 @@ class BoundedPublishAMQP(AMQP):
     """
 
     def _create_task_sender(self):
-        send = super()._create_task_sender()
+        send = super()._create_task_sender()  # type: ignore[misc]  # Celery's own hook, untyped
 
         def send_task_message(producer, name, message, **kwargs):
             from django.conf import settings
