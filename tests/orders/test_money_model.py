@@ -674,7 +674,6 @@ def _settings(examples: int, *, shrink: bool) -> settings:
 SHRINK = os.environ.get("SHOP_MONEY_SHRINK", "") not in ("", "0")
 
 
-@pytest.mark.xfail(reason="fixed by the money/due branches", strict=False)
 def test_money_life(world):
     """The bounded form (make test): a few examples of an order's money life."""
     run_state_machine_as_test(
@@ -683,7 +682,6 @@ def test_money_life(world):
     )
 
 
-@pytest.mark.xfail(reason="fixed by the money/due branches", strict=False)
 @pytest.mark.fuzz_money
 @pytest.mark.skipif(
     not os.environ.get("SHOP_FUZZ_MONEY"), reason="the long form: SHOP_FUZZ_MONEY=<seconds>"
