@@ -71,6 +71,7 @@ from .states import (
     StepName,
     StepStatus,
 )
+from .transitions import order_cancel_complete, order_event_payload
 
 logger = logging.getLogger(__name__)
 
@@ -227,8 +228,6 @@ def _complete_if_all_done(step: CompensationStep) -> bool:
                 data={"return_id": str(step.order_return_id)},
             )
         return bool(moved)
-    from .services import order_cancel_complete
-
     return order_cancel_complete(order_id=step.order_id)
 
 
@@ -620,8 +619,6 @@ def _refund(step: CompensationStep) -> str:
 def _event_payload(step: CompensationStep) -> tuple[str, dict]:
     order = Order.objects.get(id=step.order_id)
     if step.order_return_id is None:
-        from .services import order_event_payload
-
         return "order.cancelled", order_event_payload(order=order)
     order_return = ReturnRequest.objects.get(id=step.order_return_id)
     lines = order_return.lines.select_related("order_line").order_by("order_line__position")

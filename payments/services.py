@@ -51,6 +51,7 @@ from .models import (
     TransactionKind,
     TransactionStatus,
 )
+from .provider_events import stored_capture_result, stored_refund_result
 
 logger = logging.getLogger(__name__)
 
@@ -445,7 +446,6 @@ def _capture_record(
     if result.outcome not in final:
         # The provider's webhook may have come before the shop knew this call
         # (stored unmatched): record it now, through the same transition.
-        from .webhooks import stored_capture_result
 
         stored = stored_capture_result(txn=txn)
         if stored is not None:
@@ -974,7 +974,6 @@ def _refund_record(
         current = Refund.objects.select_for_update().get(id=refund.id)
         if current.status not in _OPEN_REFUND_STATUSES:
             return False
-        from .webhooks import stored_refund_result
 
         stored = stored_refund_result(refund=current)
         if stored is not None:

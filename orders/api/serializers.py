@@ -7,7 +7,7 @@ from rest_framework import serializers
 
 from core.fields import ClosedSerializer, StrictCharField, StrictIntegerField
 from core.money import MoneyField, check_currency
-from inventory.models import Product
+from inventory import selectors as inventory_selectors
 from payments.services import SUPPORTED_METHODS
 
 from .. import selectors
@@ -82,10 +82,7 @@ class OrderIn(ClosedSerializer):
 
     def validate_lines(self, lines: list[dict]) -> list[LineRequest]:
         skus = [line["sku"] for line in lines]
-        products = {
-            product.sku: product
-            for product in Product.objects.select_related("stock").filter(sku__in=skus)
-        }
+        products = inventory_selectors.products_by_sku(skus=skus)
         # Keyed by line index, as DRF reports item errors of a list.
         errors = repeated_sku_errors(skus)
         for index, sku in enumerate(skus):
