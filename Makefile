@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt | 
 ## The bench's own dependencies (the peer, drf-idempotencykey) never go in requirements.txt.
 BENCH_STAMP := $(VENV)/.bench-installed-$(shell cat bench/requirements.txt | sha1sum | cut -c1-12)
 
-.PHONY: venv test lint format run bench mutants chaos clean
+.PHONY: venv test lint format run bench mutants chaos fuzz-money clean
 
 venv: $(STAMP)
 
@@ -35,6 +35,13 @@ mutants: $(STAMP)
 ## the invariants. CHAOS_ARGS e.g. "--duration 180 --broker rabbitmq" or "--long".
 chaos: $(STAMP)
 	$(BIN)/python -m tools.chaos $(CHAOS_ARGS)
+
+## The long form of the money model (docs/testing.md, "The model-based test of an
+## order's money life"): new examples for FUZZ_MONEY_SECONDS (default 20 minutes).
+FUZZ_MONEY_SECONDS ?= 1200
+fuzz-money: $(STAMP)
+	SHOP_FUZZ_MONEY=$(FUZZ_MONEY_SECONDS) $(BIN)/python -m pytest -m fuzz_money -s --timeout 0 \
+		tests/orders/test_money_model.py $(PYTEST_ARGS)
 
 ## Lint, then type-check the apps (docs/testing.md, "Type checking").
 lint: $(STAMP)

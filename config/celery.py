@@ -3,9 +3,44 @@
 import os
 
 from celery import Celery
+from celery.app.amqp import AMQP
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.base")
 
-app = Celery("shop")
+
+class BoundedPublishAMQP(AMQP):
+    """Every publish waits at most BROKER_PUBLISH_TIMEOUT for the broker.
+
+    Without a bound a RabbitMQ under a memory alarm (it stops reading from
+    publishers, and confirms never come) blocks the publishing request for as
+    long as the alarm lasts. With it the publish raises; every publish of this
+    shop rings for a due row or an outbox row, which the sweeper or the relay
+    publishes again, so the work is late, never lost.
+    """
+
+    def _create_task_sender(self):
+        send = super()._create_task_sender()  # type: ignore[misc]  # Celery's own hook, untyped
+
+        def send_task_message(producer, name, message, **kwargs):
+            from django.conf import settings
+
+            bound = settings.BROKER_PUBLISH_TIMEOUT
+            kwargs["timeout"] = kwargs.get("timeout") or bound
+            kwargs["confirm_timeout"] = kwargs.get("confirm_timeout") or bound
+            try:
+                return send(producer, name, message, **kwargs)
+            except Exception:
+                # A timed-out confirm may still arrive later on this channel and
+                # be taken for the next message's: never reuse that connection.
+                try:
+                    producer.connection.collect()
+                except Exception:  # noqa: BLE001, S110 - it is being thrown away
+                    pass
+                raise
+
+        return send_task_message
+
+
+app = Celery("shop", amqp=BoundedPublishAMQP)
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()

@@ -127,6 +127,16 @@ ACTIONS: dict[str, tuple[Action, ...]] = {
             statuses=(RefundStatus.NEEDS_ATTENTION,),
             explanation="The refund will not happen; its reserved amount is released.",
         ),
+        Action(
+            "accept_provider",
+            "Accept the provider's refund",
+            "payments.change_refund",
+            lambda pk, by: payments_services.refund_accept_provider(refund_id=pk, by=by),
+            # Flagged after staff decided it: the provider reports it refunded after all.
+            statuses=(RefundStatus.SUCCEEDED, RefundStatus.FAILED),
+            explanation="The provider's refund becomes the record (outside the shop: the "
+            "outside payment was recovered or accepted; failed: it counts as refunded).",
+        ),
     ),
     attention.STEP: (
         Action(

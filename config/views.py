@@ -37,7 +37,8 @@ def _database_ok() -> tuple[bool, str]:
     params = {
         key: value
         for key, value in connection.get_connection_params().items()
-        if key not in ("cursor_factory", "context", "prepare_threshold")
+        # connect_timeout: the settings' own (DB_CONNECT_TIMEOUT) is replaced by the check's.
+        if key not in ("cursor_factory", "context", "prepare_threshold", "connect_timeout")
     }
     try:
         with psycopg.connect(

@@ -44,7 +44,7 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         name = request.POST.get("action") if request.method == "POST" else None
         if name and name not in self.get_actions(request):
             declared = {a if isinstance(a, str) else a.__name__ for a in self.actions or ()}
-            if name in declared or name in dict(self.admin_site.actions):
+            if name in declared or name in {site_name for site_name, _ in self.admin_site.actions}:
                 raise PermissionDenied
         return super().changelist_view(request, extra_context)
 

@@ -9,11 +9,19 @@ database's clock (`now()`), never the worker's.
 
     lease_due          beat sweeper: lease due rows (FOR UPDATE SKIP LOCKED), return ids
     sweep              lease_due + enqueue the task for each id
-    attempt_begin      count one attempt and push next_attempt_at back by the backoff,
-                       before the work calls out; exactly one of concurrent runners wins
+    attempt_begin      count one attempt, take the attempt's lease (its worst case) and
+                       push next_attempt_at back by the backoff, before the work calls out;
+                       exactly one runner wins, and none while an attempt's lease runs
     attempt_failed     record the error, free the lease; spent budget -> needs_attention
     mark_done          the work is done (done_at), nothing is due any more
     flag_attention     stop retrying, staff decide (needs_attention + reason)
+    fence              a queryset narrowed to "this attempt still holds the row"
+
+Every write of an attempt takes the `Attempt` that `attempt_begin` returned
+(`attempt=`): it is conditional on the attempt's fencing token, so a stale
+runner (its lease run out, another attempt begun) changes nothing. The kind's
+own columns (a status) go in the same UPDATE (`values=`, `attention_values=`,
+`retry_values=`), so the flag and the status never commit apart.
     retry_now          staff: fresh budget, due now, ring the bell after commit
     ring, ring_after_commit   the doorbell: enqueue the task by id (best effort)
     backoff, countdown, retry_countdown   the one backoff (with jitter) and its Celery cap
@@ -23,10 +31,12 @@ This module imports no other project app.
 
 from __future__ import annotations
 
+import enum
 import logging
 import os
 import random
 import socket
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -106,6 +116,14 @@ class DuePolicy:
     backoff_base: float  # seconds after attempt 1, doubling per attempt ...
     backoff_max: float  # ... up to this
     lease: float  # seconds a leased row is not leased again (longer than the queue wait)
+    # Seconds one attempt may still be running at worst (its calls' timeouts,
+    # look-ups and a margin); None: `lease`. No second attempt begins before.
+    attempt_lease: float | None = None
+
+    @property
+    def attempt_lease_seconds(self) -> float:
+        """The attempt's lease in seconds (`attempt_lease`, else `lease`)."""
+        return float(self.lease if self.attempt_lease is None else self.attempt_lease)
 
     def backoff(self, attempt: int) -> float:
         """Return seconds to wait after attempt `attempt` of this kind."""
@@ -196,6 +214,9 @@ def lease_due(
     table = connection.ops.quote_name(meta.db_table)
     pk = connection.ops.quote_name(meta.pk.column)  # type: ignore[arg-type]  # a pk has a column
     seconds = model.due_policy().lease if lease is None else lease
+    owner = (owner or default_owner())[:100]
+    if owner.startswith(ATTEMPT_OWNER_PREFIX):
+        raise ValueError(f"a sweeper's owner may not look like an attempt's token: {owner!r}")
     sql = (
         f"WITH due AS (SELECT {pk} FROM {table}"
         "  WHERE done_at IS NULL AND NOT needs_attention AND next_attempt_at <= now()"
@@ -206,7 +227,7 @@ def lease_due(
         f" FROM due WHERE t.{pk} = due.{pk} RETURNING t.{pk}, t.next_attempt_at"
     )
     with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(sql, [limit, (owner or default_owner())[:100], seconds])
+        cursor.execute(sql, [limit, owner, seconds])
         rows = cursor.fetchall()
     return [row[0] for row in sorted(rows, key=lambda r: (r[1], r[0]))]
 
@@ -229,90 +250,193 @@ def sweep(model: type[DueWork], *, limit: int = 100, owner: str | None = None) -
 # -- one attempt -----------------------------------------------------------------------
 
 
+# An attempt's lease is held in the row's lease columns, its owner being the
+# attempt's fencing token; a sweeper's lease (the row enqueued) has any other owner.
+ATTEMPT_OWNER_PREFIX = "attempt "
+
+
 @dataclass(frozen=True)
 class Attempt:
     """What `attempt_begin` came to: the attempt this runner took, or why none."""
 
     number: int = 0  # 1-based attempt this runner took; 0: none taken
     budget_spent: bool = False  # the row has used its attempts: flag it, do not work
+    token: str = ""  # the fencing token: this attempt's `lease_owner` while it holds the row
+    pk: Any = None  # the row this attempt is of
 
     @property
     def taken(self) -> bool:
         return self.number > 0
 
 
-def attempt_begin(model: type[DueWork], *, pk) -> Attempt:
-    """Count one attempt and schedule the next before the work calls out.
+class Ended(enum.Enum):
+    """How `attempt_failed` ended the attempt. Truthy only for ATTENTION (the budget is spent)."""
 
-    The conditional UPDATE (same attempt count, still due) lets exactly one
-    of several concurrent runners (sweeper, bell, redelivered message) take
-    the attempt. It commits before the work, so a runner killed mid-work
-    has already pushed `next_attempt_at` back by the backoff: that push is
-    the attempt's own lease. The sweeper's lease does not stop an attempt.
+    RETRY = "retry"  # recorded; the row is due again after the backoff
+    ATTENTION = "attention"  # recorded; the budget is spent: needs_attention
+    REFUSED = "refused"  # nothing written: the attempt is stale (or the row done / flagged)
+
+    def __bool__(self) -> bool:
+        return self is Ended.ATTENTION
+
+
+def attempt_token(number: int) -> str:
+    """Return a fresh fencing token for attempt `number` (unique; names the runner)."""
+    return f"{ATTEMPT_OWNER_PREFIX}{number} {uuid.uuid4().hex[:12]} {default_owner()}"[:100]
+
+
+def _attempt_running() -> Q:
+    """An attempt's lease is held and has not run out (database clock)."""
+    return Q(lease_owner__startswith=ATTEMPT_OWNER_PREFIX, lease_expires_at__gt=Now())
+
+
+def fence(rows: models.QuerySet, attempt: Attempt | None) -> models.QuerySet:
+    """Narrow `rows` to those `attempt` still holds (its number and token); None: unfenced.
+
+    A write through the result updates nothing once the attempt is stale:
+    its lease ran out and another attempt began, staff retried or flagged the
+    row, or it was freed (failed, done). The row count tells the caller.
+    """
+    if attempt is None:
+        return rows
+    if not attempt.taken:
+        raise ValueError("an attempt that was not taken holds no row")
+    return rows.filter(attempts=attempt.number, lease_owner=attempt.token)
+
+
+def attempt_begin(model: type[DueWork], *, pk, values: dict[str, Any] | None = None) -> Attempt:
+    """Count one attempt, take its lease and schedule the next before the work calls out.
+
+    The conditional UPDATE (same attempt count, still due, no attempt's lease
+    running) lets exactly one of several concurrent runners (sweeper, bell,
+    redelivered message) take the attempt, and refuses every runner while an
+    earlier attempt may still be running. It takes the attempt's lease for
+    `policy.attempt_lease_seconds` (its worst case; a sweeper's lease is taken
+    over, a row rung by the bell gets one here) with a fresh fencing token,
+    and pushes `next_attempt_at` back by the backoff. It commits before the
+    work: a runner killed mid-work leaves the row due once its lease runs out.
+    `values` are the kind's own columns set in the same UPDATE (a status).
     """
     row = model.objects.filter(pk=pk).values("attempts", "done_at", "needs_attention").first()
     if row is None or row["done_at"] is not None or row["needs_attention"]:
         return Attempt()
     policy = model.due_policy()
     if row["attempts"] >= policy.max_attempts:
+        if model.objects.filter(pk=pk).filter(_attempt_running()).exists():
+            return Attempt()  # the last attempt is still running: it decides
         return Attempt(budget_spent=True)
     number = row["attempts"] + 1
+    token = attempt_token(number)
     taken = (
         model.objects.filter(pk=pk, attempts=row["attempts"], next_attempt_at__lte=Now())
         .pending()
+        .exclude(_attempt_running())
         .update(
-            attempts=number,
-            next_attempt_at=Now() + timedelta(seconds=policy.backoff(number)),
-            **_touch(model),
+            **{
+                **_touch(model),
+                **(values or {}),
+                "attempts": number,
+                "next_attempt_at": Now() + timedelta(seconds=policy.backoff(number)),
+                "lease_owner": token,
+                "lease_expires_at": Now() + timedelta(seconds=policy.attempt_lease_seconds),
+            }
         )
     )
-    return Attempt(number=number) if taken else Attempt()
+    return Attempt(number=number, token=token, pk=pk) if taken else Attempt()
 
 
 def attempt_failed(
-    model: type[DueWork], *, pk, error: object, attention_reason: str | None = None
-) -> bool:
-    """Record why an attempt failed and free the lease; return True if this spent the budget.
+    model: type[DueWork],
+    *,
+    pk,
+    error: object,
+    attention_reason: str | None = None,
+    attempt: Attempt | None = None,
+    attention_values: dict[str, Any] | None = None,
+    retry_values: dict[str, Any] | None = None,
+) -> Ended:
+    """Record why an attempt failed and free the lease, in one UPDATE; say how it ended.
 
     The next attempt is already scheduled (by `attempt_begin`). When the
     attempts reach the budget the row gets `needs_attention`, with the reason
-    in `last_error` (`attention_reason`, or a generic one); the caller
-    writes its own event when this returns True.
+    in `last_error` (`attention_reason`, or a generic one), and
+    `attention_values`; otherwise `retry_values`: the kind's status moves in
+    the same statement as the flag. ATTENTION (truthy) tells the caller to
+    write its own event, in the caller's transaction if it has one open.
+    With `attempt`, a stale attempt writes nothing (REFUSED).
     """
-    model.objects.filter(pk=pk).pending().update(
-        last_error=truncate_error(error), **_free_lease(), **_touch(model)
-    )
     budget = model.due_policy().max_attempts
-    return flag_attention(
-        model,
-        pk=pk,
-        reason=attention_reason or f"attempt budget spent ({budget} attempts): {error}",
-        only_if_attempts_at_least=budget,
-    )
+    with transaction.atomic():
+        row = (
+            fence(model.objects.filter(pk=pk).pending(), attempt)
+            .select_for_update()
+            .values("attempts")
+            .first()
+        )
+        if row is None:
+            return Ended.REFUSED
+        spent = row["attempts"] >= budget
+        if spent:
+            reason = attention_reason or f"attempt budget spent ({budget} attempts): {error}"
+            fields = {"needs_attention": True, "last_error": truncate_error(reason)}
+            fields.update(attention_values or {})
+        else:
+            fields = {"last_error": truncate_error(error), **(retry_values or {})}
+        model.objects.filter(pk=pk).update(**{**_free_lease(), **_touch(model), **fields})
+    return Ended.ATTENTION if spent else Ended.RETRY
 
 
 def flag_attention(
-    model: type[DueWork], *, pk, reason: str, only_if_attempts_at_least: int | None = None
+    model: type[DueWork],
+    *,
+    pk,
+    reason: str,
+    only_if_attempts_at_least: int | None = None,
+    attempt: Attempt | None = None,
+    values: dict[str, Any] | None = None,
 ) -> bool:
-    """Stop retrying the row until staff retry it; return True if this call flagged it."""
-    rows = model.objects.filter(pk=pk).pending()
+    """Stop retrying the row until staff retry it; return True if this call flagged it.
+
+    `values` (the kind's status) change in the same UPDATE; with `attempt`,
+    only while that attempt still holds the row.
+    """
+    rows = fence(model.objects.filter(pk=pk).pending(), attempt)
     if only_if_attempts_at_least is not None:
         rows = rows.filter(attempts__gte=only_if_attempts_at_least)
     return bool(
         rows.update(
-            needs_attention=True,
-            last_error=truncate_error(reason),
-            **_free_lease(),
-            **_touch(model),
+            **{
+                **_free_lease(),
+                **_touch(model),
+                **(values or {}),
+                "needs_attention": True,
+                "last_error": truncate_error(reason),
+            }
         )
     )
 
 
-def mark_done(model: type[DueWork], *, pk) -> bool:
-    """Mark the row's work done (nothing more is due); return True if this call did it."""
+def mark_done(
+    model: type[DueWork],
+    *,
+    pk,
+    attempt: Attempt | None = None,
+    values: dict[str, Any] | None = None,
+) -> bool:
+    """Mark the row's work done (nothing more is due); return True if this call did it.
+
+    With `attempt`, only while that attempt still holds the row.
+    """
+    rows = fence(model.objects.filter(pk=pk, done_at__isnull=True), attempt)
     return bool(
-        model.objects.filter(pk=pk, done_at__isnull=True).update(
-            done_at=Now(), needs_attention=False, **_free_lease(), **_touch(model)
+        rows.update(
+            **{
+                **_free_lease(),
+                **_touch(model),
+                **(values or {}),
+                "done_at": Now(),
+                "needs_attention": False,
+            }
         )
     )
 

@@ -19,9 +19,8 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.http import urlencode
 
-from core.errors import ApplicationError
-
 from core.admin import require_permission
+from core.errors import ApplicationError
 
 from .operations import (
     Reply,

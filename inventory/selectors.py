@@ -18,6 +18,11 @@ def product_list() -> QuerySet[Product]:
     )
 
 
+def products_by_sku(*, skus: list[str]) -> dict[str, Product]:
+    """The products among `skus`, by sku, with their stock row (unknown skus are absent)."""
+    return {p.sku: p for p in Product.objects.select_related("stock").filter(sku__in=skus)}
+
+
 def product_get(*, sku: str) -> Product:
     """Return one product by sku, or raise not_found."""
     # PostgreSQL text cannot hold NUL (the driver refuses the query): no sku has one.

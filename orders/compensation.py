@@ -36,13 +36,14 @@ import logging
 import uuid
 from collections.abc import Callable, Iterable
 from contextlib import contextmanager
+from contextvars import ContextVar
 from datetime import timedelta
 from decimal import Decimal
 
 from django.conf import settings
 from django.core.mail import send_mail
 from django.db import connection, transaction
-from django.db.models import F
+from django.db.models import F, Q, Sum
 from django.db.models.functions import Greatest, Now
 
 from core import due
@@ -52,10 +53,17 @@ from idempotency.failpoints import failpoint
 from idempotency.outbox import outbox_write
 from inventory import services as inventory_services
 from payments import services as payment_services
-from payments.models import Refund, RefundOrigin, RefundStatus
+from payments.models import Payment, Refund, RefundOrigin, RefundStatus
 
 from . import lock_objects
-from .models import CompensationStep, Order, OrderEvent, OrderLine, ReturnRequest
+from .models import (
+    CompensationStep,
+    Order,
+    OrderEvent,
+    OrderLine,
+    ReturnLine,
+    ReturnRequest,
+)
 from .states import (
     CompensationKind,
     LineStatus,
@@ -63,6 +71,7 @@ from .states import (
     StepName,
     StepStatus,
 )
+from .transitions import order_cancel_complete, order_event_payload
 
 logger = logging.getLogger(__name__)
 
@@ -88,6 +97,15 @@ def return_refund_id(return_id) -> uuid.UUID:
 
 def cancellation_refund_id(order_id) -> uuid.UUID:
     return uuid.uuid5(NAMESPACE, f"cancel:{order_id}")
+
+
+# The attempt `step_run` is making, so that the handlers' writes of it (`_wait`) are
+# fenced on its token without every handler passing it along.
+_current_attempt: ContextVar[due.Attempt | None] = ContextVar("compensation_attempt", default=None)
+
+# Steps "Retry failed steps" offers: failed, and any flagged one (a row flagged
+# before its status moved, by the two-transaction flag of earlier versions).
+NEEDS_STAFF = Q(status=StepStatus.FAILED) | Q(needs_attention=True)
 
 
 class StepNeedsAttention(Exception):
@@ -151,12 +169,18 @@ def _db_seconds_until(step_id) -> float:
     return float(row[0]) if row else 0.0
 
 
-def _wait(*, step_id, seconds: float, note: str, ring: bool = True) -> None:
+def _wait(*, step_id, seconds: float, note: str, ring: bool = True) -> bool:
     """Not an attempt: give the attempt back and look again in `seconds` (database clock).
 
-    Without `ring` nothing is enqueued: the sweeper finds the row when it is due.
+    Fenced on the running attempt's token (`_current_attempt`): a stale runner
+    (its lease ran out, another attempt flagged or finished the step) sets
+    nothing back to pending and rings nothing; return False then. Without
+    `ring` nothing is enqueued: the sweeper finds the row when it is due.
     """
-    CompensationStep.objects.filter(id=step_id, done_at__isnull=True).update(
+    rows = CompensationStep.objects.filter(id=step_id, done_at__isnull=True, needs_attention=False)
+    attempt = _current_attempt.get()
+    moved = due.fence(rows, attempt if attempt is not None and attempt.pk == step_id else None)
+    if not moved.update(
         attempts=Greatest(F("attempts") - 1, 0),
         next_attempt_at=Now() + timedelta(seconds=seconds),
         status=StepStatus.PENDING,
@@ -164,9 +188,11 @@ def _wait(*, step_id, seconds: float, note: str, ring: bool = True) -> None:
         lease_owner="",
         lease_expires_at=None,
         updated_at=Now(),
-    )
+    ):
+        return False
     if ring:
         due.ring(CompensationStep, step_id, delay=seconds)
+    return True
 
 
 def _lock_parent(step: CompensationStep):
@@ -202,8 +228,6 @@ def _complete_if_all_done(step: CompensationStep) -> bool:
                 data={"return_id": str(step.order_return_id)},
             )
         return bool(moved)
-    from .services import order_cancel_complete
-
     return order_cancel_complete(order_id=step.order_id)
 
 
@@ -246,36 +270,78 @@ def _finishing(step: CompensationStep):
         _complete_if_all_done(step)
 
 
-def _attention(*, step: CompensationStep, reason: str, flag: bool) -> None:
-    """The step stops for staff: `failed`, and its return `needs_attention` (with events)."""
+def _attention(
+    *, step: CompensationStep, reason: str, flag: bool = True, attempt: due.Attempt | None = None
+) -> bool:
+    """The step stops for staff: flagged and `failed` in one UPDATE, its return
+    `needs_attention`, with the events, all in one transaction; return True if this call did it.
+
+    With `attempt`, only while that attempt still holds the step (a stale
+    runner changes nothing). `flag=False`: the caller flagged it already.
+    """
     with transaction.atomic():
         parent = _lock_parent(step)
         if flag:
-            due.flag_attention(CompensationStep, pk=step.id, reason=reason)
-        moved = CompensationStep.objects.filter(
-            id=step.id, done_at__isnull=True, needs_attention=True
-        ).update(status=StepStatus.FAILED, updated_at=Now())
-        if not moved:
-            return
-        _event(
-            step=step,
-            kind="compensation_step",
-            source=step.status,
-            target=StepStatus.FAILED,
-            reason=due.truncate_error(reason),
-        )
-        if isinstance(parent, ReturnRequest):
-            if ReturnRequest.objects.filter(id=parent.id, status=ReturnStatus.PROCESSING).update(
-                status=ReturnStatus.NEEDS_ATTENTION, updated_at=Now()
-            ):
-                OrderEvent.objects.create(
-                    order_id=step.order_id,
-                    kind="return_needs_attention",
-                    from_status=ReturnStatus.PROCESSING,
-                    to_status=ReturnStatus.NEEDS_ATTENTION,
-                    data={"return_id": str(parent.id), "step": step.name},
+            moved = due.flag_attention(
+                CompensationStep,
+                pk=step.id,
+                reason=reason,
+                attempt=attempt,
+                values={"status": StepStatus.FAILED},
+            )
+        else:
+            moved = bool(
+                CompensationStep.objects.filter(
+                    id=step.id, done_at__isnull=True, needs_attention=True
                 )
+                .exclude(status=StepStatus.FAILED)
+                .update(status=StepStatus.FAILED, updated_at=Now())
+            )
+        if not moved:
+            return False
+        _attention_effects(step=step, parent=parent, reason=reason)
     logger.error("compensation step %s (%s) needs attention: %s", step.id, step.name, reason)
+    return True
+
+
+def _attention_effects(*, step: CompensationStep, parent, reason: str) -> None:
+    """Events of a step that became `failed`; its return `needs_attention` (parent locked)."""
+    _event(
+        step=step,
+        kind="compensation_step",
+        source=step.status,
+        target=StepStatus.FAILED,
+        reason=due.truncate_error(reason),
+    )
+    if isinstance(parent, ReturnRequest):
+        if ReturnRequest.objects.filter(id=parent.id, status=ReturnStatus.PROCESSING).update(
+            status=ReturnStatus.NEEDS_ATTENTION, updated_at=Now()
+        ):
+            OrderEvent.objects.create(
+                order_id=step.order_id,
+                kind="return_needs_attention",
+                from_status=ReturnStatus.PROCESSING,
+                to_status=ReturnStatus.NEEDS_ATTENTION,
+                data={"return_id": str(parent.id), "step": step.name},
+            )
+
+
+def _attempt_failed(*, step: CompensationStep, attempt: due.Attempt, error: str) -> due.Ended:
+    """A transient failure: recorded, and at the budget flagged and `failed` with its events,
+    in ONE transaction (a worker killed in it leaves the attempt as begun, due again)."""
+    with transaction.atomic():
+        parent = _lock_parent(step)
+        ended = due.attempt_failed(
+            CompensationStep,
+            pk=step.id,
+            error=error,
+            attempt=attempt,
+            attention_values={"status": StepStatus.FAILED, "updated_at": Now()},
+            retry_values={"status": StepStatus.PENDING, "updated_at": Now()},
+        )
+        if ended is due.Ended.ATTENTION:
+            _attention_effects(step=step, parent=parent, reason=error)
+    return ended
 
 
 def step_flag_attention(*, step_id, reason: str) -> None:
@@ -294,7 +360,7 @@ def step_run(*, step_id) -> str:
     due later for the sweeper.
     """
     assert not connection.in_atomic_block, "step_run calls out: no transaction may be open"
-    attempt = due.attempt_begin(CompensationStep, pk=step_id)
+    attempt = due.attempt_begin(CompensationStep, pk=step_id, values={"status": StepStatus.RUNNING})
     step = CompensationStep.objects.filter(id=step_id).first()
     if step is None:
         return "no such step"
@@ -304,10 +370,16 @@ def step_run(*, step_id) -> str:
         return "needs attention"
     if not attempt.taken:
         return "not due"
-    CompensationStep.objects.filter(id=step_id, done_at__isnull=True).update(
-        status=StepStatus.RUNNING, updated_at=Now()
-    )
-    step.status = StepStatus.RUNNING
+    step.status = StepStatus.RUNNING  # in attempt_begin's UPDATE
+    token = _current_attempt.set(attempt)
+    try:
+        return _attempt_run(step=step, attempt=attempt)
+    finally:
+        _current_attempt.reset(token)
+
+
+def _attempt_run(*, step: CompensationStep, attempt: due.Attempt) -> str:
+    step_id = step.id
     if step.after:
         before = _siblings(step).filter(name=step.after).values("done_at", "needs_attention")[0]
         if before["done_at"] is None:
@@ -317,36 +389,34 @@ def step_run(*, step_id) -> str:
                 # act). That step's done transaction makes this one due now
                 # and rings it (`_finishing`); the long re-check is only a
                 # safety net, found by the sweeper.
-                _wait(
+                parked = _wait(
                     step_id=step_id,
                     seconds=settings.COMPENSATION_PARKED_RECHECK,
                     note=f"parked: {step.after} needs attention",
                     ring=False,
                 )
-                return "parked"
-            _wait(
+                return "parked" if parked else "stale"
+            waiting = _wait(
                 step_id=step_id,
                 seconds=settings.COMPENSATION_WAIT_SECONDS,
                 note=f"waiting for {step.after}",
             )
-            return "waiting"
+            return "waiting" if waiting else "stale"
     try:
         failpoint(f"compensation.{step.name}.before_effect")
         outcome = _HANDLERS[step.name](step)
     except StepNeedsAttention as exc:
-        _attention(step=step, reason=str(exc), flag=True)
+        if not _attention(step=step, reason=str(exc), attempt=attempt):
+            return "stale"
         return "needs attention"
     except Exception as exc:  # noqa: BLE001 - any other failure is transient: back off, retry
         logger.warning("compensation step %s (%s) failed: %s", step_id, step.name, exc)
-        spent = due.attempt_failed(
-            CompensationStep, pk=step_id, error=f"{type(exc).__name__}: {exc}"
-        )
-        if spent:
-            _attention(step=step, reason=str(exc), flag=False)
+        ended = _attempt_failed(step=step, attempt=attempt, error=f"{type(exc).__name__}: {exc}")
+        if ended is due.Ended.REFUSED:
+            return "stale"  # another attempt holds the step (or staff): it decides
+        if ended is due.Ended.ATTENTION:
+            logger.error("compensation step %s (%s) needs attention: %s", step_id, step.name, exc)
             return "needs attention"
-        CompensationStep.objects.filter(
-            id=step_id, done_at__isnull=True, needs_attention=False
-        ).update(status=StepStatus.PENDING, updated_at=Now())
         due.ring(CompensationStep, step_id, delay=_db_seconds_until(step_id) + 0.05)
         return "failed"
     return outcome
@@ -400,55 +470,144 @@ def _cancel_lines(step: CompensationStep) -> dict[uuid.UUID, int]:
     }
 
 
-def _refund(step: CompensationStep) -> str:
-    order = Order.objects.select_related("payment").get(id=step.order_id)
+def step_refund_id(step: CompensationStep, *, generation: int) -> uuid.UUID:
+    """The refund id of a refund step's `generation`-th request (0: `return_refund_id` /
+    `cancellation_refund_id`; n: uuid5 of "<same>:<n>"). Deterministic: two runners of
+    the step, or a retry after a crash, ask under the same id."""
     if step.order_return_id is not None:
-        refund_id = return_refund_id(step.order_return_id)
-        origin = RefundOrigin.RETURN
-        order_return = ReturnRequest.objects.get(id=step.order_return_id)
-        amount = order_return.refund_amount
-        reason = f"return {order_return.id}"
+        base = f"return:{step.order_return_id}"
     else:
-        refund_id = cancellation_refund_id(step.order_id)
-        origin = RefundOrigin.CANCELLATION
-        amount = None  # what was captured minus what is refunded or being refunded
-        reason = f"cancellation of order {order.number}"
-    refund = Refund.objects.filter(id=refund_id).first()
-    if refund is None:
-        payment = order.payment
-        if amount is None:
-            amount = payment.amount_captured - payment.refund_reserved if payment else Decimal(0)
-        if payment is None or amount <= 0:
-            with _finishing(step) as won:
-                if won:
-                    CompensationStep.objects.filter(id=step.id).update(
-                        detail={"refund": "nothing to refund"}
-                    )
-            return "nothing to refund"
-        CompensationStep.objects.filter(id=step.id).update(refund_id=refund_id)
-        try:
-            refund = payment_services.refund_request(
-                refund_id=refund_id,
-                payment_id=payment.id,
-                amount=amount,
-                reason=reason,
-                origin=origin,
+        base = f"cancel:{step.order_id}"
+    return uuid.uuid5(NAMESPACE, base if generation == 0 else f"{base}:{generation}")
+
+
+# A refund step asks again under its next derived refund id only after staff recorded
+# the previous one as failed, so this bound is never reached in practice.
+MAX_REFUND_GENERATIONS = 100
+
+
+def _return_value(order_return_id) -> Decimal:
+    """The return's lines' value: what it refunds at most (before the budget's cap)."""
+    value = ReturnLine.objects.filter(order_return_id=order_return_id).aggregate(
+        value=Sum(F("quantity") * F("order_line__unit_price"))
+    )["value"]
+    return value if value is not None else Decimal(0)
+
+
+def _refund_done(step: CompensationStep, *, refund_ids: list, amount: Decimal) -> str:
+    """The refund step's done transaction: what it refunded is recorded on the step and,
+    for a return, as the return's `refund_amount` (the capped amount, 0.00 when nothing)."""
+    with _finishing(step) as won:
+        if won:
+            CompensationStep.objects.filter(id=step.id).update(
+                refund_id=refund_ids[-1] if refund_ids else None,
+                detail={
+                    **({"refund_id": str(refund_ids[-1])} if refund_ids else {}),
+                    **({"refund_ids": [str(i) for i in refund_ids]} if len(refund_ids) > 1 else {}),
+                    **({} if refund_ids else {"refund": "nothing to refund"}),
+                    "amount": format_money(amount),
+                },
             )
-        except ApplicationError as exc:  # 409 nothing captured, 422 more than refundable
-            raise StepNeedsAttention(f"the refund was refused: {exc.code}: {exc.detail}") from exc
-    failpoint("compensation.refund.after_effect")
-    if refund.status == RefundStatus.SUCCEEDED:
-        with _finishing(step) as won:
-            if won:
-                CompensationStep.objects.filter(id=step.id).update(
-                    refund_id=refund.id,
-                    detail={"refund_id": str(refund.id), "amount": format_money(refund.amount)},
+            if step.order_return_id is not None:
+                ReturnRequest.objects.filter(id=step.order_return_id).update(
+                    refund_amount=amount, updated_at=Now()
                 )
-        return "done"
-    if refund.status in (RefundStatus.NEEDS_ATTENTION, RefundStatus.FAILED):
-        raise StepNeedsAttention(
-            f"refund {refund.id} is {refund.status}: {refund.last_error or 'see the refund'}"
+    return "done" if refund_ids else "nothing to refund"
+
+
+def _refund(step: CompensationStep) -> str:
+    """One look at the refund step: its refunds so far decide; then ask, wait, or finish.
+
+    The step's refunds are its derived refund ids by generation
+    (`step_refund_id`). A refund staff recorded as `failed` released its
+    reservation: the step asks again under the next generation for what is
+    still refundable (docs/compensation.md, "No dead ends"). One pending →
+    wait; one needing attention → the step needs attention (staff decide
+    the refund, then "Retry failed steps"). A return is done with its first
+    succeeded refund, or with nothing when nothing is refundable (0.00). A
+    cancellation waits until no refund of the order is in progress, then
+    refunds everything captured and not refunded, and is done only when
+    `amount_refunded = amount_captured`.
+    """
+    order = Order.objects.get(id=step.order_id)
+    is_return = step.order_return_id is not None
+    succeeded: list[Refund] = []
+    for generation in range(MAX_REFUND_GENERATIONS):
+        refund_id = step_refund_id(step, generation=generation)
+        refund = Refund.objects.filter(id=refund_id).first()
+        if refund is None:
+            break
+        if refund.status == RefundStatus.FAILED:
+            continue  # recorded failed (nothing refunded, reservation released): ask again
+        if refund.status == RefundStatus.SUCCEEDED:
+            if is_return:
+                failpoint("compensation.refund.after_effect")
+                return _refund_done(step, refund_ids=[refund.id], amount=refund.amount)
+            succeeded.append(refund)
+            continue  # a cancellation refunds until nothing captured is left unrefunded
+        if refund.status == RefundStatus.NEEDS_ATTENTION:
+            raise StepNeedsAttention(
+                f"refund {refund.id} is {refund.status}: {refund.last_error or 'see the refund'}"
+            )
+        _wait(
+            step_id=step.id,
+            seconds=settings.COMPENSATION_WAIT_SECONDS,
+            note=f"waiting for refund {refund.id} ({refund.status})",
         )
+        return "waiting"
+    else:
+        raise StepNeedsAttention(f"more than {MAX_REFUND_GENERATIONS} refunds were asked for")
+    payment = Payment.objects.filter(id=order.payment_id).first() if order.payment_id else None
+    if is_return:
+        at_most = _return_value(step.order_return_id)
+        reason = f"return {step.order_return_id}"
+        origin = RefundOrigin.RETURN
+    else:
+        if payment is not None and payment_services.refunds_in_progress(payment=payment) > 0:
+            # Waits as due work (the row is due again later; no task sleeps), not an
+            # attempt. A refund needing staff may take long: the sweeper looks again.
+            held = Refund.objects.filter(payment_id=payment.id, needs_attention=True).exists()
+            _wait(
+                step_id=step.id,
+                seconds=(
+                    settings.COMPENSATION_REFUND_HELD_RECHECK
+                    if held
+                    else settings.COMPENSATION_WAIT_SECONDS
+                ),
+                note="waiting: a refund of the order is in progress",
+                ring=not held,
+            )
+            return "waiting"
+        at_most = (
+            payment.amount_captured - payment.amount_refunded if payment is not None else Decimal(0)
+        )
+        reason = f"cancellation of order {order.number}"
+        origin = RefundOrigin.CANCELLATION
+    if payment is None or at_most <= 0:
+        return _refund_done(
+            step,
+            refund_ids=[r.id for r in succeeded],
+            amount=sum((r.amount for r in succeeded), Decimal(0)),
+        )
+    CompensationStep.objects.filter(id=step.id).update(refund_id=refund_id)
+    try:
+        refund = payment_services.refund_request_capped(
+            refund_id=refund_id,
+            payment_id=payment.id,
+            at_most=at_most,
+            reason=reason,
+            origin=origin,
+        )
+    except ApplicationError as exc:  # 409: another payment holds the refund id
+        raise StepNeedsAttention(f"the refund was refused: {exc.code}: {exc.detail}") from exc
+    if refund is None:  # nothing refundable left: 0.00, and the run goes on
+        return _refund_done(
+            step,
+            refund_ids=[r.id for r in succeeded],
+            amount=sum((r.amount for r in succeeded), Decimal(0)),
+        )
+    failpoint("compensation.refund.after_effect")
+    # Requested (pending): the `payments.refund` task calls the provider; look again soon.
     _wait(
         step_id=step.id,
         seconds=settings.COMPENSATION_WAIT_SECONDS,
@@ -460,8 +619,6 @@ def _refund(step: CompensationStep) -> str:
 def _event_payload(step: CompensationStep) -> tuple[str, dict]:
     order = Order.objects.get(id=step.order_id)
     if step.order_return_id is None:
-        from .services import order_event_payload
-
         return "order.cancelled", order_event_payload(order=order)
     order_return = ReturnRequest.objects.get(id=step.order_return_id)
     lines = order_return.lines.select_related("order_line").order_by("order_line__position")
@@ -549,16 +706,21 @@ _HANDLERS: dict[str, Callable[[CompensationStep], str]] = {
 def steps_retry_failed(*, step_ids: Iterable, by=None) -> int:
     """Staff: give each failed step a fresh budget, due now (core.due.retry_now); return how many.
 
-    Its return goes back from `needs_attention` to `processing`. Safe to
+    Failed means `failed` or flagged (`NEEDS_STAFF`: a step flagged while its
+    status stayed `running`, left by earlier versions, gets out too). Its
+    return goes back from `needs_attention` to `processing`. Safe to
     double-click: a step already retried is no longer failed.
     """
     retried = 0
     for step in CompensationStep.objects.filter(id__in=list(step_ids)).order_by("id"):
         with transaction.atomic():
             parent = _lock_parent(step)
-            if not CompensationStep.objects.filter(
-                id=step.id, status=StepStatus.FAILED, done_at__isnull=True
-            ).exists():
+            source = (
+                CompensationStep.objects.filter(NEEDS_STAFF, id=step.id, done_at__isnull=True)
+                .values_list("status", flat=True)
+                .first()
+            )
+            if source is None:
                 continue
             if not due.retry_now(CompensationStep, pk=step.id):
                 continue
@@ -567,7 +729,7 @@ def steps_retry_failed(*, step_ids: Iterable, by=None) -> int:
             _event(
                 step=step,
                 kind="compensation_retry",
-                source=StepStatus.FAILED,
+                source=source,
                 target=StepStatus.PENDING,
                 by=getattr(by, "username", None),
             )
@@ -586,14 +748,14 @@ def steps_retry_failed(*, step_ids: Iterable, by=None) -> int:
 
 def return_retry_failed_steps(*, return_id, by=None) -> int:
     ids = CompensationStep.objects.filter(
-        order_return_id=return_id, status=StepStatus.FAILED
+        NEEDS_STAFF, order_return_id=return_id, done_at__isnull=True
     ).values_list("id", flat=True)
     return steps_retry_failed(step_ids=ids, by=by)
 
 
 def cancellation_retry_failed_steps(*, order_id, by=None) -> int:
     ids = CompensationStep.objects.filter(
-        order_id=order_id, kind=CompensationKind.CANCELLATION, status=StepStatus.FAILED
+        NEEDS_STAFF, order_id=order_id, kind=CompensationKind.CANCELLATION, done_at__isnull=True
     ).values_list("id", flat=True)
     return steps_retry_failed(step_ids=ids, by=by)
 

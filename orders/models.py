@@ -382,4 +382,5 @@ class CompensationStep(DueWork):
             backoff_base=settings.COMPENSATION_BACKOFF_BASE,
             backoff_max=settings.COMPENSATION_BACKOFF_MAX,
             lease=settings.COMPENSATION_LEASE,
+            attempt_lease=settings.COMPENSATION_ATTEMPT_LEASE,
         )

@@ -31,6 +31,7 @@ from idempotency.failpoints import failpoint
 
 from . import compensation, lock_objects
 from .models import CompensationStep, OrderEvent, OrderLine, ReturnLine, ReturnRequest
+from .selectors import compensation_steps_body
 from .services import InvalidState
 from .shipments import SHIPPABLE_ORDER_STATUSES
 from .states import CompensationKind, ReturnStatus
@@ -204,23 +205,6 @@ def return_receive(*, return_id, by=None) -> ReturnRequest:
     return order_return
 
 
-def return_receive_wrong_twin(*, return_id, by=None) -> bool:
-    """DELIBERATELY WRONG (tests only): check the status, then update it unconditionally.
-
-    Two callers both read `requested`, both update, both believe they
-    started the compensation. Returns True when this caller "won".
-    """
-    with transaction.atomic():
-        status = ReturnRequest.objects.values_list("status", flat=True).get(id=return_id)
-        failpoint("returns.receive.before_decide")
-        if status != ReturnStatus.REQUESTED:
-            return False
-        ReturnRequest.objects.filter(id=return_id).update(
-            status=ReturnStatus.PROCESSING, received_at=Now(), updated_at=Now()
-        )
-        return True
-
-
 # -- reads ------------------------------------------------------------------------------------
 
 
@@ -270,13 +254,5 @@ def return_body(order_return: ReturnRequest) -> dict:
         "refund_amount": format_money(order_return.refund_amount),
         "currency": order_return.currency,
         "reason": order_return.reason,
-        "steps": [
-            {
-                "name": step.name,
-                "status": step.status,
-                "attempts": step.attempts,
-                "last_error": step.last_error or None,
-            }
-            for step in steps
-        ],
+        "steps": compensation_steps_body(steps),
     }

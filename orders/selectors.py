@@ -12,7 +12,7 @@ from core.errors import ApplicationError, NotFound
 from core.money import format_money
 
 from .models import CompensationStep, Order, OrderLine, Shipment, ShipmentLine
-from .states import StepStatus
+from .states import CompensationKind, OrderStatus, StepStatus
 
 # Orders read for an answer carry their lines, in position order, as this
 # plain attribute (a `to_attr` prefetch); the order body reads it.
@@ -99,6 +99,42 @@ def order_payment_summary(*, order: Order) -> dict:
         "amount_captured": format_money(payment.amount_captured),
         "amount_refunded": format_money(payment.amount_refunded),
     }
+
+
+def compensation_steps_body(steps) -> list[dict]:
+    """The contract's `steps` of a return or cancellation: {name, status, attempts, last_error}."""
+    return [
+        {
+            "name": step.name,
+            "status": step.status,
+            "attempts": step.attempts,
+            "last_error": step.last_error or None,
+        }
+        for step in steps
+    ]
+
+
+def order_cancellation(*, order: Order) -> dict | None:
+    """The order body's `cancellation`: {status, steps} while the order is `cancelling`, else None.
+
+    `needs_attention` when a step failed or waits for staff, `completed` when
+    every step is done (the order is `cancelled` in the same transaction, so
+    this is seen only by a read racing it), `processing` otherwise.
+    """
+    if order.status != OrderStatus.CANCELLING:
+        return None
+    steps = list(
+        CompensationStep.objects.filter(
+            order_id=order.id, kind=CompensationKind.CANCELLATION
+        ).order_by("position")
+    )
+    if any(step.needs_attention or step.status == StepStatus.FAILED for step in steps):
+        status = "needs_attention"
+    elif steps and all(step.done_at is not None for step in steps):
+        status = "completed"
+    else:
+        status = "processing"
+    return {"status": status, "steps": compensation_steps_body(steps)}
 
 
 def shipment_get(*, shipment_id) -> Shipment:

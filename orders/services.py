@@ -49,6 +49,7 @@ from .states import (
     OrderStatus,
     check_transition,
 )
+from .transitions import order_event_payload, order_transition
 
 
 class InsufficientStock(ApplicationError):
@@ -112,60 +113,6 @@ def _quantize(amount: Decimal) -> Decimal:
     return amount.quantize(Decimal(1).scaleb(-minor_units()))
 
 
-def _transition(
-    *,
-    order: Order,
-    source: str,
-    target: str,
-    kind: str,
-    condition: Q | None = None,
-    lines: Sequence[OrderLine] | None = None,
-    line_source: str | None = None,
-    line_target: str | None = None,
-) -> list[OrderLine] | None:
-    """Move `order` from `source` to `target` if it is still in `source`, and its lines with it.
-
-    Lines in `line_source` move to `line_target`. One event row per change,
-    all in one INSERT. Return the lines moved, or None (nothing changed)
-    when another transaction moved the order first. Only the transaction
-    that wins the order's conditional UPDATE touches its lines, so lines
-    read before it (or after it) cannot change under it.
-    """
-    check_transition(ORDER_TRANSITIONS, source, target)
-    moved = Order.objects.filter(condition or Q(), id=order.id, status=source).update(
-        status=target, updated_at=Now()
-    )
-    if not moved:
-        return None
-    order.status = target
-    events = [OrderEvent(order_id=order.id, kind=kind, from_status=source, to_status=target)]
-    moving: list[OrderLine] = []
-    if line_source is not None:
-        assert line_target is not None  # lines move only with a target
-        check_transition(LINE_TRANSITIONS, line_source, line_target)
-        if lines is None:
-            lines = list(OrderLine.objects.filter(order_id=order.id).order_by("position"))
-        moving = [line for line in lines if line.status == line_source]
-        if moving:
-            OrderLine.objects.filter(
-                id__in=[line.id for line in moving], status=line_source
-            ).update(status=line_target)
-        for line in moving:
-            line.status = line_target
-            events.append(
-                OrderEvent(
-                    order_id=order.id,
-                    line_id=line.id,
-                    kind=kind,
-                    from_status=line_source,
-                    to_status=line_target,
-                    data={"sku": line.sku},
-                )
-            )
-    OrderEvent.objects.bulk_create(events)
-    return moving
-
-
 def _reservation_ids(lines: Iterable[OrderLine]) -> list:
     return [line.reservation_id for line in lines if line.reservation_id is not None]
 
@@ -178,30 +125,6 @@ def _publish(*, order: Order, event_type: str, lines: Sequence[OrderLine] | None
         event_type=event_type,
         payload=order_event_payload(order=order, lines=lines),
     )
-
-
-def order_event_payload(*, order: Order, lines: Sequence[OrderLine] | None = None) -> dict:
-    """The payload of the order's outbox events (docs/events.md)."""
-    if lines is None:
-        lines = list(OrderLine.objects.filter(order_id=order.id).order_by("position"))
-    return {
-        "order_id": str(order.id),
-        "number": order.number,
-        "owner_id": order.owner_id,
-        "status": order.status,
-        "total": format_money(order.total),
-        "currency": order.currency,
-        "lines": [
-            {
-                "sku": line.sku,
-                "quantity_requested": line.quantity_requested,
-                "quantity_confirmed": line.quantity_confirmed,
-                "unit_price": format_money(line.unit_price),
-                "status": line.status,
-            }
-            for line in lines
-        ],
-    }
 
 
 @transaction.atomic
@@ -322,7 +245,7 @@ def _payment_record(*, order: Order, succeeded: bool) -> Order:
     if succeeded:
         partial = any(line.quantity_confirmed < line.quantity_requested for line in lines)
         target = OrderStatus.PARTIALLY_CONFIRMED if partial else OrderStatus.CONFIRMED
-        moved = _transition(
+        moved = order_transition(
             order=order,
             source=OrderStatus.PAYMENT_PENDING,
             target=target,
@@ -336,7 +259,7 @@ def _payment_record(*, order: Order, succeeded: bool) -> Order:
             _publish(order=order, lines=lines, event_type=f"order.{target}")
             selectors.order_with_lines(order=order, lines=lines)
         return order
-    moved = _transition(
+    moved = order_transition(
         order=order,
         source=OrderStatus.PAYMENT_PENDING,
         target=OrderStatus.PAYMENT_FAILED,
@@ -439,7 +362,7 @@ def order_decide_confirm(*, order_id) -> Order:
     ends; the caller answers from it (`expired` → 409 reservation_expired).
     """
     order = Order.objects.select_related("owner").get(id=order_id)
-    moved = _transition(
+    moved = order_transition(
         order=order,
         source=OrderStatus.AWAITING_DECISION,
         target=OrderStatus.PAYMENT_PENDING,
@@ -473,7 +396,7 @@ def order_cancel(*, order_id) -> Order:
     """
     order = Order.objects.get(id=order_id)
     order.cancel_started = False
-    moved = _transition(
+    moved = order_transition(
         order=order,
         source=OrderStatus.AWAITING_DECISION,
         target=OrderStatus.CANCELLED,
@@ -500,7 +423,7 @@ def order_cancel(*, order_id) -> Order:
             extra={"order_id": str(order.id)},
         )
     if order.status in (OrderStatus.CONFIRMED, OrderStatus.PARTIALLY_CONFIRMED):
-        started = _transition(
+        started = order_transition(
             order=order,
             source=order.status,
             target=OrderStatus.CANCELLING,
@@ -513,19 +436,6 @@ def order_cancel(*, order_id) -> Order:
     raise InvalidState(f"An order that is {order.status} cannot be cancelled.")
 
 
-def order_cancel_complete(*, order_id) -> bool:
-    """`cancelling` → `cancelled` once every cancellation step is done (order row locked)."""
-    return (
-        _transition(
-            order=Order(id=order_id),
-            source=OrderStatus.CANCELLING,
-            target=OrderStatus.CANCELLED,
-            kind="cancelled",
-        )
-        is not None
-    )
-
-
 @transaction.atomic
 def order_expire(*, order_id) -> bool:
     """Expire an `awaiting_decision` order past `reservation_expires_at` (database clock).
@@ -535,7 +445,7 @@ def order_expire(*, order_id) -> bool:
     sweeper) moved it first.
     """
     order = Order(id=order_id)
-    moved = _transition(
+    moved = order_transition(
         order=order,
         source=OrderStatus.AWAITING_DECISION,
         target=OrderStatus.EXPIRED,

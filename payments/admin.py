@@ -14,6 +14,7 @@ from .models import Payment, PaymentEvent, PaymentSettlement, PaymentTransaction
 # The confirmations' operation names (registered in PaymentsConfig.ready).
 ADMIN_REFUND_OUTSIDE = "admin.refund.outside"
 ADMIN_REFUND_FAILED = "admin.refund.failed"
+ADMIN_REFUND_ACCEPT_PROVIDER = "admin.refund.accept_provider"
 
 
 class TransactionInline(ReadOnlyInline):
@@ -122,7 +123,7 @@ class RefundAdmin(CsvExportMixin, DueWorkAdmin):
     # "Export CSV" (core.admin_export): the list as filtered, streamed.
     csv_columns = REFUND_CSV_COLUMNS
     csv_filename = "refunds.csv"
-    actions = ["retry_now", "refunded_outside_shop", "record_failed"]
+    actions = ["retry_now", "refunded_outside_shop", "record_failed", "accept_provider_refund"]
 
     def retry_one(self, request, pk) -> bool:
         return services.refund_retry_now(refund_id=pk, by=request.user)
@@ -167,4 +168,18 @@ class RefundAdmin(CsvExportMixin, DueWorkAdmin):
             explanation="Record that these refunds will not happen. Their reserved amounts become "
             "refundable again. Only refunds that need attention change.",
             decide=services.refund_record_failed,
+        )
+
+    @admin.action(description="Accept the provider's refund", permissions=["change_state"])
+    def accept_provider_refund(self, request, queryset):
+        return self._decide(
+            request,
+            queryset,
+            operation=ADMIN_REFUND_ACCEPT_PROVIDER,
+            title="Accept the provider's refund",
+            explanation="The provider refunded these after they were recorded as outside the "
+            "shop or failed. Recorded outside the shop: the provider's refund becomes the record "
+            "(the payment made outside was recovered or accepted). Recorded failed: the refund "
+            "counts as refunded. Only refunds flagged for this change.",
+            decide=services.refund_accept_provider,
         )

@@ -9,6 +9,8 @@ class PaymentsConfig(AppConfig):
         # with a redirect (idempotency.admin_actions.keyed_action).
         from idempotency.admin_actions import register_keyed_actions
 
-        from .admin import ADMIN_REFUND_FAILED, ADMIN_REFUND_OUTSIDE
+        from .admin import ADMIN_REFUND_ACCEPT_PROVIDER, ADMIN_REFUND_FAILED, ADMIN_REFUND_OUTSIDE
 
-        register_keyed_actions(ADMIN_REFUND_OUTSIDE, ADMIN_REFUND_FAILED)
+        register_keyed_actions(
+            ADMIN_REFUND_OUTSIDE, ADMIN_REFUND_FAILED, ADMIN_REFUND_ACCEPT_PROVIDER
+        )

@@ -10,6 +10,15 @@ from django.db.models.functions import Now
 from core.due import DuePolicy, DueWork, due_index
 
 
+def provider_calls_lease(calls: int) -> float:
+    """Seconds an attempt making `calls` provider calls may run at worst: its attempt's lease.
+
+    A call waits at most PAYMENTS_PROVIDER_TIMEOUT to connect and as long
+    again for the answer; DUE_ATTEMPT_MARGIN covers the database around them.
+    """
+    return calls * 2 * settings.PAYMENTS_PROVIDER_TIMEOUT + settings.DUE_ATTEMPT_MARGIN
+
+
 class PaymentInstallation(models.Model):
     """The one row naming this installation at the provider.
 
@@ -213,6 +222,7 @@ class PaymentSettlement(DueWork):
             backoff_base=settings.PAYMENTS_SETTLE_BACKOFF_BASE,
             backoff_max=settings.PAYMENTS_SETTLE_BACKOFF_MAX,
             lease=settings.PAYMENTS_SETTLE_LEASE,
+            attempt_lease=provider_calls_lease(2),  # look-up, then re-send
         )
 
 
@@ -315,4 +325,5 @@ class Refund(DueWork):
             backoff_base=settings.PAYMENTS_REFUND_BACKOFF_BASE,
             backoff_max=settings.PAYMENTS_REFUND_BACKOFF_MAX,
             lease=settings.PAYMENTS_REFUND_LEASE,
+            attempt_lease=provider_calls_lease(3),  # look-up, refund, look-up
         )

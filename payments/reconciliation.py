@@ -26,6 +26,9 @@ DIFFERENT_AMOUNT = "different_amount"  # both moved money, not the same amount/c
 DIFFERENT_TOTAL = "different_total"  # a payment's captured/refunded total differs
 REFUND_UNMATCHED = "refund_unmatched"  # a provider refund with no refund row, or the other way
 REFUND_DIFFERENT = "refund_different"  # a refund row and its provider refund disagree
+# The provider refunded a refund staff recorded as outside the shop / failed
+# (a needs-attention item until staff "Accept the provider's refund").
+REFUND_AFTER_DECISION = "refund_after_decision"
 
 
 @dataclass(frozen=True)
@@ -134,17 +137,22 @@ def reconcile_payments(*, gateway: PaymentGateway | None = None) -> Reconciliati
                     )
                 )
             continue
+        decided = refund.outside_shop or refund.status == RefundStatus.FAILED
+        if decided and op is not None and provider_moved:
+            recorded = "outside the shop" if refund.outside_shop else "failed"
+            diffs.append(
+                Difference(
+                    REFUND_AFTER_DECISION,
+                    key,
+                    f"the provider reports a refund that was recorded as {recorded} "
+                    f"({_money(op['amount'], op['currency'])})"
+                    + ("; needs attention" if refund.needs_attention else ""),
+                )
+            )
         if refund.outside_shop:
             outside[refund.payment.reference] += refund.amount
-            if op is not None and provider_moved:
-                diffs.append(
-                    Difference(
-                        REFUND_DIFFERENT,
-                        key,
-                        f"refunded outside the shop ({_money(refund.amount, refund.currency)}) "
-                        f"and by the provider ({_money(op['amount'], op['currency'])})",
-                    )
-                )
+            continue
+        if decided and op is not None and provider_moved:
             continue
         booked = refund.status == RefundStatus.SUCCEEDED
         if booked and not provider_moved:

@@ -67,7 +67,8 @@ def transactions_with_key_prefix(*, key_prefix: str) -> QuerySet[PaymentTransact
 def refunds_needing_attention() -> QuerySet[Refund]:
     """Refunds waiting for staff: `needs_attention`, or flagged (the reason in `last_error`)."""
     return Refund.objects.filter(
-        Q(status=RefundStatus.NEEDS_ATTENTION) | Q(needs_attention=True, done_at__isnull=True)
+        # A decided refund (done) flagged again: the provider's late refund (services).
+        Q(status=RefundStatus.NEEDS_ATTENTION) | Q(needs_attention=True)
     )
 
 

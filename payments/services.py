@@ -48,9 +48,11 @@ from .models import (
     PaymentStatus,
     PaymentTransaction,
     Refund,
+    RefundStatus,
     TransactionKind,
     TransactionStatus,
 )
+from .provider_events import stored_capture_result, stored_refund_result
 
 logger = logging.getLogger(__name__)
 
@@ -398,6 +400,7 @@ def _capture_record(
     result: ProviderResult,
     mode: str,
     txn: PaymentTransaction | None = None,
+    attempt: due.Attempt | None = None,
 ) -> Payment:
     """Record one provider answer about a capture (mode: inline | lookup | settlement | webhook).
 
@@ -444,11 +447,12 @@ def _capture_record(
     if result.outcome not in final:
         # The provider's webhook may have come before the shop knew this call
         # (stored unmatched): record it now, through the same transition.
-        from .webhooks import stored_capture_result
 
         stored = stored_capture_result(txn=txn)
         if stored is not None:
-            return _capture_record(transaction_id=txn.id, result=stored, mode=mode, txn=txn)
+            return _capture_record(
+                transaction_id=txn.id, result=stored, mode=mode, txn=txn, attempt=attempt
+            )
     if mismatch:
         _mark_needs_attention(
             payment=payment,
@@ -482,6 +486,8 @@ def _capture_record(
                 pk=settlement_id,
                 error=result.describe(),
                 attention_reason=reason,
+                # Fenced: a stale attempt's unknown answer spends nothing.
+                attempt=attempt if attempt is not None and attempt.pk == settlement_id else None,
             ):
                 _attention_event(payment=payment, txn=txn, reason=reason)
     return payment
@@ -494,7 +500,9 @@ _RECORDERS: dict[str, Callable[..., Payment]] = {TransactionKind.CAPTURE: _captu
 # -- settlement ------------------------------------------------------------------
 
 
-def _settlement_begin_attempt(*, settlement_id: int) -> PaymentSettlement | None:
+def _settlement_begin_attempt(
+    *, settlement_id: int
+) -> tuple[PaymentSettlement, due.Attempt] | None:
     """Count one attempt and schedule the next before calling out; None if not due.
 
     `core.due.attempt_begin`: exactly one of several concurrent runners
@@ -510,7 +518,10 @@ def _settlement_begin_attempt(*, settlement_id: int) -> PaymentSettlement | None
         _settlement_exhausted(settlement_id=settlement_id)
     if not attempt.taken:
         return None
-    return PaymentSettlement.objects.select_related("transaction__payment").get(id=settlement_id)
+    settlement = PaymentSettlement.objects.select_related("transaction__payment").get(
+        id=settlement_id
+    )
+    return settlement, attempt
 
 
 @transaction.atomic
@@ -551,9 +562,10 @@ def payment_settle(*, settlement_id: int) -> PaymentSettlement:
     the row needs attention.
     """
     _require_no_transaction("payment_settle")
-    settlement = _settlement_begin_attempt(settlement_id=settlement_id)
-    if settlement is None:
+    begun = _settlement_begin_attempt(settlement_id=settlement_id)
+    if begun is None:
         return PaymentSettlement.objects.get(id=settlement_id)
+    settlement, attempt = begun
     txn = settlement.transaction
     gateway = get_gateway()
     result = gateway.lookup(key=txn.provider_key)
@@ -563,7 +575,7 @@ def payment_settle(*, settlement_id: int) -> PaymentSettlement:
         # provider's idempotency makes a re-send under the same key safe even
         # if the first call is still on its way.
         result = _resend(txn=txn, gateway=gateway)
-    _RECORDERS[txn.kind](transaction_id=txn.id, result=result, mode="settlement")
+    _RECORDERS[txn.kind](transaction_id=txn.id, result=result, mode="settlement", attempt=attempt)
     settlement.refresh_from_db()
     return settlement
 
@@ -739,6 +751,70 @@ def refund_request(
     return Refund.objects.get(id=refund_id)
 
 
+def refundable(*, payment: Payment) -> Decimal:
+    """THE refund budget: what is still refundable = captured − refunded − refunds in progress.
+
+    `refund_reserved` is what refunds succeeded or still in progress hold
+    (pending, needing attention, or a provider's late success being decided),
+    so this is `amount_captured − refund_reserved`. The database enforces it:
+    the reservation is a conditional UPDATE under the CHECK
+    `refunded <= refund_reserved <= captured` (`refund_request`); this is
+    only the read of it, for callers that size a refund to fit.
+    """
+    if payment.status not in _REFUNDABLE_STATUSES:
+        return Decimal(0)
+    return max(payment.amount_captured - payment.refund_reserved, Decimal(0))
+
+
+def refunds_in_progress(*, payment: Payment) -> Decimal:
+    """What refunds not yet ended hold of the budget (reserved, not refunded)."""
+    return payment.refund_reserved - payment.amount_refunded
+
+
+class RefundBudgetMoved(Exception):
+    """The budget changed under every try of `refund_request_capped`: transient, try later."""
+
+
+def refund_request_capped(
+    *,
+    refund_id: uuid.UUID,
+    payment_id,
+    at_most: Decimal,
+    reason: str,
+    origin: str,
+    tries: int = 3,
+) -> Refund | None:
+    """Ask for a refund of `at_most` capped at what is still refundable now, once per refund id.
+
+    Returns the refund row (the existing one, whatever its amount, if the
+    refund id was requested before), or None when nothing is refundable (a
+    refund's amount is positive: no row, no provider call). The cap is read,
+    then reserved by `refund_request`'s conditional UPDATE; if a concurrent
+    refund took the budget in between, the reservation is refused and the
+    budget is read again (`tries` times, then `RefundBudgetMoved`).
+    """
+    for _ in range(tries):
+        existing = Refund.objects.filter(id=refund_id).first()
+        if existing is not None:
+            if existing.payment_id != payment_id:
+                raise RefundConflict(f"Refund {refund_id} exists for another payment.")
+            return existing
+        amount = min(at_most, refundable(payment=Payment.objects.get(id=payment_id)))
+        if amount <= 0:
+            return None
+        try:
+            return refund_request(
+                refund_id=refund_id,
+                payment_id=payment_id,
+                amount=amount,
+                reason=reason,
+                origin=origin,
+            )
+        except (RefundExceedsCaptured, RefundInvalidState):
+            continue  # the budget moved between the read and the reservation: read it again
+    raise RefundBudgetMoved(f"the refund budget of payment {payment_id} kept moving")
+
+
 def _refund_refused(*, payment_id, amount: Decimal):
     """Raise the refusal of a reservation that did not fit (the payment as it is now)."""
     payment = Payment.objects.get(id=payment_id)
@@ -747,8 +823,8 @@ def _refund_refused(*, payment_id, amount: Decimal):
             f"Nothing to refund: the payment is {payment.status}.",
             extra={"payment_status": payment.status},
         )
-    refundable = payment.amount_captured - payment.refund_reserved
-    text = format_money(refundable, payment.currency)
+    left = refundable(payment=payment)
+    text = format_money(left, payment.currency)
     raise RefundExceedsCaptured(
         f"At most {text} {payment.currency} can still be refunded (captured "
         f"{format_money(payment.amount_captured, payment.currency)}, refunded or being "
@@ -883,7 +959,9 @@ def _refund_flag(
     return True
 
 
-def _refund_record(*, refund, result: ProviderResult, mode: str) -> bool:
+def _refund_record(
+    *, refund, result: ProviderResult, mode: str, attempt: due.Attempt | None = None
+) -> bool:
     """Record one provider answer about a refund (mode: task | webhook); True if it changed it.
 
     Success → the one transition to succeeded; decline (final) or another
@@ -911,11 +989,10 @@ def _refund_record(*, refund, result: ProviderResult, mode: str) -> bool:
         current = Refund.objects.select_for_update().get(id=refund.id)
         if current.status not in _OPEN_REFUND_STATUSES:
             return False
-        from .webhooks import stored_refund_result
 
         stored = stored_refund_result(refund=current)
         if stored is not None:
-            return _refund_record(refund=current, result=stored, mode=mode)
+            return _refund_record(refund=current, result=stored, mode=mode, attempt=attempt)
         PaymentTransaction.objects.filter(id=current.transaction_id).update(
             last_error=describe, updated_at=Now()
         )
@@ -923,7 +1000,11 @@ def _refund_record(*, refund, result: ProviderResult, mode: str) -> bool:
             return False
         budget = settings.PAYMENTS_REFUND_MAX_ATTEMPTS
         reason = f"refund outcome still unknown after {budget} attempts: {describe}"
-        if due.attempt_failed(Refund, pk=current.id, error=describe, attention_reason=reason):
+        # Fenced: a stale attempt (its lease ran out, another attempt began)
+        # neither frees the running attempt's lease nor spends the budget.
+        if due.attempt_failed(
+            Refund, pk=current.id, error=describe, attention_reason=reason, attempt=attempt
+        ):
             Refund.objects.filter(id=current.id, status="pending").update(
                 needs_attention=False
             )  # let _refund_flag make the one status change with its event
@@ -988,7 +1069,7 @@ def refund_run(*, refund_id) -> Refund | None:
             looked_up = gateway.lookup(key=refund.provider_key)
             if looked_up.outcome in (Outcome.SUCCEEDED, Outcome.DECLINED):
                 result = looked_up
-    _refund_record(refund=refund, result=result, mode="task")
+    _refund_record(refund=refund, result=result, mode="task", attempt=attempt)
     return Refund.objects.get(id=refund_id)
 
 
@@ -1053,5 +1134,142 @@ def refund_retry_now(*, refund_id, by=None) -> bool:
             payment_id=refund.payment_id,
             kind="retry",
             detail={"refund_id": str(refund.id), "by": getattr(by, "username", None)},
+        )
+    return True
+
+
+# -- the provider's late word after a staff decision --------------------------------------
+#
+# Staff decided a refund that needed attention ("Refunded outside the shop" →
+# succeeded with `outside_shop`; "Record as failed" → failed, its reservation
+# released), and then the provider reports that it refunded it after all. The
+# refund keeps its status and becomes a needs-attention item (`needs_attention`
+# with the reason in `last_error`), with an event on the payment; reconciliation
+# flags it (`refund_after_decision`) until staff take "Accept the provider's
+# refund" (`refund_accept_provider`), the one action that ends it.
+
+LATE_AFTER_OUTSIDE = "the provider reports a refund that was recorded as outside the shop"
+LATE_AFTER_FAILED = "the provider reports a refund that was recorded as failed"
+
+
+def _reserve_again(*, payment_id, amount: Decimal) -> bool:
+    """Hold `amount` of the budget again (the same conditional UPDATE as a request)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {_table(Payment)} SET refund_reserved = refund_reserved + %s,"
+            " updated_at = statement_timestamp()"
+            " WHERE id = %s AND status = ANY(%s) AND refund_reserved + %s <= amount_captured",
+            [amount, payment_id, list(_REFUNDABLE_STATUSES), amount],
+        )
+        return cursor.rowcount == 1
+
+
+def refund_late_success(*, refund_id, operation_id: str = "", via: str = "webhook") -> bool:
+    """The provider reports a refund succeeded that staff recorded outside the shop / failed.
+
+    Returns True if this call flagged it (once: a flagged refund is not
+    flagged again). For a refund recorded failed, its amount is held in the
+    budget again at once when it still fits (conditional UPDATE), so no new
+    refund can pay the same money twice; when it no longer fits, the shopper
+    was refunded twice and the reason says so.
+    """
+    with transaction.atomic():
+        refund = Refund.objects.select_for_update().get(id=refund_id)
+        if refund.needs_attention:
+            return False
+        if refund.status == RefundStatus.SUCCEEDED and refund.outside_shop:
+            reason = f"{LATE_AFTER_OUTSIDE}: the shopper was refunded twice"
+            held = True
+        elif refund.status == RefundStatus.FAILED:
+            payment_lock(payment_id=refund.payment_id)
+            held = _reserve_again(payment_id=refund.payment_id, amount=refund.amount)
+            reason = LATE_AFTER_FAILED + (
+                ": its amount is held in the refund budget again"
+                if held
+                else ": the budget was used again since, so the shopper was refunded twice"
+            )
+        else:
+            return False
+        Refund.objects.filter(id=refund.id).update(
+            needs_attention=True, last_error=due.truncate_error(reason), updated_at=Now()
+        )
+        # The provider's fact on the call's own row (what reconciliation compares).
+        PaymentTransaction.objects.filter(id=refund.transaction_id).update(
+            status=TransactionStatus.SUCCEEDED,
+            provider_operation_id=operation_id[:64],
+            last_error=due.truncate_error(reason),
+            updated_at=Now(),
+        )
+        _refund_event(
+            payment_id=refund.payment_id,
+            kind="late_provider_refund",
+            detail={
+                "refund_id": str(refund.id),
+                "provider_key": refund.provider_key,
+                "amount": str(refund.amount),
+                "recorded": "outside_shop" if refund.outside_shop else refund.status,
+                "held": held,
+                "via": via,
+                "reason": reason,
+            },
+        )
+        logger.error("refund %s needs attention: %s", refund.id, reason)
+    return True
+
+
+def refund_accept_provider(*, refund_id, by=None) -> bool:
+    """Staff: accept the provider's late refund of a refund they had decided; once.
+
+    Recorded outside the shop: the provider's refund becomes the record
+    (`outside_shop` cleared: the outside payment was recovered or accepted as
+    a loss, as the event says). Recorded failed: the refund becomes
+    succeeded and counts as refunded (its amount was held again, or is held
+    now if it fits); if the budget has no room any more, the double refund
+    is acknowledged and the refund stays failed. Returns True if this call
+    ended the item; a second click finds nothing flagged (False).
+    """
+    with transaction.atomic():
+        refund = Refund.objects.select_for_update().get(id=refund_id)
+        if not refund.needs_attention or refund.status not in (
+            RefundStatus.SUCCEEDED,
+            RefundStatus.FAILED,
+        ):
+            return False
+        who = getattr(by, "username", None)
+        detail = {"refund_id": str(refund.id), "amount": str(refund.amount), "by": who}
+        if refund.status == RefundStatus.SUCCEEDED:
+            Refund.objects.filter(id=refund.id).update(
+                needs_attention=False,
+                last_error="",
+                outside_shop=False,
+                resolved_by=by,
+                updated_at=Now(),
+            )
+            _refund_event(
+                payment_id=refund.payment_id,
+                kind="late_provider_refund_accepted",
+                detail={**detail, "outcome": "provider refund kept; outside payment settled"},
+            )
+            return True
+        payment = payment_lock(payment_id=refund.payment_id)
+        held = PaymentEvent.objects.filter(
+            payment_id=refund.payment_id,
+            kind="late_provider_refund",
+            detail__refund_id=str(refund.id),
+            detail__held=True,
+        ).exists() or _reserve_again(payment_id=payment.id, amount=refund.amount)
+        if held:
+            _refund_succeed(refund_id=refund.id, via="staff", from_statuses=("failed",))
+            Refund.objects.filter(id=refund.id).update(resolved_by=by, last_error="")
+            outcome = "booked as refunded"
+        else:
+            Refund.objects.filter(id=refund.id).update(
+                needs_attention=False, resolved_by=by, updated_at=Now()
+            )
+            outcome = "double refund acknowledged; the refund stays failed"
+        _refund_event(
+            payment_id=refund.payment_id,
+            kind="late_provider_refund_accepted",
+            detail={**detail, "outcome": outcome},
         )
     return True

@@ -6,6 +6,7 @@ command, `manage.py` and the test suite start embedded servers and set them
 before Django loads (see docs/running.md); settings never start anything.
 """
 
+import sys
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -106,6 +107,34 @@ if DB_POOL:
         "timeout": env.float("DB_POOL_TIMEOUT", default=10.0),
     }
 DATABASES["default"]["CONN_MAX_AGE"] = 0
+# Bounded waits on every connection (docs/deployment.md, "Timeouts and
+# durability"): a database that stops answering fails a request in seconds
+# instead of holding it. connect_timeout bounds the connect (libpq's floor is
+# 2 s); statement_timeout and lock_timeout are server-side bounds on one
+# statement and on one lock wait (the claim's own shorter SET LOCAL wins);
+# tcp_user_timeout and keepalives end a connection whose peer vanished from
+# the network (a partition), which a server-side timeout cannot see.
+# Migrations and long maintenance commands get no statement or lock bound
+# (a migration on a big table may rewrite it for minutes): see
+# DB_UNBOUNDED_COMMANDS below.
+DB_CONNECT_TIMEOUT = env.int("DB_CONNECT_TIMEOUT", default=3)
+DB_STATEMENT_TIMEOUT = env.float("DB_STATEMENT_TIMEOUT", default=30.0)
+DB_LOCK_TIMEOUT = env.float("DB_LOCK_TIMEOUT", default=15.0)
+DB_UNBOUNDED_COMMANDS = frozenset({"migrate", "dbshell", "sqlflush", "flush", "loaddata"})
+if sys.argv[1:2] and sys.argv[1] in DB_UNBOUNDED_COMMANDS and Path(sys.argv[0]).name == "manage.py":
+    DB_STATEMENT_TIMEOUT = DB_LOCK_TIMEOUT = 0.0
+_db_options = DATABASES["default"].setdefault("OPTIONS", {})
+_db_options.setdefault("connect_timeout", DB_CONNECT_TIMEOUT)
+_db_options["options"] = (
+    f"{_db_options.get('options', '')}"
+    f" -c statement_timeout={int(DB_STATEMENT_TIMEOUT * 1000)}"
+    f" -c lock_timeout={int(DB_LOCK_TIMEOUT * 1000)}"
+).strip()
+_db_options.setdefault("keepalives", 1)
+_db_options.setdefault("keepalives_idle", 10)
+_db_options.setdefault("keepalives_interval", 5)
+_db_options.setdefault("keepalives_count", 3)
+_db_options.setdefault("tcp_user_timeout", env.int("DB_TCP_USER_TIMEOUT_MS", default=20000))
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- Redis: cache and throttles (and the broker unless CELERY_BROKER_URL) ------
@@ -118,6 +147,12 @@ CACHES = {
         "LOCATION": REDIS_URL,
         "KEY_PREFIX": env.str("CACHE_KEY_PREFIX", default="shop"),
         "TIMEOUT": 300,
+        # A Redis that hangs (SIGSTOP, partition) fails a throttle look-up in
+        # seconds instead of holding the request.
+        "OPTIONS": {
+            "socket_connect_timeout": env.float("REDIS_CONNECT_TIMEOUT", default=2.0),
+            "socket_timeout": env.float("REDIS_SOCKET_TIMEOUT", default=3.0),
+        },
     }
 }
 
@@ -158,6 +193,11 @@ if BROKER_IS_REDIS:
     # (config/redis_transport.py); ack emulation with a short visibility timeout.
     CELERY_BROKER_TRANSPORT = "config.redis_transport:Transport"
     CELERY_BROKER_TRANSPORT_OPTIONS = {
+        # A broker that hangs: a publish fails after this instead of blocking
+        # the request (the row stays due; the sweeper rings again). Above the
+        # worker's BRPOP timeout (1 s), so an idle worker's poll never trips it.
+        "socket_connect_timeout": env.float("REDIS_CONNECT_TIMEOUT", default=2.0),
+        "socket_timeout": env.float("REDIS_SOCKET_TIMEOUT", default=5.0),
         "visibility_timeout": CELERY_VISIBILITY_TIMEOUT,
         "unacked_restore_interval": CELERY_UNACKED_RESTORE_INTERVAL,
         "unacked_restore_throttle": env.int("CELERY_UNACKED_RESTORE_THROTTLE", default=1),
@@ -179,6 +219,12 @@ else:
     # cancel the acks_late tasks still running on it rather than run them next
     # to their redelivered copies (both would be safe; one is cheaper).
     CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = True
+# Seconds a publish may wait for the broker (the socket write, and on RabbitMQ
+# the publisher confirm): a broker under a memory alarm blocks publishers
+# without closing the connection, and without this bound the request that
+# publishes would wait for the alarm to clear. The publish then raises; its
+# work is a due row, rung again by the sweeper (config/celery.py).
+BROKER_PUBLISH_TIMEOUT = env.float("BROKER_PUBLISH_TIMEOUT", default=3.0)
 # No Celery countdown, ETA or retry delay may reach the redelivery window;
 # longer waits are rows with next_attempt_at swept by beat.
 CELERY_MAX_COUNTDOWN = CELERY_VISIBILITY_TIMEOUT // 3
@@ -190,6 +236,10 @@ CELERY_MAX_COUNTDOWN = CELERY_VISIBILITY_TIMEOUT // 3
 # the same limits keep every delivery far below its consumer_timeout (30 min).
 CELERY_TASK_TIME_LIMIT = CELERY_VISIBILITY_TIMEOUT - CELERY_MAX_COUNTDOWN - 5
 CELERY_TASK_SOFT_TIME_LIMIT = CELERY_TASK_TIME_LIMIT - 5
+# An attempt's lease (core.due, DuePolicy.attempt_lease) is its worst case, so that no
+# second attempt of a due row begins while the first can still be running; each kind
+# derives it from its calls' timeouts, plus this margin for the database around them.
+DUE_ATTEMPT_MARGIN = env.float("DUE_ATTEMPT_MARGIN", default=5.0)
 CELERY_BEAT_SCHEDULE: dict = {}
 
 
@@ -436,11 +486,19 @@ COMPENSATION_MAX_ATTEMPTS = env.int("COMPENSATION_MAX_ATTEMPTS", default=10)
 COMPENSATION_BACKOFF_BASE = env.float("COMPENSATION_BACKOFF_BASE", default=2.0)
 COMPENSATION_BACKOFF_MAX = env.float("COMPENSATION_BACKOFF_MAX", default=300.0)
 COMPENSATION_LEASE = env.float("COMPENSATION_LEASE", default=CELERY_VISIBILITY_TIMEOUT + 30)
+# One step attempt's lease: a step calls no provider, and its e-mail has no timeout
+# of its own, so the worker's hard time limit is what bounds a running attempt.
+COMPENSATION_ATTEMPT_LEASE = env.float(
+    "COMPENSATION_ATTEMPT_LEASE", default=CELERY_TASK_TIME_LIMIT + DUE_ATTEMPT_MARGIN
+)
 # How soon a step waiting for its refund (or for the step it follows) looks again.
 COMPENSATION_WAIT_SECONDS = env.float("COMPENSATION_WAIT_SECONDS", default=5.0)
 # A step behind one that needs staff is parked, not polled: it is made due when
 # that step is done; this long re-check is only a safety net.
 COMPENSATION_PARKED_RECHECK = env.float("COMPENSATION_PARKED_RECHECK", default=3600.0)
+# A cancellation's refund waits for the order's refunds in progress; while one needs
+# staff it is not polled by bells, the sweeper looks again after this long.
+COMPENSATION_REFUND_HELD_RECHECK = env.float("COMPENSATION_REFUND_HELD_RECHECK", default=60.0)
 COMPENSATION_SWEEP_INTERVAL = env.float("COMPENSATION_SWEEP_INTERVAL", default=5.0)
 COMPENSATION_SWEEP_BATCH = env.int("COMPENSATION_SWEEP_BATCH", default=100)
 CELERY_BEAT_SCHEDULE["orders.sweep_compensation"] = _beat_every(
@@ -459,13 +517,22 @@ PAYMENTS_SETTLED_HANDLER = "orders.services.order_payment_settled"
 SPECTACULAR_SETTINGS.setdefault("APPEND_PATHS", {})["/healthz"] = {
     "get": {
         "operationId": "healthz",
-        "summary": "200 when the database and the broker answer, 503 otherwise.",
+        "summary": "200 when the database and the broker answer, 503 otherwise, within 2 s.",
         "tags": ["operations"],
         "security": [{}],
         "responses": {
             "200": {"description": '{"status": "ok", "checks": {"database", "broker"}}'},
             "503": {"description": "application/problem+json: a dependency is not answering"},
         },
+    }
+}
+SPECTACULAR_SETTINGS["APPEND_PATHS"]["/livez"] = {
+    "get": {
+        "operationId": "livez",
+        "summary": "200 while the process can answer (no dependency checked).",
+        "tags": ["operations"],
+        "security": [{}],
+        "responses": {"200": {"description": '{"status": "ok"}'}},
     }
 }
 SPECTACULAR_SETTINGS["APPEND_PATHS"]["/metrics"] = {

@@ -16,7 +16,7 @@ from rest_framework.permissions import IsAuthenticated
 
 from core.permissions import IsNotCourier, IsStaff
 from idempotency.views import KeyRequest, idempotent
-from payments.models import Refund
+from payments import selectors as payment_selectors
 
 from .. import operations, selectors
 from . import presenters
@@ -44,12 +44,9 @@ class RefundsView(GenericAPIView):
     @extend_schema(responses={200: RefundOut(many=True), 404: PROBLEM})
     def get(self, request, order_id: str):
         order = selectors.order_get_for_user(user=request.user, order_id=order_id)
-        refunds = (
-            Refund.objects.filter(payment_id=order.payment_id)
-            if order.payment_id
-            else (Refund.objects.none())
+        page = self.paginate_queryset(
+            payment_selectors.refunds_of_payment(payment_id=order.payment_id)
         )
-        page = self.paginate_queryset(refunds)
         return self.get_paginated_response([refund_body(r, order_id=order.id) for r in page])
 
     @extend_schema(

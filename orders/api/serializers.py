@@ -7,7 +7,7 @@ from rest_framework import serializers
 
 from core.fields import ClosedSerializer, StrictCharField, StrictIntegerField
 from core.money import MoneyField, check_currency
-from inventory.models import Product
+from inventory import selectors as inventory_selectors
 from payments.services import SUPPORTED_METHODS
 
 from .. import selectors
@@ -82,10 +82,7 @@ class OrderIn(ClosedSerializer):
 
     def validate_lines(self, lines: list[dict]) -> list[LineRequest]:
         skus = [line["sku"] for line in lines]
-        products = {
-            product.sku: product
-            for product in Product.objects.select_related("stock").filter(sku__in=skus)
-        }
+        products = inventory_selectors.products_by_sku(skus=skus)
         # Keyed by line index, as DRF reports item errors of a list.
         errors = repeated_sku_errors(skus)
         for index, sku in enumerate(skus):
@@ -120,6 +117,18 @@ class PaymentSummaryOut(serializers.Serializer):
     amount_refunded = serializers.CharField()
 
 
+class CompensationStepOut(serializers.Serializer):
+    name = serializers.CharField()
+    status = serializers.CharField()
+    attempts = serializers.IntegerField()
+    last_error = serializers.CharField(allow_null=True)
+
+
+class CancellationOut(serializers.Serializer):
+    status = serializers.ChoiceField(choices=["processing", "completed", "needs_attention"])
+    steps = CompensationStepOut(many=True)
+
+
 class OrderOut(serializers.Serializer):
     id = serializers.UUIDField()
     number = serializers.IntegerField()
@@ -131,10 +140,16 @@ class OrderOut(serializers.Serializer):
     payment = serializers.SerializerMethodField()
     reservation_expires_at = serializers.DateTimeField(allow_null=True)
     created_at = serializers.DateTimeField()
+    # While the order is `cancelling`: its compensation's progress; null otherwise.
+    cancellation = serializers.SerializerMethodField()
 
     @extend_schema_field(PaymentSummaryOut)
     def get_payment(self, order) -> dict:
         return selectors.order_payment_summary(order=order)
+
+    @extend_schema_field(CancellationOut(allow_null=True))
+    def get_cancellation(self, order) -> dict | None:
+        return selectors.order_cancellation(order=order)
 
 
 def order_body(order) -> dict:

@@ -190,6 +190,7 @@ def test_every_due_work_kind_is_indexed_and_has_a_policy():
     for model in kinds:
         policy = model.due_policy()
         assert policy.max_attempts > 0 and policy.lease > 0, model
+        assert policy.attempt_lease_seconds > 0, model
         assert policy.task is None or policy.task in current_app.tasks, model
         conditions = {str(index.condition) for index in model._meta.indexes if index.condition}
         assert str(due.due_index(name="x").condition) in conditions, model
@@ -315,3 +316,162 @@ def test_wrong_twin_without_skip_locked_waits_for_the_other_claimer():
     finally:
         release.set()
     workers.join()
+
+
+# -- one attempt at a time: the attempt's lease and its fencing token ----------------------------
+
+
+def unfenced_attempt_begin(model, *, pk):
+    """WRONG (the earlier attempt_begin): the attempt's only lease is its backoff, so once the
+    backoff is over a second runner begins while the first can still be running."""
+    row = model.objects.filter(pk=pk).values("attempts").first()
+    number = row["attempts"] + 1
+    taken = (
+        model.objects.filter(pk=pk, attempts=row["attempts"], next_attempt_at__lte=Now())
+        .pending()
+        .update(attempts=number, next_attempt_at=Now() + timedelta(seconds=1))
+    )
+    return due.Attempt(number=number) if taken else due.Attempt()
+
+
+def unfenced_attempt_failed(model, *, pk, error):
+    """WRONG (the earlier attempt_failed): conditional on nothing the attempt holds, so a stale
+    runner frees the running attempt's lease and records its error over it."""
+    model.objects.filter(pk=pk).pending().update(
+        last_error=error, lease_owner="", lease_expires_at=None
+    )
+
+
+def backoff_over(chore: DueChore) -> None:
+    """The attempt's backoff is over (database clock); its lease is not touched."""
+    DueChore.objects.filter(pk=chore.pk).update(next_attempt_at=Now() - timedelta(seconds=1))
+
+
+def lease_over(chore: DueChore) -> None:
+    """The attempt's lease ran out (its runner stalled past its worst case)."""
+    DueChore.objects.filter(pk=chore.pk).update(
+        next_attempt_at=Now() - timedelta(seconds=1), lease_expires_at=Now() - timedelta(seconds=1)
+    )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_second_attempt_is_not_begun_while_the_first_attempts_lease_runs():
+    chore = DueChore.objects.create(label="ok")
+    # Rung by the bell (no sweeper lease): attempt_begin takes the attempt's own lease.
+    first = due.attempt_begin(DueChore, pk=chore.pk)
+    assert first.taken and first.number == 1
+    # The backoff is over, the first attempt may still be running: no sweep, no second attempt.
+    backoff_over(chore)
+    assert due.lease_due(DueChore) == []
+    assert not due.attempt_begin(DueChore, pk=chore.pk).taken
+    chore.refresh_from_db()
+    assert chore.attempts == 1 and chore.lease_owner == first.token != ""
+    left = chore.lease_expires_at - db_now()
+    assert timedelta(seconds=15) < left <= timedelta(seconds=20)  # DueChore's attempt_lease
+    # Once the lease has run out (database clock) the row is due: swept, attempt 2 taken over
+    # the sweeper's lease (the sweeper's own task must be able to begin it).
+    lease_over(chore)
+    assert due.lease_due(DueChore, owner="sweeper") == [chore.pk]
+    second = due.attempt_begin(DueChore, pk=chore.pk)
+    assert second.number == 2 and second.token != first.token
+    assert DueChore.objects.get(pk=chore.pk).lease_owner == second.token
+
+
+@pytest.mark.django_db(transaction=True)
+def test_wrong_twin_without_an_attempt_lease_begins_a_second_attempt():
+    chore = DueChore.objects.create(label="ok")
+    assert unfenced_attempt_begin(DueChore, pk=chore.pk).taken
+    backoff_over(chore)  # 1-2 s at attempt 1: shorter than a provider call and its look-up
+    assert unfenced_attempt_begin(DueChore, pk=chore.pk).number == 2  # both now running
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_last_attempt_still_running_is_not_flagged_by_a_stray_bell():
+    chore = DueChore.objects.create(label="ok")
+    DueChore.objects.filter(pk=chore.pk).update(attempts=2)
+    last = due.attempt_begin(DueChore, pk=chore.pk)
+    assert last.number == 3  # the budget's last attempt, running
+    backoff_over(chore)
+    assert due.attempt_begin(DueChore, pk=chore.pk) == due.Attempt()  # not "budget spent"
+    lease_over(chore)
+    assert due.attempt_begin(DueChore, pk=chore.pk).budget_spent
+
+
+def _stale_and_current(fenced: bool):
+    """Runner a takes attempt 1 and stalls past its lease; b takes attempt 2; a barrier then
+    releases both to write at once. Return (a's results, b's results)."""
+    chore = DueChore.objects.create(label="ok")
+    taken = threading.Barrier(2, timeout=BARRIER_TIMEOUT)
+    write = threading.Barrier(2, timeout=BARRIER_TIMEOUT)
+    begin = due.attempt_begin if fenced else unfenced_attempt_begin
+    workers = Workers()
+
+    def a():
+        attempt = begin(DueChore, pk=chore.pk)
+        taken.wait()  # a holds attempt 1 ... and stalls while b begins
+        write.wait()
+        if not fenced:
+            unfenced_attempt_failed(DueChore, pk=chore.pk, error="a: stale failure")
+            return "a", attempt, None
+        ended = due.attempt_failed(DueChore, pk=chore.pk, error="a: stale failure", attempt=attempt)
+        flagged = due.flag_attention(DueChore, pk=chore.pk, reason="a: stale", attempt=attempt)
+        done = due.mark_done(DueChore, pk=chore.pk, attempt=attempt)
+        return "a", attempt, (ended, flagged, done)
+
+    def b():
+        taken.wait()
+        lease_over(chore)  # a stalled past its worst case
+        attempt = begin(DueChore, pk=chore.pk)
+        assert attempt.number == 2
+        write.wait()
+        return "b", attempt, None
+
+    workers.start(a)
+    workers.start(b)
+    results = {name: (attempt, out) for name, attempt, out in workers.join()}
+    return chore, results
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_runners_at_one_row_the_stale_ones_writes_are_refused():
+    chore, results = _stale_and_current(fenced=True)
+    (a, a_out), (b, _) = results["a"], results["b"]
+    assert (a.number, b.number) == (1, 2)  # the overlap: both held an attempt at once
+    assert a_out == (due.Ended.REFUSED, False, False)  # row count 0, every write refused
+    row = DueChore.objects.get(pk=chore.pk)
+    assert row.lease_owner == b.token and row.last_error == "" and not row.needs_attention
+    # b's lease still stands: nobody else begins, and b's own writes land.
+    backoff_over(chore)
+    assert not due.attempt_begin(DueChore, pk=chore.pk).taken
+    assert due.mark_done(DueChore, pk=chore.pk, attempt=b)
+    assert DueChore.objects.get(pk=chore.pk).done_at is not None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_wrong_twin_unfenced_the_stale_runner_frees_the_running_attempts_lease():
+    chore, results = _stale_and_current(fenced=False)
+    assert results["b"][0].number == 2
+    row = DueChore.objects.get(pk=chore.pk)
+    assert row.last_error == "a: stale failure"  # the stale runner's write landed
+    # ... and freed b's lease: once b's backoff is over a third attempt begins beside b.
+    backoff_over(chore)
+    assert due.attempt_begin(DueChore, pk=chore.pk).number == 3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_flag_and_the_kinds_status_are_one_update():
+    chore = DueChore.objects.create(label="ok")
+    DueChore.objects.filter(pk=chore.pk).update(attempts=2)
+    attempt = due.attempt_begin(DueChore, pk=chore.pk, values={"label": "running"})
+    assert DueChore.objects.get(pk=chore.pk).label == "running"
+    ended = due.attempt_failed(
+        DueChore,
+        pk=chore.pk,
+        error="boom",
+        attempt=attempt,
+        attention_values={"label": "failed"},
+        retry_values={"label": "pending"},
+    )
+    assert ended is due.Ended.ATTENTION and ended  # truthy: the budget is spent
+    row = DueChore.objects.get(pk=chore.pk)
+    assert (row.needs_attention, row.label, row.lease_owner) == (True, "failed", "")

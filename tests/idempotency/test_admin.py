@@ -28,14 +28,13 @@ def test_admin_lists_rows_read_only(client, make_user, model):
 def test_a_refused_keyed_action_goes_back_to_its_changelist_with_the_title(rf, make_user):
     """Not the admin index with no message (idempotency.admin_actions.redirect_to_value)."""
     from django.contrib import admin
+    from django.contrib.auth.models import Permission
     from django.contrib.messages import get_messages
     from django.contrib.messages.storage.fallback import FallbackStorage
 
     from core.errors import Conflict
     from idempotency.admin_actions import keyed_action
     from idempotency.models import IdempotencyKey
-
-    from django.contrib.auth.models import Permission
 
     staff = make_user(staff=True)
     # keyed_action requires the model's change permission (core.admin.require_permission).

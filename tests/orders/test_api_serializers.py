@@ -154,6 +154,7 @@ def test_order_body_is_exactly_the_contract(catalog, reserve):
         "payment",
         "reservation_expires_at",
         "created_at",
+        "cancellation",
     }
     assert data["id"] == str(order.id)
     assert data["number"] == order.number
@@ -187,3 +188,4 @@ def test_order_body_is_exactly_the_contract(catalog, reserve):
     }
     assert data["reservation_expires_at"].endswith("Z")
     assert data["created_at"].endswith("Z")
+    assert data["cancellation"] is None

@@ -40,6 +40,9 @@ def worker_env(provider, tmp_path: Path) -> dict:
         "COMPENSATION_BACKOFF_BASE": "0.3",
         "COMPENSATION_BACKOFF_MAX": "1",
         "COMPENSATION_WAIT_SECONDS": "0.3",
+        # A killed attempt's step is due again when its attempt lease runs out: the worst
+        # case of a step here (no provider call, a file e-mail), not the hard time limit.
+        "COMPENSATION_ATTEMPT_LEASE": "8",
         "EMAIL_BACKEND": "django.core.mail.backends.filebased.EmailBackend",
         "EMAIL_FILE_PATH": str(tmp_path / "mail"),
     }

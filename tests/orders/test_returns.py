@@ -6,11 +6,14 @@ import threading
 
 import pytest
 from celery import current_app
+from django.db import transaction
+from django.db.models.functions import Now
 
-from idempotency.failpoints import hook
+from idempotency.failpoints import failpoint, hook
 from idempotency.models import IdempotencyKey
 from orders.models import CompensationStep, OrderEvent, ReturnRequest
-from orders.returns import return_receive, return_receive_wrong_twin
+from orders.returns import return_receive
+from orders.states import ReturnStatus
 from tests.conftest import assert_problem
 from tests.orders.compensation_support import (
     RETURN,
@@ -22,6 +25,23 @@ from tests.orders.compensation_support import (
 from tests.orders.shipping import ship
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def return_receive_wrong_twin(*, return_id, by=None) -> bool:
+    """DELIBERATELY WRONG (tests only): check the status, then update it unconditionally.
+
+    Two callers both read `requested`, both update, both believe they
+    started the compensation. Returns True when this caller "won".
+    """
+    with transaction.atomic():
+        status = ReturnRequest.objects.values_list("status", flat=True).get(id=return_id)
+        failpoint("returns.receive.before_decide")
+        if status != ReturnStatus.REQUESTED:
+            return False
+        ReturnRequest.objects.filter(id=return_id).update(
+            status=ReturnStatus.PROCESSING, received_at=Now(), updated_at=Now()
+        )
+        return True
 
 
 @pytest.fixture(autouse=True)

@@ -306,3 +306,82 @@ def test_refund_failed_webhook_flags_it(provider):
     body, header = refund_event(key=refund.provider_key, amount="1.00", kind="refund.failed")
     assert webhooks.webhook_receive(body=body, signature=header).status == webhooks.APPLIED
     assert Refund.objects.get(id=refund.id).status == RefundStatus.NEEDS_ATTENTION
+
+
+# -- the provider's late word after a staff decision (issue 20, finding 5) ----------------------
+
+
+def _late_success(refund) -> webhooks.WebhookOutcome:
+    payment = Payment.objects.get(id=refund.payment_id)
+    key = _send_at_provider(payment, refund.id, str(refund.amount))
+    body, header = refund_event(key=key, amount=str(refund.amount))
+    return webhooks.webhook_receive(body=body, signature=header)
+
+
+def _flagged(payment, amount: str) -> Refund:
+    """A refund whose outcome stayed unknown: it needs attention (staff decide)."""
+    from payments.services import _refund_flag
+
+    refund = ask(payment, amount)
+    assert _refund_flag(refund_id=refund.id, reason="refund outcome still unknown")
+    return refund
+
+
+def _differences(kind: str) -> list:
+    from payments.reconciliation import reconcile_payments
+
+    return [d for d in reconcile_payments().differences if d.kind == kind]
+
+
+def test_a_late_provider_refund_after_outside_the_shop_needs_attention_until_accepted(provider):
+    payment = captured(amount="10.00")
+    refund = _flagged(payment, "4.00")
+    assert refund_record_outside(refund_id=refund.id)
+    outcome = _late_success(refund)
+    assert outcome.status == webhooks.SUSPICIOUS
+    row = Refund.objects.get(id=refund.id)
+    assert row.needs_attention and row.status == RefundStatus.SUCCEEDED
+    assert row.last_error.startswith(
+        "the provider reports a refund that was recorded as outside the shop"
+    )
+    assert PaymentEvent.objects.filter(payment=payment, kind="late_provider_refund").count() == 1
+    from payments.reconciliation import REFUND_AFTER_DECISION
+    from payments.services import refund_accept_provider
+
+    assert _differences(REFUND_AFTER_DECISION)
+    # Its way out: staff accept the provider's refund (the outside payment recovered).
+    assert refund_accept_provider(refund_id=refund.id) is True
+    assert refund_accept_provider(refund_id=refund.id) is False  # a second click: nothing
+    row = Refund.objects.get(id=refund.id)
+    assert not row.needs_attention and not row.outside_shop
+    payment.refresh_from_db()
+    assert payment.amount_refunded == payment.refund_reserved == Decimal("4.00")
+    assert_reconciled()
+
+
+def test_a_late_provider_refund_after_record_failed_holds_the_budget_until_accepted(provider):
+    payment = captured(amount="10.00")
+    refund = _flagged(payment, "4.00")
+    assert refund_record_failed(refund_id=refund.id)
+    assert _late_success(refund).status == webhooks.SUSPICIOUS
+    row = Refund.objects.get(id=refund.id)
+    assert row.needs_attention and row.status == RefundStatus.FAILED
+    assert row.last_error.startswith("the provider reports a refund that was recorded as failed")
+    assert PaymentEvent.objects.filter(payment=payment, kind="late_provider_refund").count() == 1
+    from payments.reconciliation import REFUND_AFTER_DECISION
+    from payments.services import refund_accept_provider
+
+    assert _differences(REFUND_AFTER_DECISION)
+    # No second hole in the budget: the provider's 4.00 is held again at once.
+    payment.refresh_from_db()
+    assert payment.refund_reserved == Decimal("4.00")
+    with pytest.raises(RefundExceedsCaptured):
+        ask(payment, "6.01")
+    assert refund_accept_provider(refund_id=refund.id) is True
+    assert refund_accept_provider(refund_id=refund.id) is False
+    row = Refund.objects.get(id=refund.id)
+    assert row.status == RefundStatus.SUCCEEDED and not row.needs_attention
+    payment.refresh_from_db()
+    assert payment.amount_refunded == payment.refund_reserved == Decimal("4.00")
+    assert payment.status == PaymentStatus.PARTIALLY_REFUNDED
+    assert_reconciled()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from decimal import Decimal
+from uuid import uuid4
 
 import pytest
 from django.test import Client
@@ -133,3 +134,52 @@ def test_refunded_outside_the_shop_records_once(staff, paid_order, provider):
     assert payment.events.filter(kind="transition", to_status="partially_refunded").count() == 1
     assert provider_refunds(provider) == []  # the provider was not called to refund
     assert_reconciled()
+
+
+def test_accept_the_providers_refund_needs_the_change_permission(
+    staff, make_user, paid_order, provider
+):
+    """The action that ends a late provider refund: a view-only staff user can change nothing."""
+    from django.contrib.auth.models import Permission
+
+    from payments.services import (
+        _refund_flag,
+        refund_late_success,
+        refund_record_failed,
+        refund_request,
+    )
+
+    made = refund_request(
+        refund_id=uuid4(),
+        payment_id=paid_order.payment_id,
+        amount=Decimal("5.00"),
+        reason="goodwill",
+        origin="goodwill",
+    )
+    assert _refund_flag(refund_id=made.id, reason="outcome unknown")
+    assert refund_record_failed(refund_id=made.id)
+    assert refund_late_success(refund_id=made.id)  # the provider's late word, as a webhook's
+    from payments.selectors import refunds_needing_attention
+
+    assert list(refunds_needing_attention().values_list("id", flat=True)) == [made.id]
+
+    viewer = make_user(staff=True, username="viewer")
+    viewer.user_permissions.add(Permission.objects.get(codename="view_refund"))
+    client = Client()
+    client.force_login(viewer)
+    changelist = reverse("admin:payments_refund_changelist")
+    action = {"action": "accept_provider_refund", "_selected_action": [str(made.pk)]}
+    assert "accept_provider_refund" not in client.get(changelist).content.decode()
+    forced = client.post(changelist, {**action, "confirm": "yes", "idempotency_key": "k1"})
+    assert forced.status_code == 403
+    assert Refund.objects.get(id=made.id).needs_attention  # nothing changed
+
+    confirm = staff.post(changelist, action)
+    assert confirm.status_code == 200 and "Accept the provider" in confirm.content.decode()
+    done = staff.post(
+        changelist, {**action, "confirm": "yes", "idempotency_key": form_key(confirm)}
+    )
+    assert done.status_code == 303
+    row = Refund.objects.get(id=made.id)
+    assert row.status == RefundStatus.SUCCEEDED and not row.needs_attention
+    assert not refunds_needing_attention().exists()

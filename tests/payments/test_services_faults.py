@@ -12,7 +12,7 @@ from django.db import connection
 from django.db.models.functions import Now
 
 from payments.models import PaymentSettlement, PaymentStatus
-from payments.services import payment_capture, payment_create
+from payments.services import payment_capture, payment_create, payment_settle
 
 from .conftest import assert_reconciled, run_settle_process, settle_due, start_capture_process
 
@@ -191,6 +191,10 @@ def test_settlement_worker_killed_after_the_lookup_answered(provider, settled_ca
     payment.refresh_from_db()
     assert (settlement.attempts, settlement.settled_at) == (1, None)  # counted, not recorded
     assert payment.status == PaymentStatus.PENDING
+    # Its backoff over, still no second attempt while the killed one's attempt lease runs.
+    PaymentSettlement.objects.filter(id=settlement.id).update(next_attempt_at=Now())
+    assert payment_settle(settlement_id=settlement.id).attempts == 1
+    PaymentSettlement.objects.filter(id=settlement.id).update(lease_expires_at=Now())
 
     settle_due(payment)
     payment.refresh_from_db()

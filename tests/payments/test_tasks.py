@@ -54,11 +54,17 @@ def test_settled_handler_that_keeps_raising_ends_in_needs_attention(provider, se
     )
     assert payment_capture(payment_id=payment.id).outcome == "unknown"
     settlement = PaymentSettlement.objects.get(transaction__payment=payment)
+    # An attempt the recorder's exception escaped keeps its attempt lease (as a killed one
+    # would): the row is due again when the lease runs out, played here.
     for _ in range(2):
-        PaymentSettlement.objects.filter(id=settlement.id).update(next_attempt_at=Now())
+        PaymentSettlement.objects.filter(id=settlement.id).update(
+            next_attempt_at=Now(), lease_expires_at=Now()
+        )
         with pytest.raises(RuntimeError, match="handler broke"):
             settle_payment.apply(args=[settlement.id]).get()
-    PaymentSettlement.objects.filter(id=settlement.id).update(next_attempt_at=Now())
+    PaymentSettlement.objects.filter(id=settlement.id).update(
+        next_attempt_at=Now(), lease_expires_at=Now()
+    )
     settle_payment.apply(args=[settlement.id]).get()
     settlement.refresh_from_db()
     assert settlement.needs_attention

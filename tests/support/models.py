@@ -47,4 +47,5 @@ class DueChore(DueWork):
             backoff_base=10.0,
             backoff_max=60.0,
             lease=30.0,
+            attempt_lease=20.0,
         )

@@ -18,6 +18,7 @@ MARKERS = {
     "failpoint": ("tab:purple", "--", "failpoint exit"),
     "redis_restart": ("black", "-", "Redis restarted empty"),
     "broker_restart": ("tab:orange", "-", "broker vhost recreated"),
+    "fault": ("tab:brown", "-.", "dependency fault (start)"),
 }
 
 

@@ -1,0 +1,109 @@
+"""An order's state changes: the one conditional transition, its event rows, its event payload.
+
+Used by checkout (`orders.services`) and by compensation
+(`orders.compensation`); it imports neither, so neither imports the other
+for it (tests/test_layout.py finds import cycles).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from django.db.models import Q
+from django.db.models.functions import Now
+
+from core.money import format_money
+
+from .models import Order, OrderEvent, OrderLine
+from .states import LINE_TRANSITIONS, ORDER_TRANSITIONS, OrderStatus, check_transition
+
+
+def order_transition(
+    *,
+    order: Order,
+    source: str,
+    target: str,
+    kind: str,
+    condition: Q | None = None,
+    lines: Sequence[OrderLine] | None = None,
+    line_source: str | None = None,
+    line_target: str | None = None,
+) -> list[OrderLine] | None:
+    """Move `order` from `source` to `target` if it is still in `source`, and its lines with it.
+
+    Lines in `line_source` move to `line_target`. One event row per change,
+    all in one INSERT. Return the lines moved, or None (nothing changed)
+    when another transaction moved the order first. Only the transaction
+    that wins the order's conditional UPDATE touches its lines, so lines
+    read before it (or after it) cannot change under it.
+    """
+    check_transition(ORDER_TRANSITIONS, source, target)
+    moved = Order.objects.filter(condition or Q(), id=order.id, status=source).update(
+        status=target, updated_at=Now()
+    )
+    if not moved:
+        return None
+    order.status = target
+    events = [OrderEvent(order_id=order.id, kind=kind, from_status=source, to_status=target)]
+    moving: list[OrderLine] = []
+    if line_source is not None:
+        assert line_target is not None  # lines move only with a target
+        check_transition(LINE_TRANSITIONS, line_source, line_target)
+        if lines is None:
+            lines = list(OrderLine.objects.filter(order_id=order.id).order_by("position"))
+        moving = [line for line in lines if line.status == line_source]
+        if moving:
+            OrderLine.objects.filter(
+                id__in=[line.id for line in moving], status=line_source
+            ).update(status=line_target)
+        for line in moving:
+            line.status = line_target
+            events.append(
+                OrderEvent(
+                    order_id=order.id,
+                    line_id=line.id,
+                    kind=kind,
+                    from_status=line_source,
+                    to_status=line_target,
+                    data={"sku": line.sku},
+                )
+            )
+    OrderEvent.objects.bulk_create(events)
+    return moving
+
+
+def order_event_payload(*, order: Order, lines: Sequence[OrderLine] | None = None) -> dict:
+    """The payload of the order's outbox events (docs/events.md)."""
+    if lines is None:
+        lines = list(OrderLine.objects.filter(order_id=order.id).order_by("position"))
+    return {
+        "order_id": str(order.id),
+        "number": order.number,
+        "owner_id": order.owner_id,
+        "status": order.status,
+        "total": format_money(order.total),
+        "currency": order.currency,
+        "lines": [
+            {
+                "sku": line.sku,
+                "quantity_requested": line.quantity_requested,
+                "quantity_confirmed": line.quantity_confirmed,
+                "unit_price": format_money(line.unit_price),
+                "status": line.status,
+            }
+            for line in lines
+        ],
+    }
+
+
+def order_cancel_complete(*, order_id) -> bool:
+    """`cancelling` → `cancelled` once every cancellation step is done (order row locked)."""
+    return (
+        order_transition(
+            order=Order(id=order_id),
+            source=OrderStatus.CANCELLING,
+            target=OrderStatus.CANCELLED,
+            kind="cancelled",
+        )
+        is not None
+    )

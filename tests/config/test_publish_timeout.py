@@ -1,0 +1,168 @@
+"""A publish to a RabbitMQ under a memory alarm returns within BROKER_PUBLISH_TIMEOUT;
+on a hung Redis, cache reads and publishes raise instead of blocking.
+
+Under a memory alarm RabbitMQ stops reading from publishing connections
+without closing them: the message is written, its confirm never comes.
+Before the fix (config/celery.py's BoundedPublishAMQP) the publish waited for
+the confirm with no timeout, so the request that rang for a due row hung for
+as long as the alarm lasted. The local RabbitMQ is shared: the alarm lasts a
+few seconds and the watermark is ALWAYS restored.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+import time
+
+import pytest
+from django.conf import settings
+
+from tests.support import rabbitmq
+
+NORMAL_WATERMARK = "0.4"
+
+
+def _watermark(value: str) -> None:
+    subprocess.run(
+        ["rabbitmqctl", "-q", "set_vm_memory_high_watermark", value],
+        check=True,
+        capture_output=True,
+        timeout=30,
+    )
+
+
+@pytest.mark.rabbitmq
+def _warm(app, conn) -> None:
+    """Publish once before the alarm; skip when the shared broker is already alarmed."""
+    try:
+        app.send_task("testsupport.nothing", args=[0], connection=conn, retry=False)
+    except Exception as exc:  # noqa: BLE001 - an alarm raised by someone else, or memory
+        pytest.skip(f"RabbitMQ does not confirm even before our alarm: {exc}")
+
+
+@pytest.mark.rabbitmq
+def test_a_publish_under_a_memory_alarm_raises_within_the_confirm_timeout():
+    from config.celery import app
+
+    rabbitmq.require()
+    rabbitmq.purge()
+    outcome: dict[str, object] = {}
+    with rabbitmq.connection() as conn:
+        # Warm: the connection is open and confirms work before the alarm.
+        _warm(app, conn)
+
+        def publish() -> None:
+            try:
+                app.send_task("testsupport.nothing", args=[1], connection=conn, retry=False)
+                outcome["result"] = "published"
+            except Exception as exc:  # noqa: BLE001 - the outcome is what we assert on
+                outcome["result"] = type(exc).__name__
+
+        try:
+            _watermark("0.0001")
+            time.sleep(1.0)  # the alarm is raised at the monitor's next look (well under 1 s)
+            thread = threading.Thread(target=publish, daemon=True)
+            thread.start()
+            # Generous: the bound is BROKER_PUBLISH_TIMEOUT; an unbounded wait never returns
+            # while the alarm lasts.
+            thread.join(getattr(settings, "BROKER_PUBLISH_TIMEOUT", 3.0) + 10)
+            finished_under_alarm = not thread.is_alive()
+        finally:
+            _watermark(NORMAL_WATERMARK)
+        thread.join(30)
+    rabbitmq.purge()
+    assert finished_under_alarm, "the publish blocked for as long as the alarm lasted"
+    assert outcome["result"] != "published"
+
+
+@pytest.mark.rabbitmq
+def test_after_a_timed_out_confirm_the_next_publish_goes_through():
+    """The timed-out connection is thrown away: the next publish (the sweeper's ring) works."""
+    from config.celery import app
+
+    rabbitmq.require()
+    rabbitmq.purge()
+    with rabbitmq.connection() as conn:
+        _warm(app, conn)
+        try:
+            _watermark("0.0001")
+            time.sleep(1.0)
+            # In a thread, so that the watermark is restored even if the publish blocks
+            # (a blocked main thread never reaches `finally` before a kill).
+            failed: list[str] = []
+
+            def publish() -> None:
+                try:
+                    app.send_task("testsupport.nothing", args=[1], connection=conn, retry=False)
+                except Exception as exc:  # noqa: BLE001
+                    failed.append(type(exc).__name__)
+
+            thread = threading.Thread(target=publish, daemon=True)
+            thread.start()
+            thread.join(getattr(settings, "BROKER_PUBLISH_TIMEOUT", 3.0) + 10)
+        finally:
+            _watermark(NORMAL_WATERMARK)
+        thread.join(30)
+    assert failed, "the publish under the alarm did not raise in time"
+    time.sleep(1.0)
+    before = rabbitmq.queue_depth()
+    with rabbitmq.connection() as conn:
+        app.send_task("testsupport.nothing", args=[2], connection=conn, retry=False)
+    assert rabbitmq.queue_depth() >= before + 1
+    rabbitmq.purge()
+
+
+HUNG_REDIS_CALLS = """
+import django, json
+django.setup()
+from django.core.cache import cache
+from config.celery import app
+out = {}
+try:
+    cache.get('throttle-probe')
+    out['cache'] = 'answered'
+except Exception as exc:
+    out['cache'] = type(exc).__name__
+try:
+    app.send_task('chaos.none', args=[1], retry=False)
+    out['publish'] = 'published'
+except Exception as exc:
+    out['publish'] = type(exc).__name__
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("_", [None], ids=["redis"])
+def test_a_hung_redis_fails_cache_reads_and_publishes_instead_of_blocking(_):
+    """Throttles (the cache) and a publish on a SIGSTOPped Redis raise, bounded.
+
+    Before the fix both waited on the socket forever (the subprocess timed out).
+    """
+    import json
+    import os
+    import signal
+    import sys
+
+    from tests.config.test_broker_outage import free_port, redis_server
+    from tests.config.test_settings import ROOT
+
+    port = free_port()
+    with redis_server(port) as proc:
+        os.kill(proc.pid, signal.SIGSTOP)
+        try:
+            env = dict(
+                os.environ,
+                DJANGO_SETTINGS_MODULE="config.settings.base",
+                REDIS_URL=f"redis://127.0.0.1:{port}/0",
+            )
+            out = subprocess.run(
+                [sys.executable, "-c", HUNG_REDIS_CALLS], env=env, cwd=ROOT,
+                capture_output=True, text=True, timeout=90,
+            )  # fmt: skip
+        finally:
+            os.kill(proc.pid, signal.SIGCONT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["cache"] != "answered"
+    assert result["publish"] != "published"

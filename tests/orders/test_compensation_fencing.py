@@ -1,0 +1,256 @@
+"""Compensation steps as due work under stalls and crashes: one attempt at a time, fenced.
+
+Finding 3 of issue 20: the flag (`needs_attention`) and the step's `failed`
+commit together or not at all, and "Retry failed steps" takes up a step
+left flagged but `running` by the old two-transaction flag. Finding 4: no
+second attempt begins while the first's lease runs (no second e-mail), and
+a stale runner (its lease run out, another attempt begun) writes nothing:
+its `_wait` cannot set a flagged step back to pending. Each guarantee has a
+deliberately wrong twin here that shows the bug.
+"""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+import pytest
+from celery import current_app
+from django.core import mail
+from django.db import OperationalError
+from django.db.models import F
+from django.db.models.functions import Greatest, Now
+
+from core import due
+from idempotency.failpoints import hook
+from orders import compensation
+from orders.compensation import return_retry_failed_steps, step_run
+from orders.models import CompensationStep, OrderEvent, ReturnRequest
+from orders.states import StepStatus
+from payments.models import Refund
+from tests.concurrency import Workers
+from tests.orders.compensation_support import ask_return, drive, receive, shipped_order, steps_of
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+TIMEOUT = 20
+
+
+@pytest.fixture(autouse=True)
+def bells(monkeypatch, settings):
+    settings.COMPENSATION_BACKOFF_BASE = 0.01
+    settings.COMPENSATION_BACKOFF_MAX = 0.05
+    settings.COMPENSATION_WAIT_SECONDS = 0.01
+    rung: list = []
+    monkeypatch.setattr(current_app, "send_task", lambda name, args=None, **kw: rung.append(args))
+    return rung
+
+
+@pytest.fixture
+def received(provider, make_product, shopper_client, staff_client):
+    """A shipped order with a received return of one of its two TEE-M (10.00)."""
+    make_product("TEE-M", price="10.00", stock=10)
+    order = shipped_order(shopper_client, {"TEE-M": 2})
+    return_id = ask_return(shopper_client, order, {"TEE-M": 1}).json()["id"]
+    assert receive(staff_client, return_id).status_code == 202
+    return ReturnRequest.objects.get(id=return_id)
+
+
+def step(ret, name: str) -> CompensationStep:
+    return steps_of(order_return=ret).get(name=name)
+
+
+def make_due(row: CompensationStep) -> None:
+    CompensationStep.objects.filter(id=row.id).update(next_attempt_at=Now())
+
+
+def lease_over(row: CompensationStep) -> None:
+    """The running attempt's lease ran out (its runner stalled or died past its worst case)."""
+    CompensationStep.objects.filter(id=row.id).update(
+        next_attempt_at=Now(), lease_expires_at=Now() - timedelta(seconds=1)
+    )
+
+
+def provider_down(_name):
+    raise ConnectionError("provider down")
+
+
+# -- finding 3: the flag and the status in one transaction ----------------------------------------
+
+
+def test_flag_and_failed_commit_together_when_the_status_write_fails(
+    received, settings, monkeypatch
+):
+    settings.COMPENSATION_MAX_ATTEMPTS = 1
+    refund = step(received, "refund")
+    real_event = compensation._event
+    broken: list = []
+
+    def event_once_broken(**kwargs):
+        # Between the flag and the rest: the database goes away once.
+        if kwargs.get("target") == StepStatus.FAILED and not broken:
+            broken.append(kwargs)
+            raise OperationalError("server closed the connection unexpectedly")
+        return real_event(**kwargs)
+
+    monkeypatch.setattr(compensation, "_event", event_once_broken)
+    with hook("compensation.refund.before_effect", provider_down):
+        make_due(refund)
+        with pytest.raises(OperationalError):
+            step_run(step_id=refund.id)
+        assert broken  # the failure really came between the flag and the status
+        row = step(received, "refund")
+        # Never flagged while its status says otherwise: both rolled back together.
+        assert not (row.needs_attention and row.status != StepStatus.FAILED), row.status
+        assert not row.needs_attention and row.attempts == 1
+        # So the row is not a dead end: once the failed worker's lease runs out the next
+        # attempt finds the budget spent and flags it, failed, with its return.
+        lease_over(row)
+        assert step_run(step_id=refund.id) == "needs attention"
+    row = step(received, "refund")
+    assert row.needs_attention and row.status == StepStatus.FAILED
+    received.refresh_from_db()
+    assert received.status == "needs_attention"
+    assert return_retry_failed_steps(return_id=received.id) == 1
+    drive(order_return=received)
+    received.refresh_from_db()
+    assert received.status == "completed"
+
+
+def test_retry_failed_steps_takes_up_a_step_left_flagged_but_running(received):
+    """The state the old two transactions left in live databases: flagged, `running`."""
+    refund = step(received, "refund")
+    CompensationStep.objects.filter(id=refund.id).update(
+        needs_attention=True,
+        status=StepStatus.RUNNING,
+        attempts=10,
+        last_error="attempt budget spent (10 attempts): provider down",
+    )
+    assert step_run(step_id=refund.id) == "not due"  # nothing else can ever pick it up
+    assert return_retry_failed_steps(return_id=received.id) == 1
+    row = step(received, "refund")
+    assert (row.status, row.needs_attention, row.attempts) == (StepStatus.PENDING, False, 0)
+    retry = OrderEvent.objects.get(kind="compensation_retry")
+    assert (retry.from_status, retry.to_status) == (StepStatus.RUNNING, StepStatus.PENDING)
+    assert return_retry_failed_steps(return_id=received.id) == 0  # a double click
+    drive(order_return=received)
+    received.refresh_from_db()
+    assert received.status == "completed"
+    assert Refund.objects.count() == 1
+
+
+# -- finding 4: one attempt at a time, and a stale runner writes nothing ------------------------
+
+
+def unfenced_wait(*, step_id, seconds: float, note: str, ring: bool = True) -> bool:
+    """WRONG (the earlier `_wait`): filtered on `done_at` only, so a stale runner sets a step
+    that another attempt flagged for staff back to pending."""
+    CompensationStep.objects.filter(id=step_id, done_at__isnull=True).update(
+        attempts=Greatest(F("attempts") - 1, 0),
+        next_attempt_at=Now() + timedelta(seconds=seconds),
+        status=StepStatus.PENDING,
+        last_error=note,
+        lease_owner="",
+        lease_expires_at=None,
+    )
+    return True
+
+
+def unfenced_attempt_begin(model, *, pk, values=None):
+    """WRONG (the earlier `attempt_begin`): the attempt's only lease is its backoff."""
+    row = model.objects.filter(pk=pk).values("attempts").first()
+    number = row["attempts"] + 1
+    taken = (
+        model.objects.filter(pk=pk, attempts=row["attempts"], next_attempt_at__lte=Now())
+        .pending()
+        .update(attempts=number, next_attempt_at=Now() + timedelta(seconds=1), **(values or {}))
+    )
+    return due.Attempt(number=number, pk=pk) if taken else due.Attempt()
+
+
+class Stall:
+    """Make the worker thread that reaches failpoint `name` stall there until released."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.stalled = threading.Event()
+        self.release = threading.Event()
+
+    def __call__(self, _name: str) -> None:
+        if threading.current_thread() is threading.main_thread():
+            return  # the second runner (this test's thread) goes on
+        self.stalled.set()
+        assert self.release.wait(TIMEOUT)
+
+
+def _stale_refund_runner(received):
+    """Runner a (a thread) stalls inside the refund step after requesting the refund; the
+    provider refuses it meanwhile; a's lease runs out and runner b (this thread) takes the next
+    attempt and flags the step for staff; then a goes on with what it saw (pending)."""
+    refund = step(received, "refund")
+    stall = Stall("compensation.refund.after_effect")
+    workers = Workers()
+    with hook(stall.name, stall):
+        make_due(refund)
+        workers.start(step_run, step_id=refund.id)
+        assert stall.stalled.wait(TIMEOUT)
+        a_attempt = step(received, "refund").attempts
+        Refund.objects.filter(id=compensation.return_refund_id(received.id)).update(
+            status="needs_attention", needs_attention=True, last_error="declined"
+        )
+        lease_over(refund)
+        b = step_run(step_id=refund.id)  # a is still in its attempt: the overlap
+        assert (b, step(received, "refund").attempts) == ("needs attention", a_attempt + 1)
+        stall.release.set()
+        (a,) = workers.join()
+    return a, step(received, "refund")
+
+
+def test_a_stale_runners_wait_cannot_set_a_flagged_step_back_to_pending(received):
+    _, row = _stale_refund_runner(received)
+    # a's `_wait` had row count 0 (fenced): it stopped quietly, the step stays failed.
+    assert row.status == StepStatus.FAILED and row.needs_attention
+    received.refresh_from_db()
+    assert received.status == "needs_attention"
+
+
+def test_wrong_twin_unfenced_wait_sets_the_flagged_step_back_to_pending(received, monkeypatch):
+    monkeypatch.setattr(compensation, "_wait", unfenced_wait)
+    a, row = _stale_refund_runner(received)
+    assert a == "waiting"
+    # Flagged for staff yet `pending`: not failed, so "Retry failed steps" never showed it.
+    assert row.needs_attention and row.status == StepStatus.PENDING
+
+
+def _notify_while_the_first_attempt_runs(received) -> str:
+    """Runner a (a thread) sent the e-mail and stalls before its done commits; its backoff is
+    over; runner b (this thread) is rung for the same step. Return b's outcome."""
+    CompensationStep.objects.filter(order_return=received, name="refund").update(
+        status=StepStatus.DONE, done_at=Now()
+    )
+    notify = step(received, "notify")
+    stall = Stall("compensation.notify.after_effect")
+    workers = Workers()
+    with hook(stall.name, stall):
+        make_due(notify)
+        workers.start(step_run, step_id=notify.id)
+        assert stall.stalled.wait(TIMEOUT)
+        assert len(mail.outbox) == 1
+        make_due(notify)  # attempt 1's backoff (1-2 s by default) is over
+        b = step_run(step_id=notify.id)
+        stall.release.set()
+        workers.join()
+    return b
+
+
+def test_no_second_attempt_begins_while_the_first_attempts_lease_runs(received):
+    assert _notify_while_the_first_attempt_runs(received) == "not due"
+    assert len(mail.outbox) == 1
+    row = step(received, "notify")
+    assert row.done_at is not None and row.attempts == 1
+
+
+def test_wrong_twin_without_an_attempt_lease_sends_the_email_twice(received, monkeypatch):
+    monkeypatch.setattr(due, "attempt_begin", unfenced_attempt_begin)
+    assert _notify_while_the_first_attempt_runs(received) == "done"
+    assert len(mail.outbox) == 2  # no crash at all, and the shopper got two e-mails
