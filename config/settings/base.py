@@ -120,15 +120,21 @@ DATABASES["default"]["CONN_MAX_AGE"] = 0
 DB_CONNECT_TIMEOUT = env.int("DB_CONNECT_TIMEOUT", default=3)
 DB_STATEMENT_TIMEOUT = env.float("DB_STATEMENT_TIMEOUT", default=30.0)
 DB_LOCK_TIMEOUT = env.float("DB_LOCK_TIMEOUT", default=15.0)
+# A transaction left open by a client that is gone (a partitioned host, a hung
+# process) holds its row locks until the server ends it: the server does, after
+# this long idle inside a transaction (found by the chaos run's partitions:
+# loyalty rows locked for minutes by sessions whose worker had given up).
+DB_IDLE_IN_TRANSACTION_TIMEOUT = env.float("DB_IDLE_IN_TRANSACTION_TIMEOUT", default=60.0)
 DB_UNBOUNDED_COMMANDS = frozenset({"migrate", "dbshell", "sqlflush", "flush", "loaddata"})
 if sys.argv[1:2] and sys.argv[1] in DB_UNBOUNDED_COMMANDS and Path(sys.argv[0]).name == "manage.py":
-    DB_STATEMENT_TIMEOUT = DB_LOCK_TIMEOUT = 0.0
+    DB_STATEMENT_TIMEOUT = DB_LOCK_TIMEOUT = DB_IDLE_IN_TRANSACTION_TIMEOUT = 0.0
 _db_options = DATABASES["default"].setdefault("OPTIONS", {})
 _db_options.setdefault("connect_timeout", DB_CONNECT_TIMEOUT)
 _db_options["options"] = (
     f"{_db_options.get('options', '')}"
     f" -c statement_timeout={int(DB_STATEMENT_TIMEOUT * 1000)}"
     f" -c lock_timeout={int(DB_LOCK_TIMEOUT * 1000)}"
+    f" -c idle_in_transaction_session_timeout={int(DB_IDLE_IN_TRANSACTION_TIMEOUT * 1000)}"
 ).strip()
 _db_options.setdefault("keepalives", 1)
 _db_options.setdefault("keepalives_idle", 10)
