@@ -22,8 +22,11 @@ test: $(STAMP) $(BENCH_STAMP)
 
 ## Run the shop: embedded PostgreSQL and Redis unless DATABASE_URL / REDIS_URL
 ## are set, migrations, demo data, then web + worker + beat (docs/running.md).
+# Demo data by default (SHOP_DEMO=0 to skip); no shell in the recipe, so Ctrl-C
+# reaches the run command itself.
+run: export SHOP_DEMO ?= 1
 run: $(STAMP)
-	SHOP_DEMO=$${SHOP_DEMO-1} $(BIN)/python -m runner
+	$(BIN)/python -m runner
 
 ## The mutation check (docs/testing.md, "Mutation check"): each deliberately
 ## wrong change must fail its guarding tests; DATABASE_URL / REDIS_URL as for test.
