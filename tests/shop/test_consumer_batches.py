@@ -12,15 +12,14 @@ import uuid
 from datetime import timedelta
 
 import pytest
-from django.db import connection, transaction
+from django.db import connection
 from django.db.models.functions import Now
 
 from idempotency import deliveries, failpoints, metrics, relay
 from idempotency.models import Delivery, InboxMessage
-from idempotency.outbox import outbox_write
 from shop import events, history
-from shop.models import LoyaltyAccount, PurchaseHistoryLine
 from shop.tasks import consume_history, consume_loyalty
+from tests.shop.test_consumers import balance, history_quantity, write
 from tests.shop.test_history import order_payload, return_payload
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -37,29 +36,8 @@ def rings(monkeypatch):
     return sent
 
 
-def write(event_type, payload) -> str:
-    with transaction.atomic():
-        message = outbox_write(
-            aggregate_type="order",
-            aggregate_id=payload.get("order_id", "x"),
-            event_type=event_type,
-            payload=payload,
-        )
-    return str(message.id)
-
-
 def run(sent) -> list[str]:
     return [TASKS[name](ids) for name, ids in sent]
-
-
-def balance(user) -> int:
-    return LoyaltyAccount.objects.filter(user_id=user.pk).values_list("balance", flat=True).first()
-
-
-def history_quantity(user) -> int:
-    return sum(
-        PurchaseHistoryLine.objects.filter(user_id=user.pk).values_list("quantity", flat=True)
-    )
 
 
 def test_one_ring_per_consumer_applies_the_whole_batch_in_one_go(make_user, rings, settings):
