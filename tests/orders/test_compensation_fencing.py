@@ -15,7 +15,6 @@ import threading
 from datetime import timedelta
 
 import pytest
-from celery import current_app
 from django.core import mail
 from django.db import OperationalError
 from django.db.models import F
@@ -33,17 +32,10 @@ from tests.orders.compensation_support import ask_return, drive, receive, shippe
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
+# The fast backoffs and the captured bell of the compensation tests (autouse there, here too).
+from tests.orders.test_compensation import bells  # noqa: E402,F401
+
 TIMEOUT = 20
-
-
-@pytest.fixture(autouse=True)
-def bells(monkeypatch, settings):
-    settings.COMPENSATION_BACKOFF_BASE = 0.01
-    settings.COMPENSATION_BACKOFF_MAX = 0.05
-    settings.COMPENSATION_WAIT_SECONDS = 0.01
-    rung: list = []
-    monkeypatch.setattr(current_app, "send_task", lambda name, args=None, **kw: rung.append(args))
-    return rung
 
 
 @pytest.fixture
