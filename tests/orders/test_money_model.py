@@ -694,3 +694,105 @@ def test_money_life_for_a_while(world):
     while time.monotonic() < deadline:
         run_state_machine_as_test(MoneyLife, settings=_settings(50, shrink=True))
     print(f"\nmoney model: {world.examples} examples, no failure")
+
+
+# -- explicit runs: the issue's dead ends, as rules of the same machine ----------------------
+#
+# Hypothesis draws these sequences only now and then in the bounded form (each needs four or
+# five particular rules in order), so the cases issue 20 names are played here as explicit
+# runs of the machine: its rules, then every invariant, then the same liveness teardown. Each
+# one ends stuck, or with the money wrong, on the code before the fixes (docs/testing.md,
+# "The model-based test of an order's money life").
+
+
+def _play(*moves) -> MoneyLife:
+    """Run `moves` (method name, kwargs) on a fresh machine, the invariants after each."""
+    machine = MoneyLife()
+    for name, kwargs in moves:
+        getattr(machine, name)(**kwargs)
+        machine.money_adds_up()
+        machine.cancelled_means_refunded_everything()
+        machine.shop_agrees_with_provider()
+    machine.teardown()
+    return machine
+
+
+def _paid(**overrides):
+    kwargs = {
+        "step_budget": 1,
+        "refund_budget": 1,
+        "preference": STAFF_ACTIONS,
+        "shipped": "everything",
+    } | overrides
+    return ("a_paid_order", kwargs)
+
+
+def test_explicit_a_return_after_a_goodwill_refund_of_20_refunds_5_50_and_completes(world):
+    """The issue's first case: 25.50 captured, 20.00 goodwill, a return worth 15.50."""
+    machine = _play(
+        _paid(),
+        ("staff_refund_goodwill", {"cents": 2000, "then": "approved"}),
+        ("shopper_asks_a_return", {"tees": 1, "caps": 1, "received": True}),
+        ("time_passes_and_workers_catch_up", {}),
+    )
+    (ret,) = ReturnRequest.objects.filter(order_id=machine.order_id)
+    assert ret.status == "completed"
+    assert machine._payment().amount_refunded == CAPTURED
+
+
+def test_explicit_a_return_after_a_goodwill_refund_of_everything_completes(world):
+    """The issue's second case: the whole 25.50 as goodwill, then a return (0.00 to refund)."""
+    machine = _play(
+        _paid(),
+        ("staff_refund_goodwill", {"cents": 2550, "then": "approved"}),
+        ("shopper_asks_a_return", {"tees": 2, "caps": 0, "received": True}),
+        ("time_passes_and_workers_catch_up", {}),
+    )
+    (ret,) = ReturnRequest.objects.filter(order_id=machine.order_id)
+    assert ret.status == "completed"
+
+
+def test_explicit_record_as_failed_on_a_return_s_refund_then_the_return_completes(world):
+    """Finding 1: the return's refund is declined, staff record it as failed, then retry."""
+    machine = _play(
+        _paid(preference=("failed", "retry", "outside")),
+        ("provider_changes", {"declining": True, "unreachable": False}),
+        ("shopper_asks_a_return", {"tees": 1, "caps": 0, "received": True}),
+        ("time_passes_and_workers_catch_up", {}),
+        ("staff_decide_a_refund", {"index": 0, "action": "failed"}),
+        ("provider_changes", {"declining": False, "unreachable": False}),
+    )
+    (ret,) = ReturnRequest.objects.filter(order_id=machine.order_id)
+    assert ret.status == "completed"
+    assert machine._payment().amount_refunded == PRICES["TEE-M"]
+
+
+def test_explicit_record_as_failed_on_a_cancellation_s_refund_then_it_is_cancelled(world):
+    """Finding 1, the cancellation's side: `order.cancelled` is reached after all."""
+    machine = _play(
+        _paid(shipped="nothing", preference=("failed", "retry", "outside")),
+        ("provider_changes", {"declining": True, "unreachable": False}),
+        ("shopper_cancels", {}),
+        ("time_passes_and_workers_catch_up", {}),
+        ("staff_decide_a_refund", {"index": 0, "action": "failed"}),
+        ("provider_changes", {"declining": False, "unreachable": False}),
+    )
+    assert machine._order().status == "cancelled"
+
+
+def test_explicit_a_cancellation_while_a_goodwill_refund_is_pending_then_declined(world):
+    """Finding 2: 30 % goodwill pending, the shopper cancels, the goodwill is then declined."""
+    moves = [
+        _paid(shipped="nothing"),
+        ("staff_refund_goodwill", {"cents": 1000, "then": None}),
+        ("shopper_cancels", {}),
+    ]
+    # The cancellation's steps run before the provider answers the goodwill refund.
+    moves += [("worker_runs_a_step", {"index": 0, "transient": None, "dies_at": None})] * 4
+    moves += [
+        ("provider_answers_a_refund", {"index": 0, "outcome": "declined"}),
+        ("time_passes_and_workers_catch_up", {}),
+    ]
+    machine = _play(*moves)
+    assert machine._order().status == "cancelled"
+    assert machine._payment().amount_refunded == CAPTURED
