@@ -796,3 +796,17 @@ def test_explicit_a_cancellation_while_a_goodwill_refund_is_pending_then_decline
     machine = _play(*moves)
     assert machine._order().status == "cancelled"
     assert machine._payment().amount_refunded == CAPTURED
+
+
+@pytest.mark.parametrize("statement", [8, 10])
+def test_explicit_a_worker_dies_right_after_a_step_spends_its_budget(world, statement):
+    """Finding 3: the step's only attempt fails and the worker dies at a later statement of it
+    (on e8e6275 statements 7-11 fall between the flag and the status: flagged but `running`,
+    which no action took up)."""
+    machine = _play(
+        _paid(step_budget=1),
+        ("shopper_asks_a_return", {"tees": 1, "caps": 0, "received": True}),
+        ("worker_runs_a_step", {"index": 0, "transient": "before_effect", "dies_at": statement}),
+    )
+    (ret,) = ReturnRequest.objects.filter(order_id=machine.order_id)
+    assert ret.status == "completed"
