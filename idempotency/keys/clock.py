@@ -17,7 +17,7 @@ def _db_ago(seconds: float) -> ExpressionWrapper:
 
 
 def _lease_ttl() -> float:
-    return float(settings.IDEMPOTENCY_LOCK_TTL)
+    return float(settings.IDEMPOTENCY_LEASE_TTL)
 
 
 def _claim_lock_timeout() -> str:
