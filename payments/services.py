@@ -239,7 +239,7 @@ def _transaction_get_or_insert(
         key,
         amount,
         payment.currency,
-        TransactionStatus.PENDING,
+        TransactionStatus.UNKNOWN,
         first_attempt_in,
     ]
     with connection.cursor() as cursor:
@@ -253,7 +253,7 @@ def _transaction_get_or_insert(
             provider_key=key,
             amount=amount,
             currency=payment.currency,
-            status=TransactionStatus.PENDING,
+            status=TransactionStatus.UNKNOWN,
         )
     # Inserted by an earlier attempt (with its settlement row, in the same transaction).
     txn = PaymentTransaction.objects.get(payment=payment, kind=kind, provider_key=key)
@@ -706,7 +706,7 @@ def refund_request(
             key,
             amount,
             payment.currency,
-            TransactionStatus.PENDING,
+            TransactionStatus.UNKNOWN,
             refund_id,
             payment.id,
             amount,
