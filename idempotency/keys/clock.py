@@ -1,4 +1,4 @@
-"""Judge lock ages by the database clock (`now()`), never the process's."""
+"""Judge lease ages by the database clock (`now()`), never the process's."""
 
 from __future__ import annotations
 
