@@ -34,6 +34,7 @@ from idempotency.outbox import outbox_write
 from inventory import services as inventory_services
 from inventory.models import Product, Reservation
 from payments import services as payment_services
+from payments.gateway import Outcome
 from payments.lock_objects import payment_lock
 from payments.models import Payment, PaymentStatus
 
@@ -338,7 +339,7 @@ def order_payment_apply(*, order_id) -> Order:
     return order
 
 
-def order_payment_settled(*, payment: Payment, outcome: str) -> None:
+def order_payment_settled(*, payment: Payment, outcome: Outcome) -> None:
     """Apply a payment outcome that settlement recorded (settings.PAYMENTS_SETTLED_HANDLER).
 
     Called inside the transaction that records it, with the payment locked,
@@ -348,7 +349,7 @@ def order_payment_settled(*, payment: Payment, outcome: str) -> None:
     order_id = Order.objects.filter(payment_id=payment.id).values_list("id", flat=True).first()
     if order_id is None:
         return
-    order_payment_record(order_id=order_id, succeeded=outcome == payment_services.CAPTURED)
+    order_payment_record(order_id=order_id, succeeded=outcome == Outcome.SUCCEEDED)
 
 
 @transaction.atomic

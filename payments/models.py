@@ -141,7 +141,7 @@ class TransactionKind(models.TextChoices):
 
 
 class TransactionStatus(models.TextChoices):
-    PENDING = "pending"  # sent (or about to be); outcome not known yet
+    UNKNOWN = "unknown"  # sent (or about to be); the outcome is not known yet
     SUCCEEDED = "succeeded"
     DECLINED = "declined"
 
@@ -159,7 +159,7 @@ class PaymentTransaction(models.Model):
     amount = models.DecimalField(max_digits=12, decimal_places=2)
     currency = models.CharField(max_length=3)
     status = models.CharField(
-        max_length=16, choices=TransactionStatus.choices, default=TransactionStatus.PENDING
+        max_length=16, choices=TransactionStatus.choices, default=TransactionStatus.UNKNOWN
     )
     provider_operation_id = models.CharField(max_length=64, blank=True, default="")
     last_error = models.CharField(max_length=500, blank=True, default="")

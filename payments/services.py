@@ -60,10 +60,6 @@ SUPPORTED_METHODS: frozenset[str] = frozenset(
     {"pm_card_ok", "pm_card_declined", "pm_card_timeout", "pm_card_unavailable"}
 )
 
-CAPTURED = "captured"
-DECLINED = "declined"
-UNKNOWN = "unknown"
-
 
 class PaymentReferenceConflict(ApplicationError):
     status = 409
@@ -83,9 +79,9 @@ class TransactionOpen(RuntimeError):
 
 @dataclass(frozen=True)
 class CaptureResult:
-    """What a capture came to: `captured`, `declined` (final) or `unknown` (being settled)."""
+    """What a capture came to: succeeded, declined (final) or unknown (being settled)."""
 
-    outcome: str
+    outcome: Outcome
     payment: Payment
     detail: str = ""
 
@@ -105,16 +101,16 @@ def _require_no_transaction(what: str) -> None:
         raise TransactionOpen(f"{what} calls the provider: call it with no transaction open")
 
 
-def _outcome_of(payment: Payment) -> str:
+def _outcome_of(payment: Payment) -> Outcome:
     if payment.status in (
         PaymentStatus.CAPTURED,
         PaymentStatus.PARTIALLY_REFUNDED,
         PaymentStatus.REFUNDED,
     ):
-        return CAPTURED
+        return Outcome.SUCCEEDED
     if payment.status == PaymentStatus.FAILED:
-        return DECLINED
-    return UNKNOWN
+        return Outcome.DECLINED
+    return Outcome.UNKNOWN
 
 
 def _table(model) -> str:
@@ -239,7 +235,7 @@ def _transaction_get_or_insert(
         key,
         amount,
         payment.currency,
-        TransactionStatus.PENDING,
+        TransactionStatus.UNKNOWN,
         first_attempt_in,
     ]
     with connection.cursor() as cursor:
@@ -253,7 +249,7 @@ def _transaction_get_or_insert(
             provider_key=key,
             amount=amount,
             currency=payment.currency,
-            status=TransactionStatus.PENDING,
+            status=TransactionStatus.UNKNOWN,
         )
     # Inserted by an earlier attempt (with its settlement row, in the same transaction).
     txn = PaymentTransaction.objects.get(payment=payment, kind=kind, provider_key=key)
@@ -342,15 +338,17 @@ def payment_lookup_once(*, payment_id) -> CaptureResult:
         .first()
     )
     if txn is None:
-        return CaptureResult(outcome=UNKNOWN, payment=payment, detail="no capture sent")
+        return CaptureResult(outcome=Outcome.UNKNOWN, payment=payment, detail="no capture sent")
     result = get_gateway().lookup(key=txn.provider_key)
     if result.outcome == Outcome.NOT_FOUND:
-        return CaptureResult(outcome=UNKNOWN, payment=payment, detail="not found at the provider")
+        return CaptureResult(
+            outcome=Outcome.UNKNOWN, payment=payment, detail="not found at the provider"
+        )
     payment = _capture_record(transaction_id=txn.id, result=result, mode="lookup")
     return CaptureResult(outcome=_outcome_of(payment), payment=payment, detail=result.describe())
 
 
-def _notify_settled(*, payment: Payment, outcome: str) -> None:
+def _notify_settled(*, payment: Payment, outcome: Outcome) -> None:
     path = settings.PAYMENTS_SETTLED_HANDLER
     if path:
         import_string(path)(payment=payment, outcome=outcome)
@@ -439,7 +437,9 @@ def _capture_record(
             error="" if captured else result.describe(),
         )
         if mode in ("settlement", "webhook"):
-            _notify_settled(payment=payment, outcome=CAPTURED if captured else DECLINED)
+            _notify_settled(
+                payment=payment, outcome=Outcome.SUCCEEDED if captured else Outcome.DECLINED
+            )
         return payment
     payment = payment_lock(payment_id=txn.payment_id)
     if payment.status != PaymentStatus.PENDING:
@@ -706,7 +706,7 @@ def refund_request(
             key,
             amount,
             payment.currency,
-            TransactionStatus.PENDING,
+            TransactionStatus.UNKNOWN,
             refund_id,
             payment.id,
             amount,

@@ -64,24 +64,6 @@ def _proved_by_refs(text: str) -> list[tuple[str, str]]:
     return refs
 
 
-def test_every_test_and_function_guarantees_md_names_exists():
-    text = (ROOT / "docs" / "guarantees.md").read_text()
-    refs = _proved_by_refs(text)
-    assert len(refs) > 50  # the parser reads the tables
-    missing = []
-    for path, name in refs:
-        # A test is named from tests/; a row may also name the production code that
-        # decides it (`orders/services.py::order_hold`), from the repository's top.
-        file = ROOT / "tests" / path
-        if not file.exists() and (ROOT / path).exists():
-            file = ROOT / path
-        if not file.exists():
-            missing.append(f"{path} (no such file)")
-        elif name not in _test_names(file):
-            missing.append(f"{path}::{name}")
-    assert missing == []
-
-
 def _resolves(dotted: str) -> bool:
     import importlib
 
@@ -105,9 +87,182 @@ def _resolves(dotted: str) -> bool:
     return False
 
 
-def test_every_module_function_and_task_the_glossary_names_exists(db):
-    # "Renames" keeps the old names on purpose: only what comes before it is checked.
-    text = (ROOT / "docs" / "glossary.md").read_text().split("\n## Renames")[0]
-    names = sorted(set(_DOTTED.findall(text)))
-    assert len(names) > 30
-    assert [name for name in names if not _resolves(name)] == []
+# --- the names themselves -----------------------------------------------------------
+
+_APPS = "|".join(PACKAGES)
+# A database object's name (`payments_refund_key_uniq`, `idempotency_key_open_idx`):
+# an app's prefix; checked when its last word is one PostgreSQL names end in here.
+_DB_NAME = re.compile(r"`((?:" + _APPS + r")_[a-z0-9_]+)`(?!\{)")
+# A setting (`OUTBOX_CONSUMER_BATCH`, `PAYMENTS_SETTLE_*`, `IDEMPOTENCY_COMPLETER_BATCH|BUDGET`).
+_UPPER = re.compile(r"`([A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+(?:_\*|(?:\|[A-Z0-9]+)+)?)`")
+_FILE = re.compile(r"`([\w/]+\.py)`")
+
+
+_CHAOS = "\n## Under combined faults"
+_INVARIANT = re.compile(r"`([a-z][a-z0-9_]+)`")
+
+
+def _missing_invariants(text: str) -> list[str]:
+    """The chaos table names the invariants of tools/chaos/invariants.py."""
+    defined = set(
+        re.findall(r'Invariant\("(\w+)"', (ROOT / "tools/chaos/invariants.py").read_text())
+    )
+    table = text.split(_CHAOS, 1)[1].split("\n## ", 1)[0]
+    rows = [line.split(" | ")[-1] for line in table.splitlines() if line.startswith("| ")][2:]
+    return [
+        f"{name} (no such chaos invariant)"
+        for name in sorted({name for row in rows for name in _INVARIANT.findall(row)})
+        if name not in defined
+    ]
+
+
+def _checked_text(name: str) -> str:
+    """The doc's text that names today's code ("Renames" in the glossary keeps old names)."""
+    return (ROOT / "docs" / name).read_text().split("\n## Renames")[0]
+
+
+def _python_names() -> set[str]:
+    """Every function and class defined in production code (not migrations)."""
+    import ast
+
+    names: set[str] = set()
+    for path in _tracked("*.py"):
+        if path.startswith("tests/") or "/migrations/" in path:
+            continue
+        for node in ast.walk(ast.parse((ROOT / path).read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                names.add(node.name)
+    return names
+
+
+def _database_names() -> set[str]:
+    """Constraint and index names of the migrated test database."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT conname FROM pg_constraint"
+            " WHERE connamespace = 'public'::regnamespace"
+            " UNION SELECT indexname FROM pg_indexes WHERE schemaname = 'public'"
+        )
+        return {row[0] for row in cursor.fetchall()}
+
+
+def _setting_prefixes() -> set[str]:
+    """First words of the project's settings (config/settings/*.py): `IDEMPOTENCY`, `OUTBOX`..."""
+    import ast
+
+    prefixes: set[str] = set()
+    for path in _tracked("config/settings/*.py"):
+        for node in ast.walk(ast.parse((ROOT / path).read_text())):
+            targets = node.targets if isinstance(node, ast.Assign) else []
+            for target in targets:
+                if isinstance(target, ast.Name) and target.id.isupper() and "_" in target.id:
+                    prefixes.add(target.id.split("_")[0])
+    return prefixes
+
+
+def _missing_files_and_functions(text: str) -> list[str]:
+    missing = []
+    for path, name in _proved_by_refs(text):
+        # A test is named from tests/; a row may also name the production code that
+        # decides it (`orders/services.py::order_hold`), from the repository's top.
+        file = ROOT / "tests" / path
+        if not file.exists() and (ROOT / path).exists():
+            file = ROOT / path
+        if not file.exists():
+            missing.append(f"{path} (no such file)")
+        elif name not in _test_names(file):
+            missing.append(f"{path}::{name}")
+    for path in _FILE.findall(text):
+        if not any((base / path).exists() for base in (ROOT, ROOT / "tests", ROOT / "docs")):
+            missing.append(f"{path} (no such file)")
+    return missing
+
+
+def _missing_constraints(text: str, database: set[str], python: set[str]) -> list[str]:
+    endings = {name.rsplit("_", 1)[-1] for name in database}
+    return [
+        f"{name} (no such constraint or index)"
+        for name in sorted(set(_DB_NAME.findall(text)))
+        if name.rsplit("_", 1)[-1] in endings and name not in python and name not in database
+    ]
+
+
+def _missing_settings(text: str, prefixes: set[str]) -> list[str]:
+    from django.conf import settings
+
+    known = {name for name in dir(settings) if name.isupper()}
+    missing = []
+    for written in sorted(set(_UPPER.findall(text))):
+        if written.split("_")[0] not in prefixes:
+            continue  # a constant (`INBOX_CONSTRAINT`, `PAYMENT_UNKNOWN`), not a setting
+        if written.endswith("_*"):
+            if not any(name.startswith(written[:-1]) for name in known):
+                missing.append(f"{written} (no such setting)")
+            continue
+        first, *others = written.split("|")
+        base = first.rsplit("_", 1)[0]
+        for name in [first, *(f"{base}_{other}" for other in others)]:
+            if name not in known:
+                missing.append(f"{name} (no such setting)")
+    return missing
+
+
+def test_every_name_the_guarantees_and_the_glossary_give_exists(db):
+    """Files, functions, tests, constraints, settings and dotted names: all reported at once."""
+    guarantees, glossary = _checked_text("guarantees.md"), _checked_text("glossary.md")
+    assert len(_proved_by_refs(guarantees)) > 50  # the parser reads the tables
+    dotted = sorted(set(_DOTTED.findall(glossary)))
+    assert len(dotted) > 30
+    database, python, prefixes = _database_names(), _python_names(), _setting_prefixes()
+    assert len(database) > 50  # the test database is migrated
+    missing = [f"guarantees.md: {name}" for name in _missing_invariants(guarantees)]
+    # The chaos table's names are invariants, checked above, not database objects.
+    guarantees = guarantees.split(_CHAOS)[0] + "\n".join(
+        line for line in guarantees.split(_CHAOS)[1].splitlines() if not line.startswith("| ")
+    )
+    for doc, text in (("guarantees.md", guarantees), ("glossary.md", glossary)):
+        found = [
+            *_missing_files_and_functions(text),
+            *_missing_constraints(text, database, python),
+            *_missing_settings(text, prefixes),
+        ]
+        missing += [f"{doc}: {name}" for name in found]
+    missing += [f"glossary.md: {name} (does not resolve)" for name in dotted if not _resolves(name)]
+    missing = list(dict.fromkeys(missing))  # each once, in the docs' order
+    assert not missing, f"{len(missing)} names in the docs no longer exist:\n" + "\n".join(missing)
+
+
+def test_the_checks_see_the_names_the_docs_give(db):
+    """The patterns find what they must check (a pattern that matches nothing checks nothing)."""
+    guarantees, glossary = _checked_text("guarantees.md"), _checked_text("glossary.md")
+    database = _database_names()
+    both = guarantees + glossary
+    constraints = {n for n in _DB_NAME.findall(both) if n in database}
+    assert {
+        "idempotency_idempotencykey_owner_key_uniq",
+        "payments_payment_refunded_le_reserved_le_captured",
+        "idempotency_key_open_idx",
+    } <= constraints
+    assert {"COMPENSATION_MAX_ATTEMPTS", "IDEMPOTENCY_LEASE_TTL", "PAYMENTS_SETTLE_*"} <= set(
+        _UPPER.findall(both)
+    )
+    assert "idempotency/keys/run.py" in {path for path, _ in _proved_by_refs(guarantees)}
+    # A wrong name of each kind is reported.
+    wrong = (
+        "`idempotency/keys/run.py::_no_such_insert` `payments_refund_no_such_uniq` "
+        "`IDEMPOTENCY_NO_SUCH_TTL` `PAYMENTS_SWEEP_INTERVAL|NOSUCH` `no/such/file.py`"
+    )
+    found = [
+        *_missing_files_and_functions(wrong),
+        *_missing_constraints(wrong, database, _python_names()),
+        *_missing_settings(wrong, _setting_prefixes()),
+    ]
+    assert found == [
+        "idempotency/keys/run.py::_no_such_insert",
+        "no/such/file.py (no such file)",
+        "payments_refund_no_such_uniq (no such constraint or index)",
+        "IDEMPOTENCY_NO_SUCH_TTL (no such setting)",
+        "PAYMENTS_SWEEP_NOSUCH (no such setting)",
+    ]

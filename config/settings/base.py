@@ -14,6 +14,8 @@ from typing import Any
 import environ
 from celery.schedules import crontab
 
+from config.settings.renamed import renamed
+
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 # The shop's one version, from pyproject.toml's [project] (the OpenAPI document shows it).
 SHOP_VERSION: str = tomllib.loads((BASE_DIR / "pyproject.toml").read_text())["project"]["version"]
@@ -328,16 +330,21 @@ PROBLEM_TYPE_BASE = env.str("PROBLEM_TYPE_BASE", default="https://shop.example/p
 
 # --- Idempotency: request keys, completer, purge, failpoints (issue 4) ---------
 # See docs/idempotency.md. Times are seconds, judged by the database clock.
-# The lock TTL must exceed the longest gap between two lock renewals: one
+# The lease TTL must exceed the longest gap between two lease renewals: one
 # phase plus one outside call (provider timeout x in-request attempts + margin).
-IDEMPOTENCY_LOCK_TTL = env.float("IDEMPOTENCY_LOCK_TTL", default=60.0)
-IDEMPOTENCY_LOCK_MARGIN = env.float("IDEMPOTENCY_LOCK_MARGIN", default=10.0)
+# Formerly IDEMPOTENCY_LOCK_TTL / _MARGIN: the old names are still read (warned).
+IDEMPOTENCY_LEASE_TTL = env.float(
+    renamed("IDEMPOTENCY_LEASE_TTL", old="IDEMPOTENCY_LOCK_TTL"), default=60.0
+)
+IDEMPOTENCY_LEASE_MARGIN = env.float(
+    renamed("IDEMPOTENCY_LEASE_MARGIN", old="IDEMPOTENCY_LOCK_MARGIN"), default=10.0
+)
 # Longest wait (seconds) of a fresh key's INSERT on a concurrent identical request's
 # uncommitted row (its phase 1 may queue behind a busy stock row); then 409 in use.
 IDEMPOTENCY_CLAIM_WAIT = env.float("IDEMPOTENCY_CLAIM_WAIT", default=0.5)
-# Retry-After of a 409 idempotency_key_in_use (capped by the lock's remaining life).
+# Retry-After of a 409 idempotency_key_in_use (capped by the lease's remaining life).
 IDEMPOTENCY_RETRY_AFTER = env.int("IDEMPOTENCY_RETRY_AFTER", default=1)
-# An open key not retried for this long (and not locked) is settled by the completer.
+# An open key not retried for this long (and not leased) is completed by the completer.
 IDEMPOTENCY_ABANDON_AFTER = env.float("IDEMPOTENCY_ABANDON_AFTER", default=300.0)
 IDEMPOTENCY_COMPLETER_BATCH = env.int("IDEMPOTENCY_COMPLETER_BATCH", default=50)
 # Seconds after which a completer run starts no further key (each may call the

@@ -4,7 +4,7 @@ The design (docs/idempotency.md) in short:
 
 - A request first reads its (owner, key) row: a finished key is replayed
   from that one indexed read. An existing row is matched: another request
-  (422), a stored answer (replay), a live lock (409), or an expired lock /
+  (422), a stored answer (replay), a live lease (409), or an expired lease /
   open key (taken over with a conditional UPDATE and a fresh fencing token).
 - A fresh key is claimed by INSERTing its row, with a fresh fencing token in
   `leased_by`, as the first statement of the operation's first phase, under
@@ -13,20 +13,20 @@ The design (docs/idempotency.md) in short:
   effect and is answered from the winner's row (409 / replay / 422).
 - An operation runs in phases. Each phase is one transaction that commits the
   phase's effects together with the key's next `recovery_point` and `data`,
-  through `UPDATE ... WHERE leased_by = <my token>`: a request whose lock was
+  through `UPDATE ... WHERE leased_by = <my token>`: a request whose lease was
   taken over cannot commit anything.
 - The final answer is stored in the same transaction as the effect that
   decided it (the last phase) and replayed byte for byte.
-- Lock ages are judged by the database clock (`now()`), never the process's.
+- Lease ages are judged by the database clock (`now()`), never the process's.
 
 The package, one job a module (each imports only those above it):
 
 - `errors`: the key's refusals (400/409/422 problems), KeyLeaseLost, KeyClaimLost.
 - `fingerprint`: the key's header value and the body's fingerprint.
 - `answers`: answers as stored and replayed.
-- `clock`: lock ages by the database clock.
+- `clock`: lease ages by the database clock.
 - `run`: KeyRun, the fenced atomic phases.
-- `claim`: claim, match, takeover, and settling a failed run.
+- `claim`: claim, match, takeover, and closing a failed run.
 - `registry`: how the completer resumes each operation.
 - `completer`: keys abandoned mid-way, driven to their end.
 - `purge`: finished keys past their retention, deleted.

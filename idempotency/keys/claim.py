@@ -56,7 +56,7 @@ def key_stored_answer(
 
 
 def _key_take_over(*, key_id: int, abandoned: bool = False) -> KeyRun | None:
-    """Lock an open key whose lock is free or expired with a fresh token; None if another won."""
+    """Lease an open key whose lease is free or expired with a fresh token; None if another won."""
     token = uuid.uuid4()
     candidates = IdempotencyKey.objects.filter(pk=key_id).exclude(recovery_point=FINISHED)
     candidates = candidates.filter(_lease_free_or_expired())
@@ -124,7 +124,7 @@ def _match(row: IdempotencyKey, identity: KeyIdentity) -> Answer | None:
 
 
 def _after_takeover(run: KeyRun) -> None:
-    """Pass the failpoint after a takeover; a raise there must not leave the key locked."""
+    """Pass the failpoint after a takeover; a raise there must not leave the key leased."""
     try:
         failpoint("idempotency.claim.after_takeover")
     except BaseException:
@@ -146,7 +146,7 @@ def key_claim(
 
     Return the stored Answer to replay; or a KeyRun to run: fresh (its first
     phase inserts the key under the unique constraint), or resumed at its
-    recovery point after an expired lock or an open key. Raise
+    recovery point after an expired lease or an open key. Raise
     IdempotencyKeyReused (422) for another request under the same key and
     IdempotencyKeyInUse (409, Retry-After) while another run holds it.
 
@@ -193,7 +193,7 @@ def key_claim(
 def key_answer_existing(
     *, owner_id: int, key: str, operation: str, method: str, path: str, fingerprint: str
 ) -> Answer:
-    """Answer a request that lost its claim or lock: 422, the stored answer, or 409 in use."""
+    """Answer a request that lost its claim or lease: 422, the stored answer, or 409 in use."""
     row = _key_read(owner_id=owner_id, key=key)
     if row is None:
         raise _in_use()
@@ -212,7 +212,7 @@ def key_answer_existing(
 
 
 def key_run_failed(*, run: KeyRun, exc: BaseException) -> Answer | None:
-    """Settle the key after the operation raised `exc`; return the answer if it was stored.
+    """Close the run after the operation raised `exc`; return the answer if it was stored.
 
     Before the first committed phase an ApplicationError is the domain's
     decision and is stored (402/404/409/422...), except input-like refusals

@@ -1,4 +1,4 @@
-"""Judge lock ages by the database clock (`now()`), never the process's."""
+"""Judge lease ages by the database clock (`now()`), never the process's."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ def _db_ago(seconds: float) -> ExpressionWrapper:
 
 
 def _lease_ttl() -> float:
-    return float(settings.IDEMPOTENCY_LOCK_TTL)
+    return float(settings.IDEMPOTENCY_LEASE_TTL)
 
 
 def _claim_lock_timeout() -> str:

@@ -16,9 +16,9 @@ logger = logging.getLogger(__name__)
 
 
 def keys_complete_abandoned(*, limit: int | None = None, budget: float | None = None) -> int:
-    """Finish, roll back or re-open keys abandoned mid-way; return how many were settled.
+    """Finish, roll back or re-open keys abandoned mid-way; return how many were completed.
 
-    Abandoned = not finished, lock free or expired, and `last_run_at` older than
+    Abandoned = not finished, lease free or expired, and `last_run_at` older than
     IDEMPOTENCY_ABANDON_AFTER (database clock). Each is taken over with a fresh
     fencing token, so a client retry and the completer never both run it.
 
@@ -59,5 +59,5 @@ def keys_complete_abandoned(*, limit: int | None = None, budget: float | None = 
         if not run.closed:
             run.drop_lease_quietly()
         settled += 1
-        logger.info("completer settled %r", run)
+        logger.info("completer completed %r", run)
     return settled

@@ -1,4 +1,4 @@
-"""Refusals of a request key (problem responses) and the lost-lock exceptions."""
+"""Refusals of a request key (problem responses) and the lost-lease and lost-claim exceptions."""
 
 from __future__ import annotations
 

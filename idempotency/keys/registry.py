@@ -12,7 +12,7 @@ _registry: dict[str, Callable[[KeyRun], None]] = {}
 def register_operation(name: str, *, resume: Callable[[KeyRun], None]) -> None:
     """Register how the completer drives an abandoned key of operation `name` to its end.
 
-    `resume(run)` gets a locked KeyRun at the key's recovery point and must
+    `resume(run)` gets a leased KeyRun at the key's recovery point and must
     finish it (drive forward or roll back, then `run.finish(...)`), leave it
     open, or `run.abandon()` it when no phase has committed.
     """

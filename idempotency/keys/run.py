@@ -1,4 +1,4 @@
-"""The run handle: a keyed operation's atomic phases, fenced by the key's lock token."""
+"""The run handle: a keyed operation's atomic phases, fenced by the key's lease token."""
 
 from __future__ import annotations
 
@@ -282,7 +282,7 @@ class KeyRun:
         elif kind == "open":
             fields.update(leased_by=None, leased_at=None)
         else:
-            # Each committed phase renews the lock: the TTL bounds one phase
+            # Each committed phase renews the lease: the TTL bounds one phase
             # plus one outside call, not the whole operation.
             fields["leased_at"] = Now()
         assert self.key_id is not None  # only a row inserted by an earlier phase is updated
@@ -290,7 +290,7 @@ class KeyRun:
             **fields
         )
         if updated != 1:
-            raise KeyLeaseLost(f"{self!r} lost its lock; its phase is rolled back")
+            raise KeyLeaseLost(f"{self!r} lost its lease; its phase is rolled back")
 
     def _committed(
         self, *, point: str, data: dict[str, Any], kind: str | None, answer: Answer | None
@@ -312,7 +312,7 @@ class KeyRun:
                 pk=self.key_id, leased_by=self.token, recovery_point=STARTED
             ).delete()
             if deleted != 1:
-                raise KeyLeaseLost(f"{self!r} lost its lock")
+                raise KeyLeaseLost(f"{self!r} lost its lease")
         self._closed = True
 
     def drop_lease(self) -> None:
@@ -324,7 +324,7 @@ class KeyRun:
             )
 
     def drop_lease_quietly(self) -> None:
-        """Unlock, logging instead of raising (the lock's TTL covers a failure here)."""
+        """Drop the lease, logging instead of raising (the lease's TTL covers a failure here)."""
         try:
             self.drop_lease()
         except DatabaseError:

@@ -139,7 +139,7 @@ def test_a_task_whose_worker_process_is_killed_is_redelivered(
     token = Token.objects.create(user=shopper).key
     server = gunicorn(
         failpoints="probe.run.recorded.after_commit=exit@1",
-        IDEMPOTENCY_LOCK_TTL=str(LOCK_TTL),
+        IDEMPOTENCY_LEASE_TTL=str(LOCK_TTL),
         SHOP_PROBE_STUB_URL=stub_service.url,
     )
     with pytest.raises(requests.ConnectionError):
@@ -153,7 +153,7 @@ def test_a_task_whose_worker_process_is_killed_is_redelivered(
     worker = celery_worker_process(
         # The first completer run stalls after its outside call, holding the key.
         failpoints="probe.run.after_call=sleep:120000@1",
-        IDEMPOTENCY_LOCK_TTL=str(LOCK_TTL),
+        IDEMPOTENCY_LEASE_TTL=str(LOCK_TTL),
         IDEMPOTENCY_ABANDON_AFTER=str(LOCK_TTL),
         SHOP_PROBE_STUB_URL=stub_service.url,
         **on_amqp,

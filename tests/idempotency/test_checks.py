@@ -1,4 +1,4 @@
-"""The lock TTL must outlast one phase plus the provider calls between two renewals."""
+"""The lease TTL must outlast one phase plus the provider calls between two renewals."""
 
 from django.test import override_settings
 
@@ -10,7 +10,7 @@ def test_default_ttl_passes():
 
 
 @override_settings(
-    IDEMPOTENCY_LOCK_TTL=20, PAYMENTS_PROVIDER_TIMEOUT=10, PAYMENTS_PROVIDER_ATTEMPTS=2
+    IDEMPOTENCY_LEASE_TTL=20, PAYMENTS_PROVIDER_TIMEOUT=10, PAYMENTS_PROVIDER_ATTEMPTS=2
 )
 def test_short_ttl_warns():
     (warning,) = lock_ttl_covers_outside_calls(None)

@@ -82,7 +82,7 @@ def test_crash_after_each_boundary_then_retry_gives_one_effect(
 ):
     server = gunicorn(
         failpoints=f"{boundary}=exit@1",
-        IDEMPOTENCY_LOCK_TTL=str(LOCK_TTL),
+        IDEMPOTENCY_LEASE_TTL=str(LOCK_TTL),
         SHOP_PROBE_STUB_URL=stub_service.url,
     )
     with pytest.raises(requests.ConnectionError):
@@ -120,7 +120,7 @@ def _lock_expired_and_abandoned(key_id: int, seconds: float) -> bool:
 def test_crash_without_retry_is_settled_by_the_completer(gunicorn, stub_service, token, boundary):
     server = gunicorn(
         failpoints=f"{boundary}=exit@1",
-        IDEMPOTENCY_LOCK_TTL=str(LOCK_TTL),
+        IDEMPOTENCY_LEASE_TTL=str(LOCK_TTL),
         SHOP_PROBE_STUB_URL=stub_service.url,
     )
     with pytest.raises(requests.ConnectionError):
@@ -136,7 +136,7 @@ def test_crash_without_retry_is_settled_by_the_completer(gunicorn, stub_service,
         key_id = IdempotencyKey.objects.get().pk
         wait_until(lambda: _lock_expired_and_abandoned(key_id, LOCK_TTL), timeout=30)
         with override_settings(
-            IDEMPOTENCY_LOCK_TTL=LOCK_TTL,
+            IDEMPOTENCY_LEASE_TTL=LOCK_TTL,
             IDEMPOTENCY_ABANDON_AFTER=LOCK_TTL,
             SHOP_PROBE_STUB_URL=stub_service.url,
         ):
@@ -156,13 +156,13 @@ def test_completer_runs_in_a_real_celery_worker(
 
     server = gunicorn(
         failpoints="probe.run.after_call=exit@1",
-        IDEMPOTENCY_LOCK_TTL=str(LOCK_TTL),
+        IDEMPOTENCY_LEASE_TTL=str(LOCK_TTL),
         SHOP_PROBE_STUB_URL=stub_service.url,
     )
     with pytest.raises(requests.ConnectionError):
         send(server, token, "worker-key")
     worker = celery_worker_process(
-        IDEMPOTENCY_LOCK_TTL=str(LOCK_TTL),
+        IDEMPOTENCY_LEASE_TTL=str(LOCK_TTL),
         IDEMPOTENCY_ABANDON_AFTER=str(LOCK_TTL),
         SHOP_PROBE_STUB_URL=stub_service.url,
     )
@@ -188,7 +188,7 @@ def test_stalled_request_taken_over_after_its_ttl_cannot_commit(gunicorn, stub_s
         workers=2,
         # A stalls between the outside call and its last phase (holding no row lock).
         failpoints="probe.run.after_call=sleep:5000@1",
-        IDEMPOTENCY_LOCK_TTL=str(LOCK_TTL),
+        IDEMPOTENCY_LEASE_TTL=str(LOCK_TTL),
         SHOP_PROBE_STUB_URL=stub_service.url,
     )
     stalled: dict = {}

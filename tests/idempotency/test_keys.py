@@ -218,7 +218,7 @@ def test_expired_lock_is_taken_over_at_its_recovery_point(shopper):
     assert IdempotencyKey.objects.get(pk=run.key_id).runs == 2
 
 
-@override_settings(IDEMPOTENCY_LOCK_TTL=30)
+@override_settings(IDEMPOTENCY_LEASE_TTL=30)
 def test_lock_age_is_judged_against_the_ttl(shopper):
     run = held(shopper)
     age_lock(run.key_id, 20)
@@ -423,7 +423,7 @@ def test_register_operation_refuses_a_second_resumer(registered):
         keys.register_operation("x", resume=b)
 
 
-@override_settings(IDEMPOTENCY_ABANDON_AFTER=60, IDEMPOTENCY_LOCK_TTL=30)
+@override_settings(IDEMPOTENCY_ABANDON_AFTER=60, IDEMPOTENCY_LEASE_TTL=30)
 def test_completer_settles_only_abandoned_keys(shopper, registered):
     seen = []
 

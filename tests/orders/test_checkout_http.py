@@ -45,7 +45,7 @@ def shop(gunicorn, provider):
             failpoints=failpoints,
             PAYMENTS_PROVIDER_URL=provider.url,
             PAYMENTS_PROVIDER_TIMEOUT="2",
-            IDEMPOTENCY_LOCK_TTL="3",
+            IDEMPOTENCY_LEASE_TTL="3",
             DB_POOL_MAX="2",
             **env,
         )
@@ -261,7 +261,7 @@ def test_crash_without_retry_leaves_nothing_dangling(
     shop, make_product, make_user, provider, point, settings
 ):
     crash_once(shop, make_product, make_user, point)
-    settings.IDEMPOTENCY_LOCK_TTL = 3
+    settings.IDEMPOTENCY_LEASE_TTL = 3
     settings.IDEMPOTENCY_ABANDON_AFTER = 0
 
     def settled():

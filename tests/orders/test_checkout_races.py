@@ -193,7 +193,7 @@ def shop(gunicorn, provider):
             workers=1,
             PAYMENTS_PROVIDER_URL=provider.url,
             PAYMENTS_PROVIDER_TIMEOUT="2",
-            IDEMPOTENCY_LOCK_TTL=str(LOCK_TTL),
+            IDEMPOTENCY_LEASE_TTL=str(LOCK_TTL),
             DB_POOL_MAX="2",
             **env,
         )
@@ -224,7 +224,7 @@ def test_retry_racing_the_completer_on_a_crashed_checkout(
     has given up: the other really tried while the key was held."""
     import requests
 
-    settings.IDEMPOTENCY_LOCK_TTL = LOCK_TTL
+    settings.IDEMPOTENCY_LEASE_TTL = LOCK_TTL
     settings.IDEMPOTENCY_ABANDON_AFTER = 0
     make_product("TEE-M", price="19.99", stock=5)
     body = order_request({"TEE-M": 2})

@@ -434,7 +434,7 @@ class TestPaymentLink:
         books_balance()
 
     @pytest.mark.parametrize(
-        "outcome, status", [("captured", "confirmed"), ("declined", "payment_failed")]
+        "outcome, status", [("succeeded", "confirmed"), ("declined", "payment_failed")]
     )
     def test_settled_handler_applies_the_outcome_once(self, stock, reserve, outcome, status):
         order = order_payment_start(order=reserve({"MUG": 2}))
@@ -451,7 +451,7 @@ class TestPaymentLink:
             currency="EUR",
             payment_method="pm_card_ok",
         )
-        order_payment_settled(payment=payment, outcome="captured")
+        order_payment_settled(payment=payment, outcome="succeeded")
         assert not Order.objects.exists()
 
     def test_handler_is_the_configured_one(self, settings):

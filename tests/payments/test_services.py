@@ -121,7 +121,7 @@ def test_supported_methods_are_the_contracts_test_methods():
 def test_capture_ok(provider, settled_calls):
     payment = make_payment()
     result = payment_capture(payment_id=payment.id)
-    assert result.outcome == "captured"
+    assert result.outcome == "succeeded"
     payment.refresh_from_db()
     assert payment.status == PaymentStatus.CAPTURED
     assert payment.amount_authorized == payment.amount_captured == Decimal("19.99")
@@ -143,7 +143,7 @@ def test_capture_again_does_not_call_the_provider(provider):
     payment_capture(payment_id=payment.id)
     requests_before = provider.state()["stats"]["requests"]
     again = payment_capture(payment_id=payment.id)
-    assert again.outcome == "captured"
+    assert again.outcome == "succeeded"
     assert provider.state()["stats"]["requests"] == requests_before
     assert payment.transactions.count() == 1
 
@@ -187,7 +187,7 @@ def test_lookup_once_records_a_final_answer_but_sends_nothing(provider, settled_
     payment = make_payment("pm_card_timeout")
     assert payment_capture(payment_id=payment.id).outcome == "unknown"
     result = payment_lookup_once(payment_id=payment.id)
-    assert result.outcome == "captured"
+    assert result.outcome == "succeeded"
     assert result.payment.status == PaymentStatus.CAPTURED
     assert settled_calls == []
     # A capture that never reached the provider stays unknown: lookup sends nothing.
@@ -213,7 +213,7 @@ def test_settle_is_a_no_op_until_due_and_after_settled(provider, settled_calls):
     assert settled_calls == [
         {
             "reference": "order-1",
-            "outcome": "captured",
+            "outcome": "succeeded",
             "status": "captured",
             "in_transaction": True,
             "status_in_db": "captured",

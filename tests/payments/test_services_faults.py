@@ -44,7 +44,7 @@ def test_timeout_one_charge_captured_after_settlement(provider, settled_calls):
     assert payment.amount_captured == Decimal("42.00")
     assert len(provider.charges(key)) == 1
     assert [(c["outcome"], c["in_transaction"], c["status_in_db"]) for c in settled_calls] == [
-        ("captured", True, "captured")
+        ("succeeded", True, "captured")
     ]
     assert_reconciled()
 
@@ -64,7 +64,7 @@ def test_unavailable_first_attempt_unknown_settlement_completes_it(provider, set
     assert second.settled_at is not None
     assert len(provider.charges(key)) == 1
     assert provider.state()["stats"]["unavailable"] == 2
-    assert [c["outcome"] for c in settled_calls] == ["captured"]
+    assert [c["outcome"] for c in settled_calls] == ["succeeded"]
     assert_reconciled()
 
 
@@ -120,8 +120,8 @@ def test_same_capture_from_two_processes_at_once_charges_once(provider):
         assert proc.returncode == 0, err
         outputs.append(json.loads(out.strip().splitlines()[-1]))
     assert sorted(o["outcome"] for o in outputs) in (
-        ["captured", "unknown"],  # the loser met 409 in_use before the winner recorded
-        ["captured", "captured"],  # the loser re-read after the winner recorded
+        ["succeeded", "unknown"],  # the loser met 409 in_use before the winner recorded
+        ["succeeded", "succeeded"],  # the loser re-read after the winner recorded
     )
     payment.refresh_from_db()
     assert payment.status == PaymentStatus.CAPTURED
@@ -158,7 +158,7 @@ def test_shop_killed_after_provider_answered_settlement_records_once(
     assert payment.status == PaymentStatus.CAPTURED
     assert payment.amount_captured == Decimal("42.00")
     assert payment.events.filter(to_status=PaymentStatus.CAPTURED).count() == 1
-    assert [c["outcome"] for c in settled_calls] == ["captured"]
+    assert [c["outcome"] for c in settled_calls] == ["succeeded"]
     assert len(provider.charges(key)) == 1
     # The same failpoint counted across processes: a second shop process is not killed.
     again = start_capture_process(
@@ -169,7 +169,7 @@ def test_shop_killed_after_provider_answered_settlement_records_once(
     )
     out, err = again.communicate(timeout=60)
     assert again.returncode == 0, err
-    assert json.loads(out)["outcome"] == "captured"
+    assert json.loads(out)["outcome"] == "succeeded"
     assert len(provider.charges(key)) == 1
     assert_reconciled()
 
@@ -199,7 +199,7 @@ def test_settlement_worker_killed_after_the_lookup_answered(provider, settled_ca
     settle_due(payment)
     payment.refresh_from_db()
     assert payment.status == PaymentStatus.CAPTURED
-    assert [c["outcome"] for c in settled_calls] == ["captured"]
+    assert [c["outcome"] for c in settled_calls] == ["succeeded"]
     assert len(provider.charges(capture_key(payment))) == 1
     assert_reconciled()
 
@@ -219,7 +219,7 @@ def test_shop_killed_before_calling_the_provider_settlement_sends_it(
     payment.refresh_from_db()
     assert payment.status == PaymentStatus.CAPTURED
     assert len(provider.charges(key)) == 1
-    assert [c["outcome"] for c in settled_calls] == ["captured"]
+    assert [c["outcome"] for c in settled_calls] == ["succeeded"]
     assert_reconciled()
 
 

@@ -241,7 +241,7 @@ def test_duplicate_webhook_has_one_effect(provider, settled_calls):
     assert payment.status == PaymentStatus.CAPTURED
     assert payment.amount_captured == Decimal("42.00")
     assert transitions(payment, "captured") == 1
-    assert [c["outcome"] for c in settled_calls] == ["captured"]  # the order side told once
+    assert [c["outcome"] for c in settled_calls] == ["succeeded"]  # the order side told once
     assert InboxMessage.objects.filter(message_id=event["id"]).count() == 1
     assert duplicates() == before + 1
     # The capture's settlement row was closed by the same transition: settling is a no-op.
@@ -354,7 +354,7 @@ def test_event_for_an_unknown_payment_is_stored_and_applied_when_settlement_meet
     provider.faults(refuse_connections=True)  # the shop's own call learns nothing
     result = payment_capture(payment_id=payment.id)
     provider.faults(refuse_connections=False)
-    assert result.outcome == "captured"  # the stored event, through the same transition
+    assert result.outcome == "succeeded"  # the stored event, through the same transition
     assert transitions(payment, "captured") == 1
     row = InboxMessage.objects.get(message_id=event["id"])
     assert row.status == "applied" and row.processed_at is not None
@@ -368,7 +368,7 @@ def test_event_for_an_unknown_payment_is_stored_and_applied_when_settlement_meet
 @transactional
 def test_event_arriving_after_the_shop_recorded_the_outcome_has_no_effect(provider, settled_calls):
     payment = make_payment("pm_card_ok")
-    assert payment_capture(payment_id=payment.id).outcome == "captured"
+    assert payment_capture(payment_id=payment.id).outcome == "succeeded"
     (op,) = provider.charges(payment.transactions.get().provider_key)
     assert post(event_for(op)).json()["status"] == "no_effect"
     assert transitions(payment, "captured") == 1

@@ -88,7 +88,7 @@ FAILPOINTS = (
 # Shorter clocks than production so that what a kill leaves open is finished
 # (by a retry, the completer, settlement, expiry) within the wait.
 TUNING = {
-    "IDEMPOTENCY_LOCK_TTL": "20",
+    "IDEMPOTENCY_LEASE_TTL": "20",
     "IDEMPOTENCY_ABANDON_AFTER": "30",
     "IDEMPOTENCY_COMPLETER_EVERY": "10",
     "ORDER_RESERVATION_TTL_SECONDS": "60",
