@@ -58,6 +58,7 @@ PREFERENCE = {
 REFUSED_PREFERENCE = ("failed", "retry", "outside", "accept_provider")
 REFUSED_WORDS = ("refused", "declined")
 KIND_ORDER = ("settlement", "refund", "dead_letter", "step")
+SECTION = "needs-attention-"  # the id of each kind's section on the page
 
 
 @dataclass
@@ -81,6 +82,7 @@ class _Page(HTMLParser):
         self.items: list[Item] = []
         self.messages: list[tuple[str, str]] = []  # (level, text)
         self.inputs: dict[str, str] = {}  # every named input outside the items' forms
+        self.sections: set[str] = set()  # the kinds the page lists (those the user may view)
         self._item: Item | None = None
         self._form: dict[str, str] | None = None
         self._reason: list[str] | None = None
@@ -89,7 +91,9 @@ class _Page(HTMLParser):
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         a = {k: v or "" for k, v in attrs}
         classes = a.get("class", "").split()
-        if tag == "tr" and "attention-item" in classes:
+        if tag == "div" and a.get("id", "").startswith(SECTION):
+            self.sections.add(a["id"].removeprefix(SECTION))
+        elif tag == "tr" and "attention-item" in classes:
             self._item = Item(kind=a.get("data-kind", ""), pk=a.get("data-pk", ""), reason="")
             self.items.append(self._item)
         elif tag == "td" and self._item is not None and "reason" in classes:
@@ -181,7 +185,12 @@ class AdminSession:
         return response
 
     def items(self) -> list[Item]:
-        return parse(self._page().text).items
+        page = parse(self._page().text)
+        hidden = set(KIND_ORDER) - page.sections
+        if hidden:
+            # An empty page is no proof when the user may not see every kind.
+            raise RuntimeError(f"{self.username} may not view {', '.join(sorted(hidden))}")
+        return page.items
 
     def take(self, form: dict[str, str]) -> tuple[str, str]:
         """Post one action form; return the page's message (level, text) about it."""
