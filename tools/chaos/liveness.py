@@ -286,10 +286,10 @@ def _rounds(
     for number in range(rounds + 1):
         outcome.quiet = wait() == 0
         items = staff.items()
-        if not items and outcome.quiet:
+        if (not items and outcome.quiet) or number == rounds:
             break
-        if number == rounds:
-            break
+        if not items:
+            continue  # nothing for staff, work still pending: wait again
         outcome.rounds += 1
         say(f"liveness round {outcome.rounds}: {len(items)} item(s) need attention")
         listed_refunds = {i.pk for i in items if i.kind == "refund"}

@@ -426,7 +426,7 @@ class Workload:
         choice = rng.random()
         if choice < 0.2:
             self.count("cancel_confirmed")
-            if rng.random() < 0.4:
+            if rng.random() < 0.5:
                 # Goodwill, then the cancellation at once: it waits while that refund
                 # is in progress, then refunds the rest (cancelled ⇒ all refunded).
                 self.count("refund_before_cancel")

@@ -160,3 +160,10 @@ def test_a_page_the_staff_user_may_not_fully_see_is_no_proof(live_server, make_u
         "settlement, step"
     ]
     assert Refund.objects.get(id=items["refund"].id).status == "needs_attention"
+
+
+def test_work_still_pending_with_nothing_listed_fails_the_phase(live_server, staff):
+    waits: list[int] = []
+    outcome = _resolve(live_server, lambda: waits.append(1) or 3, rounds=2)
+    assert (outcome.ok, outcome.quiet, outcome.rounds, len(waits)) == (False, False, 0, 3)
+    assert outcome.rows()[1] == ("liveness: quiet after resolution", "1", "1")
