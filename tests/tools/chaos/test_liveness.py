@@ -14,7 +14,6 @@ from collections import Counter
 import pytest
 from django.db.models.functions import Now
 
-from config.needs_attention import ACTIONS, VIEW_PERMISSION
 from idempotency.models import Delivery
 from orders.models import CompensationStep
 from orders.states import CompensationKind, StepName, StepStatus
@@ -27,21 +26,17 @@ from tests.config.attention_support import (
     order_of,
 )
 from tools.chaos import liveness
+from tools.chaos.run import STAFF_SCRIPT
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-PASSWORD = "correct horse battery"  # make_user's
-# What the run grants its staff user (tools/chaos/run.py, STAFF_SCRIPT).
-STAFF_PERMISSIONS = set(VIEW_PERMISSION.values()) | {
-    action.permission for actions in ACTIONS.values() for action in actions
-}
+PASSWORD = "correct horse battery"
 
 
 @pytest.fixture
-def staff(make_user):
-    user = make_user(staff=True, username="chaos-staff")
-    grant(user, *sorted(STAFF_PERMISSIONS))
-    return user
+def staff():
+    """The run's staff user, made by the run's own setup script (with its permissions)."""
+    exec(STAFF_SCRIPT.format(password=PASSWORD), {})  # noqa: S102 - the run's script
 
 
 def _resolve(live_server, wait, **kwargs) -> liveness.Outcome:
@@ -150,7 +145,7 @@ def test_an_item_no_action_ends_is_left_after_the_rounds_and_fails_the_phase(
 
 
 def test_a_page_the_staff_user_may_not_fully_see_is_no_proof(live_server, make_user, shopper):
-    user = make_user(staff=True, username="chaos-staff")
+    user = make_user(staff=True, username="chaos-staff")  # its password is PASSWORD too
     grant(user, "payments.view_refund")  # the other kinds are not listed for it at all
     items = every_kind(shopper)
     outcome = _resolve(live_server, lambda: 0, rounds=1)
