@@ -485,6 +485,70 @@ def check_reconciliation(*, ledger: LedgerFile) -> Invariant:
     return inv
 
 
+def check_cancelled_refunded() -> Invariant:
+    """A `cancelled` order refunded everything it captured: amount refunded = amount captured.
+
+    Both the payment's `amount_refunded` and the sum of its succeeded refund
+    rows, so a cancellation that refunded `captured − a refund in progress`
+    (and that refund then failed) is caught even when the provider agrees
+    with the shop (reconciliation clean).
+    """
+    inv = Invariant("cancelled_refunded_in_full")
+    for number, captured, refunded, succeeded in rows(
+        "SELECT o.number, p.amount_captured, p.amount_refunded, "
+        "  (SELECT COALESCE(SUM(r.amount), 0) FROM payments_refund r "
+        "   WHERE r.payment_id = p.id AND r.status = 'succeeded') "
+        "FROM orders_order o JOIN payments_payment p ON p.id = o.payment_id "
+        "WHERE o.status = 'cancelled' ORDER BY o.number"
+    ):
+        inv.checked += 1
+        if refunded != captured or succeeded != captured:
+            inv.fail(
+                f"order {number} is cancelled: captured {captured}, refunded {refunded} "
+                f"(succeeded refunds sum to {succeeded})"
+            )
+    return inv
+
+
+def check_return_refunds(*, initial: dict) -> Invariant:
+    """A completed return's `refund_amount` is what it refunded, and at most its lines' value.
+
+    The full rule is refund = min(its lines' value, what was refundable when
+    its refund step ran); what was refundable then is stored nowhere (the
+    budget moves with every refund, and concurrent reservations are ordered
+    by the payment row's lock, not by any stored time), so this checks what
+    the stored data decides: refund_amount = Σ the succeeded refunds its
+    refund step asked for (origin `return`, reason `return <id>`) ≤ its
+    lines' value; refunded ≤ captured per order is `refunded_le_captured`.
+    """
+    inv = Invariant("return_refund_within_value")
+    since = int(initial.get("max_order_number", 0))
+    for return_id, number, refund_amount, value, refunded in rows(
+        "SELECT rr.id::text, o.number, rr.refund_amount, "
+        "  (SELECT COALESCE(SUM(ol.unit_price * rl.quantity), 0) FROM orders_returnline rl "
+        "   JOIN orders_orderline ol ON ol.id = rl.order_line_id "
+        "   WHERE rl.order_return_id = rr.id), "
+        "  (SELECT COALESCE(SUM(r.amount), 0) FROM payments_refund r "
+        "   WHERE r.payment_id = o.payment_id AND r.origin = 'return' "
+        "   AND r.reason = 'return ' || rr.id::text AND r.status = 'succeeded') "
+        "FROM orders_returnrequest rr JOIN orders_order o ON o.id = rr.order_id "
+        "WHERE rr.status = 'completed' AND o.number > %s ORDER BY o.number, rr.id",
+        [since],
+    ):
+        inv.checked += 1
+        if refund_amount != refunded:
+            inv.fail(
+                f"return {return_id} (order {number}): refund_amount {refund_amount}, "
+                f"its succeeded refunds sum to {refunded}"
+            )
+        if not 0 <= refund_amount <= value:
+            inv.fail(
+                f"return {return_id} (order {number}): refund_amount {refund_amount}, "
+                f"its lines' value {value}"
+            )
+    return inv
+
+
 # -- stock ---------------------------------------------------------------------------------
 
 
@@ -822,13 +886,20 @@ def pending_work() -> dict[str, list[str]]:
         table = connection.ops.quote_name(model._meta.db_table)
         where = "done_at IS NULL AND NOT needs_attention"
         if model is CompensationStep:
-            # A step waiting for a sibling that needs staff is parked, not pending.
+            # A step waiting for a sibling that needs staff is parked, not pending;
+            # so is a cancellation's refund (and the steps after it) while a refund
+            # of the order needs staff: it waits for their decision, then refunds.
             where += (
                 " AND NOT EXISTS (SELECT 1 FROM orders_compensationstep f WHERE f.needs_attention"
                 " AND f.name = s.after AND s.after <> '' AND f.done_at IS NULL"
                 " AND ((s.kind = 'return' AND f.order_return_id = s.order_return_id)"
                 "  OR (s.kind = 'cancellation' AND f.kind = 'cancellation'"
                 "      AND f.order_id = s.order_id)))"
+                " AND NOT (s.kind = 'cancellation' AND 'refund' IN (s.name, s.after)"
+                "  AND EXISTS (SELECT 1 FROM payments_refund r"
+                "   JOIN orders_order o ON o.payment_id = r.payment_id"
+                "   WHERE o.id = s.order_id"
+                "   AND (r.needs_attention OR r.status = 'needs_attention')))"
             )
         pending[model.__name__] = [
             f"{pk} (attempts {attempts}, due in {due:.0f} s)"
@@ -992,6 +1063,45 @@ def check_nothing_pending() -> Invariant:
     return inv
 
 
+def flagged_work() -> list[str]:
+    """Everything waiting for a person: flagged due rows (any kind, the outbox too), refunds
+    flagged or `needs_attention` (a decided one flagged again: the provider's late word),
+    failed compensation steps, returns in `needs_attention`."""
+    flagged = []
+    for model in _due_models():
+        table = connection.ops.quote_name(model._meta.db_table)
+        for pk, error in rows(
+            f"SELECT id::text, last_error FROM {table} WHERE needs_attention AND done_at IS NULL "
+            "ORDER BY id"
+        ):
+            flagged.append(f"{model.__name__} {pk}: {error}")
+    for pk, status, error in rows(
+        "SELECT id::text, status, last_error FROM payments_refund "
+        "WHERE (needs_attention OR status = 'needs_attention') "
+        "AND NOT (needs_attention AND done_at IS NULL) ORDER BY id"  # those: in the loop above
+    ):
+        flagged.append(f"Refund {pk} ({status}): {error}")
+    for pk, kind, name, error in rows(
+        "SELECT id::text, kind, name, last_error FROM orders_compensationstep "
+        "WHERE status = 'failed' AND done_at IS NULL AND NOT needs_attention ORDER BY id"
+    ):
+        flagged.append(f"CompensationStep {pk} ({kind} {name} failed): {error}")
+    for (pk,) in rows(
+        "SELECT id::text FROM orders_returnrequest WHERE status = 'needs_attention' ORDER BY id"
+    ):
+        flagged.append(f"ReturnRequest {pk}: needs attention")
+    return flagged
+
+
+def check_nothing_flagged() -> Invariant:
+    """Nothing left waiting for a person once the liveness phase resolved what was offered."""
+    inv = Invariant("nothing_needs_attention")
+    inv.checked = len(_due_models()) + 2
+    for item in flagged_work():
+        inv.fail(item)
+    return inv
+
+
 def verify(*, files: RunFiles) -> list[Invariant]:
     """Run every invariant on the run's state; return their results."""
     initial = json.loads(files.initial.read_text()) if files.initial.exists() else {}
@@ -1004,6 +1114,8 @@ def verify(*, files: RunFiles) -> list[Invariant]:
         ("provider_charges", lambda: check_provider_charges(ledger=ledger)),
         ("captured_equals_confirmed", lambda: check_captured_total(initial=initial)),
         ("refunded_le_captured", lambda: check_refunded(ledger=ledger)),
+        ("cancelled_refunded_in_full", check_cancelled_refunded),
+        ("return_refund_within_value", lambda: check_return_refunds(initial=initial)),
         ("reconciliation_clean", lambda: check_reconciliation(ledger=ledger)),
         ("stock_balance", lambda: check_stock_balance(initial=initial)),
         ("stock_reserved_non_negative", check_stock_reserved),
@@ -1013,6 +1125,7 @@ def verify(*, files: RunFiles) -> list[Invariant]:
         ("history_equals_orders", lambda: check_history(initial=initial)),
         ("due_work_budget", check_due_budget),
         ("nothing_pending", check_nothing_pending),
+        ("nothing_needs_attention", check_nothing_flagged),
         ("broker_empty", check_broker),
     ):
         try:

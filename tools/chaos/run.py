@@ -14,10 +14,13 @@ Steps (each printed as it happens; docs/failure-model.md, "Chaos run"):
 4. the workload (tools/chaos/workload.py) and the killer (tools/chaos/killer.py)
    for the duration; the Redis server is killed and started empty once, and
    on RabbitMQ the vhost is deleted and created again once;
-5. `check wait`, `check verify`, the table, RUN_DIR/chaos.png;
+5. `check wait`; the liveness phase (tools/chaos/liveness.py: staff end every
+   needs-attention item through the admin); `check verify`, the table,
+   RUN_DIR/chaos.png;
 6. everything stopped; the scratch database dropped unless --keep.
 
 Exit status: 0 when every invariant holds, 1 on a violation, a wait timeout,
+an item the liveness phase could not end,
 a killed program its supervisor did not restart, or a failure of the run.
 """
 
@@ -47,7 +50,7 @@ from psycopg import sql
 from payments.simulator.webhooks import event_body, sign_webhook
 from runner.processes import die_with_parent, free_port, stop_group, tail
 
-from . import plot
+from . import liveness, plot
 from .faultproxy import FaultProxy
 from .faults import Faults
 from .killer import Killer, processes
@@ -109,8 +112,15 @@ STAFF_SCRIPT = """
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from core.permissions import COURIERS_GROUP
+from django.contrib.auth.models import Permission
+from config.needs_attention import ACTIONS, VIEW_PERMISSION
 User = get_user_model()
-User.objects.create_user("chaos-staff", password="{password}", is_staff=True)
+staff = User.objects.create_user("chaos-staff", password="{password}", is_staff=True)
+# The liveness phase works the admin's "Needs attention" page: what it shows and its actions.
+for name in set(VIEW_PERMISSION.values()) | set(a.permission for k in ACTIONS.values() for a in k):
+    app, codename = name.split(".")
+    perm = Permission.objects.get(content_type__app_label=app, codename=codename)
+    staff.user_permissions.add(perm)
 courier = User.objects.create_user("chaos-courier", password="{password}")
 courier.groups.add(Group.objects.get_or_create(name=COURIERS_GROUP)[0])
 """
@@ -413,6 +423,7 @@ class Run:
         self.proxies: dict[tuple[str, str], FaultProxy] = {}
         self.faults: Faults | None = None
         self.staff_password = ""
+        self.liveness: liveness.Outcome | None = None
 
     # -- setup -----------------------------------------------------------------
 
@@ -705,6 +716,8 @@ class Run:
         rows.append(("supervisors restarted every killed program", str(len(killer.kills)),
                      str(len(killer.not_restarted))))  # fmt: skip
         rows.append(("quiescent within the wait timeout", "1", "0" if wait_code == 0 else "1"))
+        if self.liveness is not None:
+            rows += self.liveness.rows()
         if self.faults is not None:
             late_down, late_up = self.faults.judge()
             made = len(self.faults.made)
@@ -755,7 +768,11 @@ class Run:
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         self.write_table(rows, total, by_status, kinds, fired)
         return (
-            wait_code == 0 and verify_code == 0 and not killer.not_restarted and not self.problems
+            wait_code == 0
+            and verify_code == 0
+            and not killer.not_restarted
+            and not self.problems
+            and (self.liveness is not None and self.liveness.ok)
         )
 
     def write_table(
@@ -844,6 +861,15 @@ def main(argv: list[str] | None = None) -> int:
                                 timeout=args.wait_timeout + 60)  # fmt: skip
         if wait_code != 0:
             run.problems.append(f"check wait exited {wait_code} (not quiescent)")
+        run.liveness = liveness.resolve(
+            url=run.hosts[0].url,
+            username="chaos-staff",
+            password=run.staff_password,
+            wait=lambda: run.checker(
+                "wait", "--timeout", str(liveness.ROUND_WAIT), timeout=liveness.ROUND_WAIT + 60
+            ),  # fmt: skip
+            say=say,
+        )
         verify_code = run.checker("verify")
         out = plot.plot(
             run.run_dir,

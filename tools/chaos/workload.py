@@ -426,6 +426,11 @@ class Workload:
         choice = rng.random()
         if choice < 0.2:
             self.count("cancel_confirmed")
+            if rng.random() < 0.5:
+                # Goodwill, then the cancellation at once: it waits while that refund
+                # is in progress, then refunds the rest (cancelled ⇒ all refunded).
+                self.count("refund_before_cancel")
+                self._refund(staff, rng, order_id, order, share=rng.choice((0.3, 1.0)))
             shopper.keyed("cancel", f"/api/v1/orders/{order_id}/cancel/", {}, stop=self.stop)
             return
         if choice < 0.35:
@@ -443,22 +448,28 @@ class Workload:
         if answer.status != 201 or not isinstance(answer.body, dict):
             return
         self._tracking(courier, rng, answer.body["id"])
-        returned = 0.0
+        if rng.random() < 0.35:
+            # Goodwill before the return: the return's refund is capped at what is
+            # still refundable (0.00 after a goodwill of everything) and it completes.
+            self.count("refund_before_return")
+            self._refund(staff, rng, order_id, order, share=rng.choice((0.3, 0.8, 1.0)))
         if rng.random() < 0.6:
-            returned = self._return(shopper, staff, rng, order_id, order, answer.body)
+            self._return(shopper, staff, rng, order_id, answer.body)
         if rng.random() < 0.3:
-            # Goodwill beside a return: at most what the return leaves, or the
-            # return's own refund would exceed the capture and wait for staff.
-            self._refund(staff, rng, order_id, order, leave=returned)
+            # Goodwill beside a return, from the same budget (past it: a final 422).
+            self._refund(staff, rng, order_id, order)
 
     def _refund(
-        self, staff: Client, rng: random.Random, order_id: str, order: dict, leave: float = 0.0
+        self, staff: Client, rng: random.Random, order_id: str, order: dict, share: float = 1 / 3
     ) -> None:
-        total = float(order.get("total") or "0") - leave
+        """A goodwill refund of up to `share` of the order's total (1.0: half the time all)."""
+        total = float(order.get("total") or "0")
         if total < 0.03:
             return
         self.count("refund")
-        amount = max(0.01, round(rng.uniform(0.01, total / 3), 2))
+        amount = max(0.01, round(rng.uniform(0.01, total * share), 2))
+        if share >= 1.0 and rng.random() < 0.5:
+            amount = total
         body = {
             "amount": f"{amount:.2f}",
             "currency": order.get("currency", "EUR"),
@@ -494,19 +505,16 @@ class Workload:
         staff: Client,
         rng: random.Random,
         order_id: str,
-        order: dict,
         shipment: dict,
-    ) -> float:
-        """Ask for a return of shipped units and receive it twice; return its value."""
+    ) -> None:
+        """Ask for a return of shipped units and receive it twice."""
         lines = [
             {"sku": line["sku"], "quantity": rng.randint(1, line["quantity"])}
             for line in shipment.get("lines", [])
             if line.get("quantity", 0) > 0 and rng.random() < 0.8
         ]
         if not lines:
-            return 0.0
-        prices = {line["sku"]: float(line["unit_price"]) for line in order.get("lines", [])}
-        value = sum(prices.get(line["sku"], 0.0) * line["quantity"] for line in lines)
+            return
         self.count("return")
         answer = shopper.keyed(
             "return_request",
@@ -515,10 +523,9 @@ class Workload:
             stop=self.stop,
         )
         if answer.status != 201 or not isinstance(answer.body, dict):
-            return value  # it may still have been made (a lost answer)
+            return  # it may still have been made (a lost answer)
         path = f"/api/v1/returns/{answer.body['id']}/receive/"
         # Received twice: two scans (two keys), each maybe sent more than once.
         staff.keyed("return_receive", path, {}, stop=self.stop)
         self.stop.wait(rng.uniform(0, 1))
         staff.keyed("return_receive", path, {}, stop=self.stop)
-        return value

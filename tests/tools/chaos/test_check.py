@@ -32,13 +32,14 @@ from idempotency import relay
 from idempotency.models import InboxMessage, OutboxMessage
 from idempotency.outbox import outbox_write
 from inventory.models import Reservation, StockItem
-from orders.models import Order, OrderLine
+from orders.models import CompensationStep, Order, OrderLine, ReturnRequest
 from payments.models import Payment, PaymentSettlement, PaymentTransaction, Refund
 from payments.services import refund_run
 from shop.models import LoyaltyAccount, PurchaseHistoryLine
 from shop.tasks import consume_history, consume_loyalty
 from tests.orders.compensation_support import drive
 from tests.orders.conftest import ADDRESS
+from tests.orders.shipping import ship
 from tests.support.servers import database_url_for_current_connection
 from tests.support.simulator import ROOT, Simulator
 from tools.chaos import check, invariants
@@ -56,6 +57,7 @@ class State:
     install: str
     orders: dict[str, Order] = field(default_factory=dict)
     answers: list[dict] = field(default_factory=list)
+    returned: ReturnRequest | None = None
 
 
 @pytest.fixture
@@ -185,6 +187,35 @@ def state(
         assert refund.status_code == 201, refund.content
         refund_run(refund_id=refund.json()["id"])
 
+        # After the 5.00 goodwill, a return of both tees (20.00) is capped at 15.00.
+        ship(built.orders["paid"])
+        asked_return = _call(
+            built,
+            shopper_client,
+            kind="return_request",
+            method="POST",
+            path=f"/api/v1/orders/{paid.json()['id']}/returns/",
+            key="ret-paid",
+            body={"lines": [{"sku": "TEE", "quantity": 2}], "reason": "chaos"},
+        )
+        assert asked_return.status_code == 201, asked_return.content
+        return_id = asked_return.json()["id"]
+        received = _call(
+            built,
+            staff_client,
+            kind="return_receive",
+            method="POST",
+            path=f"/api/v1/returns/{return_id}/receive/",
+            key="rcv-paid",
+        )
+        assert received.status_code in (200, 202), received.content
+        drive(order_return_id=return_id)
+        built.returned = ReturnRequest.objects.get(id=return_id)
+        assert (built.returned.status, built.returned.refund_amount) == (
+            "completed",
+            Decimal("15.00"),
+        )
+
         cancel = _call(
             built,
             shopper_client,
@@ -198,7 +229,7 @@ def state(
         built.orders["cancelled"] = Order.objects.get(id=order_id)
         assert built.orders["cancelled"].status == "cancelled"
 
-        assert _consume_events(monkeypatch) == 6  # 3 events × 2 consumers
+        assert _consume_events(monkeypatch) == 8  # 4 events × 2 consumers
         (run_dir / "answers.jsonl").write_text("".join(json.dumps(a) + "\n" for a in built.answers))
         built.install = invariants.install_id() or ""
         yield built
@@ -274,17 +305,18 @@ def _second_charge_one_key(state: State, run_dir: Path) -> None:
 
 
 def _refunded_more_than_captured(state: State, run_dir: Path) -> None:
-    # Consistent on both sides (so reconciliation agrees): 20.00 captured, 25.00 refunded.
+    # Consistent on both sides (so reconciliation agrees): 20.00 captured, 40.00 refunded.
     payment = Payment.objects.get(order=state.orders["paid"])
-    refund = Refund.objects.get(payment=payment)
+    refund = Refund.objects.get(payment=payment, origin="goodwill")
     with connection.cursor() as cursor:
         cursor.execute(
             "ALTER TABLE payments_payment "
             "DROP CONSTRAINT payments_payment_refunded_le_reserved_le_captured, "
             "DROP CONSTRAINT payments_payment_refunded_le_captured"
         )
+    more = Decimal("25.00") - refund.amount  # the return's 15.00 stays beside it
     Payment.objects.filter(id=payment.id).update(
-        amount_refunded=Decimal("25.00"), refund_reserved=Decimal("25.00")
+        amount_refunded=F("amount_refunded") + more, refund_reserved=F("refund_reserved") + more
     )
     Refund.objects.filter(id=refund.id).update(amount=Decimal("25.00"))
     PaymentTransaction.objects.filter(id=refund.transaction_id).update(amount=Decimal("25.00"))
@@ -293,8 +325,55 @@ def _refunded_more_than_captured(state: State, run_dir: Path) -> None:
     ledger.close()
 
 
+def _cancelled_not_refunded_in_full(state: State, run_dir: Path) -> None:
+    # Finding 2's outcome: the cancellation refunded less than was captured, and the shop
+    # and the provider agree on it (so reconciliation is clean): 22.50 captured, 20.00 back.
+    payment = Payment.objects.get(order=state.orders["cancelled"])
+    refund = Refund.objects.get(payment=payment)
+    Payment.objects.filter(id=payment.id).update(
+        amount_refunded=Decimal("20.00"), refund_reserved=Decimal("20.00")
+    )
+    Refund.objects.filter(id=refund.id).update(amount=Decimal("20.00"))
+    PaymentTransaction.objects.filter(id=refund.transaction_id).update(amount=Decimal("20.00"))
+    ledger = _ledger(run_dir)
+    ledger.execute("UPDATE operations SET amount = '20.00' WHERE key = ?", (refund.provider_key,))
+    ledger.close()
+
+
+def _return_says_its_value(state: State, run_dir: Path) -> None:
+    # The return's body says its lines' value (20.00), not the capped 15.00 it refunded.
+    assert state.returned is not None
+    ReturnRequest.objects.filter(id=state.returned.id).update(refund_amount=Decimal("20.00"))
+
+
+def _return_over_its_value(state: State, run_dir: Path) -> None:
+    # A refund_amount over its lines' value (20.00): it cannot be a refund either (the
+    # payment's CHECK keeps refunded ≤ captured = 20.00), so both of its checks report it.
+    assert state.returned is not None
+    ReturnRequest.objects.filter(id=state.returned.id).update(refund_amount=Decimal("20.01"))
+
+
+def _refund_left_flagged(state: State, run_dir: Path) -> None:
+    # A decided refund flagged again (the provider's late word) that nobody resolved.
+    Refund.objects.filter(payment__order=state.orders["paid"], origin="goodwill").update(
+        needs_attention=True, last_error="the provider reports a refund that was recorded ..."
+    )
+
+
+def _cancellation_held_by_a_refund(state: State, run_dir: Path) -> None:
+    # A cancellation's refund step waiting while a refund of the order needs staff: parked
+    # (not pending work: it waits for their decision), and the refund is left for staff.
+    order = state.orders["cancelled"]
+    CompensationStep.objects.filter(order=order, kind="cancellation", name="refund").update(
+        done_at=None, status="pending", next_attempt_at=F("updated_at")
+    )
+    Refund.objects.filter(payment__order=order).update(
+        needs_attention=True, last_error="the provider reports a refund that was recorded ..."
+    )
+
+
 def _refund_missing_at_provider(state: State, run_dir: Path) -> None:
-    refund = Refund.objects.get(payment__order=state.orders["paid"])
+    refund = Refund.objects.get(payment__order=state.orders["paid"], origin="goodwill")
     ledger = _ledger(run_dir)
     ledger.execute("DELETE FROM operations WHERE key = ?", (refund.provider_key,))
     ledger.close()
@@ -394,7 +473,29 @@ CORRUPTIONS: list[tuple[str, Callable, str]] = [
     ("an effect applied twice", _effect_applied_twice, "events_applied_once"),
     ("loyalty ≠ sum of the events", _loyalty_not_sum, "loyalty_equals_events"),
     ("history ≠ confirmed − returned − cancelled", _history_not_orders, "history_equals_orders"),
-    ("a dead letter without a reason", _flagged_without_reason, "due_work_budget"),
+    (
+        "cancelled, refunded less than captured",
+        _cancelled_not_refunded_in_full,
+        "cancelled_refunded_in_full",
+    ),
+    (
+        "a return's refund_amount is its value, not its refund",
+        _return_says_its_value,
+        "return_refund_within_value",
+    ),
+    ("a return refunded over its value", _return_over_its_value, "return_refund_within_value"),
+    ("a refund left needing attention", _refund_left_flagged, "nothing_needs_attention"),
+    (
+        "a cancellation held by a refund that needs staff",
+        _cancellation_held_by_a_refund,
+        "nothing_needs_attention",
+    ),
+    # Flagged: it waits for a person, as well.
+    (
+        "a dead letter without a reason",
+        _flagged_without_reason,
+        "due_work_budget+nothing_needs_attention",
+    ),
     ("work left pending", _left_pending, "nothing_pending"),
     # Looping: at its budget yet still due, so it is pending work as well.
     ("a row at its budget not flagged", _at_budget_not_flagged, "due_work_budget+nothing_pending"),
