@@ -1,9 +1,10 @@
 """Set up and inspect the Oscar peer's database (run with the Oscar environment's Python).
 
     python -m bench.oscar.prepare setup --stock N --hot-stock M
-        migrate, then the fixtures: one shipping country, one product class,
-        one partner, two products with a stock record each (a plentiful one
-        and a hot one); prints {"products": {sku: {"id", "url"}}} as JSON.
+        migrate, then the fixtures: one shipping country, the payment source
+        and event types the checkout records, one product class, one partner,
+        two products with a stock record each (a plentiful one and a hot
+        one); prints {"products": {sku: {"id", "url"}}} as JSON.
     python -m bench.oscar.prepare stock SKU
         prints the stock record and the orders of SKU as JSON: num_in_stock,
         num_allocated, the order lines and their quantity.
@@ -25,7 +26,9 @@ def _setup(stock: int, hot_stock: int) -> dict:
     call_command("migrate", verbosity=0, interactive=False)
     from oscar.apps.address.models import Country
     from oscar.apps.catalogue.models import Product, ProductClass
+    from oscar.apps.order.models import PaymentEventType
     from oscar.apps.partner.models import Partner, StockRecord
+    from oscar.apps.payment.models import SourceType
 
     Country.objects.update_or_create(
         iso_3166_1_a2="DE",
@@ -37,6 +40,11 @@ def _setup(stock: int, hot_stock: int) -> dict:
             "is_shipping_country": True,
         },
     )
+    # What bench.oscar.checkout.views records per order; made here, as a shop
+    # has them before its first sale (get_or_create racing on the unique code
+    # would refuse concurrent first orders).
+    SourceType.objects.get_or_create(name="Bench dummy")
+    PaymentEventType.objects.get_or_create(name="Settled")
     product_class, _ = ProductClass.objects.get_or_create(
         name="Bench", defaults={"requires_shipping": True, "track_stock": True}
     )

@@ -20,10 +20,13 @@ the CSRF token from every form it posts, as a browser does:
     (→ thank-you page)
 
 - `oscar checkout` at 4 and 16 in flight (quick: 16): each client walks the
-  whole flow again and again; orders/s and gunicorn CPU per order over all
-  its requests;
+  whole flow again and again; orders/s are the HTTP requests answered in the
+  measured window divided by the requests one checkout takes (in a steady
+  closed loop every step completes at the checkout's rate, so a short window
+  needs no whole checkout inside it), gunicorn CPU per order likewise;
 - `oscar place order` at the same levels: baskets brought to the preview page
-  first, unmeasured, then only the final POST is sent and timed;
+  first, unmeasured, then only the final POST is sent and timed (the window
+  ends early if the prepared baskets run out);
 - `ours` at the same levels, keyed checkout with a fresh key per order;
 - `hot`: HOT_ATTEMPTS baskets of a product with HOT_UNITS units, brought to
   the preview and then placed at 16 in flight; Oscar's stock record then
@@ -73,9 +76,6 @@ LEVELS = (4, 16)
 VENV = ROOT / "var" / "bench-oscar-venv"
 REQUIREMENTS = ROOT / "bench" / "oscar" / "requirements.txt"
 PRODUCT, HOT = "BENCH-0001", "HOT"
-# Baskets prepared per second of a place-order run: more than Oscar places
-# (about 40/s on the bench machine), so its workers never wait for baskets.
-PLACE_ORDERS_PER_S = 50
 HOT_UNITS, HOT_ATTEMPTS, HOT_CONCURRENCY = 100, 150, 16
 QUICK_HOT_UNITS, QUICK_HOT_ATTEMPTS = 20, 40
 PREPARE_THREADS = 8
@@ -88,6 +88,7 @@ ADDRESS = {
     "postcode": "12700",
 }
 _CSRF = re.compile(rb'name="csrfmiddlewaretoken" value="([^"]+)"')
+_ALERT = re.compile(rb'<div class="alert alert-danger">(.*?)</div>', re.S)
 _guests = itertools.count(1)
 
 
@@ -159,17 +160,132 @@ def _prepare(python: Path, env: dict[str, str], *argv: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+class Meter:
+    """The measured window of one run: HTTP requests and orders inside it, gunicorn's CPU.
+
+    The window opens `warmup` seconds after the start and closes `duration`
+    later, or earlier at `close()` (no work left). Whoever passes an edge
+    first reads gunicorn's CPU (and the client's) there. Requests count when
+    their answer arrives inside the window; an order's status and latency
+    when it completes inside it.
+    """
+
+    def __init__(self, server: Gunicorn, *, warmup: float, duration: float):
+        self.server = server
+        self.lock = threading.Lock()
+        self.opens = time.monotonic() + warmup
+        self.closes = self.opens + duration
+        self.cpu: dict[str, float] = {}
+        self.client_cpu: dict[str, float] = {}
+        self.requests = 0
+        self.statuses: Counter = Counter()
+        self.errors: Counter = Counter()
+        self.latencies_ms: list[float] = []
+        self.requests_per_order: list[int] = []
+
+    def _inside(self) -> bool:
+        # With the lock held: read the CPU at each edge passed, say whether now is inside.
+        now = time.monotonic()
+        for edge, at in (("start", self.opens), ("end", self.closes)):
+            if now >= at and edge not in self.cpu:
+                self.cpu[edge] = self.server.cpu_seconds()
+                self.client_cpu[edge] = time.process_time()
+        return "start" in self.cpu and "end" not in self.cpu
+
+    @property
+    def over(self) -> bool:
+        with self.lock:
+            self._inside()
+            return "end" in self.cpu
+
+    def answered(self, count: int = 1) -> None:
+        with self.lock:
+            if self._inside():
+                self.requests += count
+
+    def ordered(self, status: int, latency_s: float, requests: int) -> None:
+        with self.lock:
+            self.requests_per_order.append(requests)
+            if self._inside():
+                self.statuses[status] += 1
+                self.latencies_ms.append(latency_s * 1000)
+
+    def failed(self, exc: BaseException) -> None:
+        with self.lock:
+            if self._inside():
+                self.errors[type(exc).__name__] += 1
+
+    def close(self) -> None:
+        with self.lock:
+            self.closes = min(self.closes, time.monotonic())
+            self._inside()
+
+    def figures(self, label: str, concurrency: int) -> dict:
+        """The run as the load generator reports one, in orders (see the module's docstring).
+
+        Orders in the window are its HTTP requests divided by the requests one
+        order takes: in a steady closed loop every step of the flow completes
+        at the checkout's rate, so a short window needs no whole checkout
+        inside it.
+        """
+        with self.lock:
+            self.close_edges()
+            elapsed = self.closes - self.opens
+            per_order = (
+                sum(self.requests_per_order) / len(self.requests_per_order)
+                if self.requests_per_order
+                else 1.0
+            )
+            result = LoadResult(
+                label=label,
+                concurrency=concurrency,
+                elapsed_s=elapsed,
+                statuses=self.statuses,
+                errors=self.errors,
+                latencies_ms=self.latencies_ms,
+                expected=(302,),
+                client_cpu_s=self.client_cpu["end"] - self.client_cpu["start"],
+            ).as_dict()
+        orders = self.requests / per_order
+        return result | {
+            "unit": "orders",
+            "requests": round(orders, 1),
+            "rps": round(orders / elapsed, 1) if elapsed > 0 else 0.0,
+            "orders_completed": sum(self.statuses.values()),
+            "http_requests": self.requests,
+            "http_requests_per_order": round(per_order, 2),
+            "server_cpu_s": round(self.cpu["end"] - self.cpu["start"], 3),
+        }
+
+    def close_edges(self) -> None:
+        # With the lock held: a window never reached (no work at all) is empty, not unread.
+        self.closes = min(self.closes, time.monotonic())
+        self.opens = min(self.opens, self.closes)
+        self._inside()
+        for edge in ("start", "end"):
+            self.cpu.setdefault(edge, self.server.cpu_seconds())
+            self.client_cpu.setdefault(edge, time.process_time())
+
+
 class Browser:
     """One shopper's browser: its cookies, the CSRF token of the last form it read."""
 
-    def __init__(self, base_url: str):
+    def __init__(self, base_url: str, meter: Meter | None = None):
         self.base_url = base_url
+        self.meter = meter
         self.session = http.Session()
         self.token = ""
         self.requests = 0
+        self.refusal = ""  # Oscar's message when the final POST did not place the order
+
+    def _count(self, response: http.Response) -> None:
+        count = 1 + len(response.history)  # redirects followed are requests too
+        self.requests += count
+        if self.meter is not None:
+            self.meter.answered(count)
 
     def _read(self, response: http.Response) -> http.Response:
-        self.requests += 1 + len(response.history)
+        self._count(response)
         if response.status_code != 200:
             raise AssertionError(
                 f"{response.request.method} {response.url}: {response.status_code}"
@@ -203,18 +319,24 @@ class Browser:
         self.get("/checkout/preview/")
 
     def place_order(self) -> int:
-        """Send the final POST alone (no redirect followed); return its status."""
+        """Send the final POST alone (no redirect followed); return its status.
+
+        302 is an order placed (to the thank-you page); 303 stands for Oscar's
+        refusal (a redirect elsewhere: back to the basket, e.g. out of stock).
+        """
         answer = self.session.post(
             self.base_url + "/checkout/preview/",
             data={"csrfmiddlewaretoken": self.token, "action": "place_order"},
             allow_redirects=False,
             timeout=60,
         )
-        self.requests += 1
-        if answer.status_code == 302 and answer.headers["Location"].endswith("/thank-you/"):
-            return 302
-        # Refused (e.g. out of stock: back to the basket) or an error page.
-        return 303 if answer.status_code == 302 else answer.status_code
+        self._count(answer)
+        if answer.status_code == 302:
+            return 302 if answer.headers["Location"].endswith("/thank-you/") else 303
+        # Oscar shows the preview again with its reason when placing failed.
+        alert = _ALERT.search(answer.content)
+        self.refusal = re.sub(rb"\s+", b" ", alert.group(1)).decode() if alert else ""
+        return answer.status_code
 
     def thank_you(self) -> None:
         self.get("/checkout/thank-you/")
@@ -252,128 +374,77 @@ def _prepared(base_url: str, product: dict, count: int) -> list[Browser]:
     return browsers
 
 
-def _drive(
-    server: Gunicorn,
-    *,
-    label: str,
-    concurrency: int,
-    job: Callable[[], tuple[int, float, int] | None],
-    duration: float,
-    warmup: float,
-) -> dict:
-    """Run `job` in `concurrency` threads, closed loop; return the run's figures.
-
-    `job()` does one order and returns (status, latency in s, HTTP requests),
-    or None when there is no work left. The measured window starts after
-    `warmup` and ends after `duration` or when the first thread finds no
-    work left, whichever is first; orders finished inside it count, and
-    gunicorn's CPU is read at its two ends.
-    """
-    statuses: Counter = Counter()
-    errors: Counter = Counter()
-    latencies: list[float] = []
-    http_requests = [0]
-    lock = threading.Lock()
-    started = time.monotonic()
-    window = {"start": started + warmup, "end": started + warmup + duration}
-    cpu = {"start": None, "end": None}
-    client_cpu = {"start": 0.0, "end": 0.0}
-
-    def mark(edge: str, now: float) -> None:
-        # Called with the lock held; each edge is read once, by whoever passes it first.
-        if cpu[edge] is None:
-            cpu[edge] = server.cpu_seconds()
-            client_cpu[edge] = time.process_time()
-            if edge == "end":
-                window["end"] = min(window["end"], now)
-
-    def work() -> None:
-        while True:
-            now = time.monotonic()
-            with lock:
-                if now >= window["start"]:
-                    mark("start", now)
-                if now >= window["end"]:
-                    mark("end", now)
-                    return
-            try:
-                done = job()
-            except Exception as exc:  # noqa: BLE001 - counted, the run goes on
-                with lock:
-                    errors[type(exc).__name__] += 1
-                continue
-            finished = time.monotonic()
-            with lock:
-                if done is None or finished >= window["start"]:
-                    mark("start", finished)
-                if done is None:
-                    mark("end", finished)
-                    return
-                if finished > window["end"]:
-                    mark("end", finished)
-                elif finished > window["start"]:
-                    status, latency, count = done
-                    statuses[status] += 1
-                    latencies.append(latency * 1000)
-                    http_requests[0] += count
-
-    threads = [threading.Thread(target=work, daemon=True) for _ in range(concurrency)]
+def _in_threads(concurrency: int, work: Callable[[], None]) -> None:
+    threads = [threading.Thread(target=work) for _ in range(concurrency)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    with lock:
-        mark("start", time.monotonic())
-        mark("end", time.monotonic())
-    result = LoadResult(
-        label=label,
-        concurrency=concurrency,
-        elapsed_s=max(0.0, window["end"] - window["start"]),
-        statuses=statuses,
-        errors=errors,
-        latencies_ms=latencies,
-        expected=(302,),
-        client_cpu_s=client_cpu["end"] - client_cpu["start"],
-        extra={
-            "unit": "orders",
-            "http_requests": http_requests[0],
-            "server_cpu_s": round(cpu["end"] - cpu["start"], 3),
-        },
-    )
-    return result.as_dict() | {"summary": result.summary()}
 
 
-def _whole_checkout(base_url: str, product: dict) -> Callable[[], tuple[int, float, int]]:
-    def job() -> tuple[int, float, int]:
-        started = time.perf_counter()
-        browser = Browser(base_url)
-        browser.to_preview(product)
-        status = browser.place_order()
-        if status == 302:
-            browser.thank_you()
-        return status, time.perf_counter() - started, browser.requests
+def whole_checkouts(server: Gunicorn, product: dict, *, concurrency: int, meter: Meter) -> None:
+    """`concurrency` browsers, each checking out again and again until the window closes."""
 
-    return job
+    def work() -> None:
+        while not meter.over:
+            started = time.perf_counter()
+            browser = Browser(server.base_url, meter)
+            try:
+                browser.to_preview(product)
+                status = browser.place_order()
+                if status == 302:
+                    browser.thank_you()
+            except Exception as exc:  # noqa: BLE001 - counted, the run goes on
+                meter.failed(exc)
+                continue
+            meter.ordered(status, time.perf_counter() - started, browser.requests)
+
+    _in_threads(concurrency, work)
 
 
-def _final_post(browsers: list[Browser]) -> Callable[[], tuple[int, float, int] | None]:
+def final_posts(browsers: list[Browser], *, concurrency: int, meter: Meter | None) -> Counter:
+    """Place the prepared browsers' orders, `concurrency` at a time; return the answers."""
     ready: queue.SimpleQueue[Browser] = queue.SimpleQueue()
     for browser in browsers:
         ready.put(browser)
+    answers: Counter = Counter()
+    lock = threading.Lock()
 
-    def job() -> tuple[int, float, int] | None:
-        try:
-            browser = ready.get_nowait()
-        except queue.Empty:
-            return None
-        started = time.perf_counter()
-        status = browser.place_order()
-        return status, time.perf_counter() - started, 1
+    def work() -> None:
+        while meter is None or not meter.over:
+            try:
+                browser = ready.get_nowait()
+            except queue.Empty:
+                if meter is not None:
+                    meter.close()  # out of baskets: the window ends here
+                return
+            browser.meter = meter
+            started = time.perf_counter()
+            try:
+                status = browser.place_order()
+            except Exception as exc:  # noqa: BLE001 - counted, the run goes on
+                if meter is not None:
+                    meter.failed(exc)
+                continue
+            with lock:
+                answers[status] += 1
+            if meter is not None:
+                meter.ordered(status, time.perf_counter() - started, 1)
 
-    return job
+    _in_threads(concurrency, work)
+    return answers
 
 
 # --- the scenario -------------------------------------------------------------------------
+
+
+def _summary(run: dict) -> str:
+    return (
+        f"{run['label']} c={run['concurrency']}: {run['rps']} orders/s "
+        f"({run['http_requests_per_order']} requests each), p50 {run['latency_ms']['p50']} ms, "
+        f"{_cpu_ms(run)} ms gunicorn CPU per order, status {run['status']}, "
+        f"errors {run['errors'] or 0}"
+    )
 
 
 def _cpu_ms(run: dict) -> float | None:
@@ -387,20 +458,7 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 def _hot(python: Path, env: dict, server: Gunicorn, product: dict, quick: bool) -> dict:
     attempts = QUICK_HOT_ATTEMPTS if quick else HOT_ATTEMPTS
     browsers = _prepared(server.base_url, product, attempts)
-    answers: Counter = Counter()
-    lock = threading.Lock()
-    job = _final_post(browsers)
-
-    def work() -> None:
-        while (done := job()) is not None:
-            with lock:
-                answers[done[0]] += 1
-
-    threads = [threading.Thread(target=work) for _ in range(HOT_CONCURRENCY)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    answers = final_posts(browsers, concurrency=HOT_CONCURRENCY, meter=None)
     stock = _prepare(python, env, "stock", HOT)
     return {
         "attempts": attempts,
@@ -480,11 +538,13 @@ def run(ctx) -> dict:
             )
 
         # Warm every worker of both (imports, templates, connections) before measuring.
-        warm = _whole_checkout(oscar.base_url, products[PRODUCT])
-        for _ in range(2 * ctx.workers):
-            status = warm()[0]
-            if status != 302:
-                raise AssertionError(f"warming Oscar's checkout: the final POST answered {status}")
+        warming = _prepared(oscar.base_url, products[PRODUCT], 2 * ctx.workers)
+        answers = final_posts(warming, concurrency=ctx.workers, meter=None)
+        if set(answers) != {302}:
+            reasons = {b.refusal for b in warming if b.refusal}
+            raise AssertionError(
+                f"warming Oscar: the final POSTs answered {dict(answers)} {reasons}"
+            )
         for i in range(2 * ctx.workers):
             request = ours(i, 0)
             answer = http.post(
@@ -501,27 +561,20 @@ def run(ctx) -> dict:
             ours_run = shop.load(
                 label="ours", concurrency=concurrency, factory=ours, expected=(201,)
             )
-            whole = _drive(
-                oscar,
-                label="oscar checkout",
-                concurrency=concurrency,
-                job=_whole_checkout(oscar.base_url, products[PRODUCT]),
-                duration=ctx.duration,
-                warmup=ctx.warmup,
-            )
-            ctx.log("  " + whole.pop("summary") + f", {whole['http_requests']} HTTP requests")
-            count = max(3 * concurrency, round(PLACE_ORDERS_PER_S * (ctx.duration + ctx.warmup)))
+            meter = Meter(oscar, warmup=ctx.warmup, duration=ctx.duration)
+            whole_checkouts(oscar, products[PRODUCT], concurrency=concurrency, meter=meter)
+            whole = meter.figures("oscar checkout", concurrency)
+            ctx.log(f"  {_summary(whole)}")
+            # Enough baskets for the window if the final POST alone runs at a third of
+            # the whole checkout's request rate (it is the costliest of its requests).
+            per_s = whole["http_requests"] / whole["elapsed_s"] if whole["elapsed_s"] else 0
+            count = max(3 * concurrency, round(per_s / 3 * (ctx.warmup + ctx.duration)))
             ctx.log(f"  preparing {count} Oscar baskets at the preview page ...")
             browsers = _prepared(oscar.base_url, products[PRODUCT], count)
-            final = _drive(
-                oscar,
-                label="oscar place order",
-                concurrency=concurrency,
-                job=_final_post(browsers),
-                duration=ctx.duration,
-                warmup=ctx.warmup,
-            )
-            ctx.log("  " + final.pop("summary"))
+            meter = Meter(oscar, warmup=ctx.warmup, duration=ctx.duration)
+            final_posts(browsers, concurrency=concurrency, meter=meter)
+            final = meter.figures("oscar place order", concurrency)
+            ctx.log(f"  {_summary(final)}")
             runs += [ours_run, whole, final]
             for run in (whole, final):
                 if run["unexpected"] or run["errors"]:

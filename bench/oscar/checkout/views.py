@@ -11,6 +11,7 @@ from oscar.apps.payment.models import Source, SourceType
 
 class PaymentDetailsView(views.PaymentDetailsView):
     def handle_payment(self, order_number, total, **kwargs):
+        # bench.oscar.prepare made both types, as a shop has them before its first sale.
         source_type, _ = SourceType.objects.get_or_create(name="Bench dummy")
         self.add_payment_source(
             Source(
