@@ -96,11 +96,16 @@ class OscarUnavailable(RuntimeError):
     """Oscar's environment could not be made (no package index, a failed install)."""
 
 
+def _stamp() -> Path:
+    """The file that says the environment holds today's requirements (as the Makefile's)."""
+    digest = hashlib.sha1(REQUIREMENTS.read_bytes()).hexdigest()[:12]  # noqa: S324 - a stamp
+    return VENV / f".installed-{digest}"
+
+
 def venv_python() -> Path | None:
     """Return the Oscar environment's Python if it is installed from today's requirements."""
-    digest = hashlib.sha1(REQUIREMENTS.read_bytes()).hexdigest()[:12]  # noqa: S324 - a stamp
     python = VENV / "bin" / "python"
-    return python if (VENV / f".installed-{digest}").exists() and python.exists() else None
+    return python if _stamp().exists() and python.exists() else None
 
 
 def ensure_venv(log: Callable[[str], None]) -> Path:
@@ -122,8 +127,7 @@ def ensure_venv(log: Callable[[str], None]) -> Path:
             )
     for old in VENV.glob(".installed-*"):
         old.unlink()
-    digest = hashlib.sha1(REQUIREMENTS.read_bytes()).hexdigest()[:12]  # noqa: S324 - a stamp
-    (VENV / f".installed-{digest}").touch()
+    _stamp().touch()
     return VENV / "bin" / "python"
 
 
@@ -578,7 +582,9 @@ def run(ctx) -> dict:
             runs += [ours_run, whole, final]
             for run in (whole, final):
                 if run["unexpected"] or run["errors"]:
-                    raise AssertionError(f"{run['label']}: {run['status']} {run['errors']}")
+                    raise AssertionError(
+                        f"{run['label']}: {run['status']} {run['errors']}\n{oscar.log_tail()}"
+                    )
             ratios[str(concurrency)] = {
                 "ours_orders_per_s": ours_run["rps"],
                 "oscar_place_order_orders_per_s": final["rps"],
