@@ -330,6 +330,9 @@ def targets(data: dict) -> list[dict]:
         "0",
         None if not ours_dups else all(d == 0 for d in ours_dups),
     )
+    # Rows a scenario reads from its own figures (bench/scenarios/oscar.py).
+    for result in scenarios.values():
+        rows.extend(result.get("target_rows", []))
     return rows
 
 

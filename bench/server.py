@@ -37,12 +37,29 @@ class ServerError(RuntimeError):
 
 
 class Gunicorn:
-    """One gunicorn master and its sync workers serving config.wsgi."""
+    """One gunicorn master and its sync workers serving config.wsgi (or `app`).
 
-    def __init__(self, *, workers: int, env: dict[str, str], log_path: Path):
+    `python` and `app` let a peer run its own application from its own
+    environment (bench/scenarios/oscar.py); `config` replaces the shop's
+    gunicorn.conf.py, which gunicorn would otherwise read from the root.
+    """
+
+    def __init__(
+        self,
+        *,
+        workers: int,
+        env: dict[str, str],
+        log_path: Path,
+        app: str = "config.wsgi:application",
+        python: str = sys.executable,
+        config: str | None = None,
+    ):
         self.workers = workers
         self.env = env
         self.log_path = log_path
+        self.app = app
+        self.python = python
+        self.config = config
         self.proc: subprocess.Popen | None = None
         self.port: int | None = None
 
@@ -59,10 +76,11 @@ class Gunicorn:
         self.port = listener.getsockname()[1]
         fd = listener.fileno()
         argv = [
-            sys.executable,
+            self.python,
             "-m",
             "gunicorn",
-            "config.wsgi:application",
+            self.app,
+            *(["--config", self.config] if self.config else []),
             "--chdir",
             str(ROOT),
             "--bind",

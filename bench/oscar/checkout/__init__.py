@@ -1,0 +1,1 @@
+"""Oscar's checkout, forked to record a payment (bench.oscar.checkout.views)."""
