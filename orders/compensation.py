@@ -56,6 +56,7 @@ from payments import services as payment_services
 from payments.models import Payment, Refund, RefundOrigin, RefundStatus
 
 from . import lock_objects
+from .event_types import OrderEventType
 from .models import (
     CompensationStep,
     Order,
@@ -616,13 +617,13 @@ def _refund(step: CompensationStep) -> str:
     return "waiting"
 
 
-def _event_payload(step: CompensationStep) -> tuple[str, dict]:
+def _event_payload(step: CompensationStep) -> tuple[OrderEventType, dict]:
     order = Order.objects.get(id=step.order_id)
     if step.order_return_id is None:
-        return "order.cancelled", order_event_payload(order=order)
+        return OrderEventType.CANCELLED, order_event_payload(order=order)
     order_return = ReturnRequest.objects.get(id=step.order_return_id)
     lines = order_return.lines.select_related("order_line").order_by("order_line__position")
-    return "return.completed", {
+    return OrderEventType.RETURN_COMPLETED, {
         "order_id": str(order.id),
         "number": order.number,
         "owner_id": order.owner_id,

@@ -28,6 +28,7 @@ from idempotency.failpoints import failpoint
 from idempotency.outbox import outbox_write
 
 from . import lock_objects
+from .event_types import OrderEventType
 from .models import Order, OrderEvent, OrderLine, Shipment, ShipmentLine
 from .services import InvalidState
 from .states import FULFILLMENT_TRANSITIONS, Fulfillment, LineStatus, OrderStatus, check_transition
@@ -165,7 +166,7 @@ def shipment_create(
     outbox_write(
         aggregate_type="order",
         aggregate_id=str(order.id),
-        event_type="order.shipment_created",
+        event_type=OrderEventType.SHIPMENT_CREATED,
         payload={
             "order_id": str(order.id),
             "number": order.number,
