@@ -27,7 +27,7 @@ from django.db import connection, transaction
 from django.db.models import Q
 from django.db.models.functions import Now
 
-from core.errors import ApplicationError
+from core.errors import ApplicationError, InvalidState
 from core.money import format_money, minor_units
 from idempotency.failpoints import failpoint
 from idempotency.outbox import outbox_write
@@ -81,12 +81,6 @@ class OrderShipped(ApplicationError):
     status = 409
     code = "order_shipped"
     title = "Order shipped"
-
-
-class InvalidState(ApplicationError):
-    status = 409
-    code = "invalid_state"
-    title = "Invalid state"
 
 
 class PaymentDeclined(ApplicationError):

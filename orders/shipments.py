@@ -23,14 +23,13 @@ from django.db import transaction
 from django.db.models import F
 from django.db.models.functions import Now
 
-from core.errors import ApplicationError, InvalidRequest
+from core.errors import ApplicationError, InvalidRequest, InvalidState
 from idempotency.failpoints import failpoint
 from idempotency.outbox import outbox_write
 
 from . import lock_objects
 from .event_types import OrderEventType
 from .models import Order, OrderEvent, OrderLine, Shipment, ShipmentLine
-from .services import InvalidState
 from .states import FULFILLMENT_TRANSITIONS, Fulfillment, LineStatus, OrderStatus, check_transition
 
 SHIPPABLE_ORDER_STATUSES = frozenset({OrderStatus.CONFIRMED, OrderStatus.PARTIALLY_CONFIRMED})

@@ -11,6 +11,7 @@ See docs/events.md.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from decimal import ROUND_FLOOR, Decimal, InvalidOperation
 from typing import Any
@@ -27,6 +28,18 @@ RETURN_COMPLETED = OrderEventType.RETURN_COMPLETED
 # Confirmation earns points and adds purchases; the other two take them back.
 CONFIRMED_TYPES = frozenset({ORDER_CONFIRMED, ORDER_PARTIALLY_CONFIRMED})
 HANDLED_TYPES = frozenset({*CONFIRMED_TYPES, ORDER_CANCELLED, RETURN_COMPLETED})
+
+
+class Outcome(enum.StrEnum):
+    """What applying one event did, for the account's consumers (loyalty, history).
+
+    The e-mails consumer has outcomes of its own (`shop.emails.Outcome`): a mail
+    is sent, at least once, or not sent for want of an address; never "applied".
+    """
+
+    APPLIED = "applied"
+    DUPLICATE = "duplicate"
+    IGNORED = "ignored"
 
 
 class PoisonMessage(Exception):

@@ -26,8 +26,9 @@ from django.urls import reverse, reverse_lazy
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from core.errors import ApplicationError, InvalidRequest, NotFound
+from core.errors import InvalidRequest, NotFound
 from core.money import shop_currency
+from idempotency.views import form_refusal as keyed_form_refusal
 from idempotency.views import idempotent_form
 from inventory import selectors as inventory_selectors
 from orders import operations as order_operations
@@ -63,25 +64,11 @@ def see_other(url: str) -> HttpResponseRedirect:
     return response
 
 
-def form_refusal(request: HttpRequest, exc: ApplicationError) -> HttpResponse:
-    """A keyed form the request-key machinery refused (in use, reused, malformed key)."""
-    text = {
-        "idempotency_key_in_use": "This form is being sent already. Wait a moment, then open "
-        "your orders to see the result.",
-        "idempotency_key_reused": "This form was already sent with other details. Your orders "
-        "show what became of it; open the form again to start over.",
-        "idempotency_key_missing": "This form is out of date. Open it again and resend it.",
-        "idempotency_key_invalid": "This form is out of date. Open it again and resend it.",
-    }.get(exc.code, exc.detail)
-    response = render(
-        request,
-        "shop/form_refusal.html",
-        {"message": text, "title": exc.default_title()},
-        status=exc.status,
-    )
-    for name, value in exc.headers.items():
-        response[name] = value
-    return response
+# A keyed form the request-key machinery refused (in use, reused, malformed key),
+# in the storefront's words and page.
+form_refusal = functools.partial(
+    keyed_form_refusal, texts=words.FORM_REFUSALS, template="shop/form_refusal.html"
+)
 
 
 def _problem_text(code: str | None) -> str | None:
