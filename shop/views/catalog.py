@@ -7,6 +7,8 @@ cart sent twice is one order (shop/checkout.py).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.db.models import Q
@@ -99,21 +101,12 @@ def cart_page(request: HttpRequest) -> HttpResponse:
         return _guest_cart_page(request)
     cart = carts.cart_for(user=request.user)
     if request.method == "POST":
-        try:
-            version = int(request.POST.get("cart_version", ""))
-            quantities = _posted_quantities(request)
-            carts.cart_set(cart=cart, version=version, quantities=quantities)
-        except carts.CartChanged:
-            messages.warning(
-                request,
-                "Your cart changed since this page was shown (in another tab?), so nothing was "
-                "changed. Here it is as it is now.",
-            )
-        except (ValueError, InvalidRequest):
-            messages.error(request, "Enter a quantity between 0 and 1000.")
-        else:
-            messages.success(request, "Your cart was updated.")
-        return see_other(reverse("cart"))
+        return _cart_post(
+            request,
+            lambda version, quantities: carts.cart_set(
+                cart=cart, version=version, quantities=quantities
+            ),
+        )
     checkout.checkout_follow_up(cart=cart)
     cart.refresh_from_db()
     items = carts.cart_items(cart=cart)
@@ -127,22 +120,12 @@ def cart_page(request: HttpRequest) -> HttpResponse:
 def _guest_cart_page(request: HttpRequest) -> HttpResponse:
     """The cart of a shopper not logged in (the session's); checkout asks to log in first."""
     if request.method == "POST":
-        try:
-            version = int(request.POST.get("cart_version", ""))
-            carts.guest_cart_set(
-                session=request.session, version=version, quantities=_posted_quantities(request)
-            )
-        except carts.CartChanged:
-            messages.warning(
-                request,
-                "Your cart changed since this page was shown (in another tab?), so nothing was "
-                "changed. Here it is as it is now.",
-            )
-        except (ValueError, InvalidRequest):
-            messages.error(request, "Enter a quantity between 0 and 1000.")
-        else:
-            messages.success(request, "Your cart was updated.")
-        return see_other(reverse("cart"))
+        return _cart_post(
+            request,
+            lambda version, quantities: carts.guest_cart_set(
+                session=request.session, version=version, quantities=quantities
+            ),
+        )
     items = carts.guest_cart_items(session=request.session)
     context = {
         "cart_version": carts.guest_cart(session=request.session).version,
@@ -151,6 +134,26 @@ def _guest_cart_page(request: HttpRequest) -> HttpResponse:
         "guest": True,
     }
     return render(request, "shop/cart.html", context)
+
+
+def _cart_post(
+    request: HttpRequest, cart_set: Callable[[int, dict[str, int]], object]
+) -> HttpResponse:
+    """The cart form's POST (the shopper's or the guest's `cart_set`): 303 back to the cart."""
+    try:
+        version = int(request.POST.get("cart_version", ""))
+        cart_set(version, _posted_quantities(request))
+    except carts.CartChanged:
+        messages.warning(
+            request,
+            "Your cart changed since this page was shown (in another tab?), so nothing was "
+            "changed. Here it is as it is now.",
+        )
+    except (ValueError, InvalidRequest):
+        messages.error(request, "Enter a quantity between 0 and 1000.")
+    else:
+        messages.success(request, "Your cart was updated.")
+    return see_other(reverse("cart"))
 
 
 def _posted_quantities(request: HttpRequest) -> dict[str, int]:

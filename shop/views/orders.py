@@ -8,6 +8,7 @@ form (keyed, shop/returns.py).
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from decimal import Decimal
 
 from django.contrib.auth.decorators import login_required
@@ -175,8 +176,15 @@ def order_status_fragment(request: HttpRequest, order_id: str) -> HttpResponse:
 @login_required
 @require_POST
 def order_confirm(request: HttpRequest, order_id: str) -> HttpResponse:
+    return _decide(request, order_id, _confirm_submit)
+
+
+def _decide(
+    request: HttpRequest, order_id: str, submit: Callable[..., HttpResponse]
+) -> HttpResponse:
+    """A keyed decision on the shopper's own order; the cart follows its outcome (once)."""
     order = _own_order(request, order_id)
-    response = _confirm_submit(request, order=order)
+    response = submit(request, order=order)
     checkout.checkout_follow_up(cart=carts.cart_for(user=request.user))
     return response
 
@@ -191,10 +199,7 @@ def _confirm_submit(request: HttpRequest, *, key, order) -> None:
 @login_required
 @require_POST
 def order_cancel(request: HttpRequest, order_id: str) -> HttpResponse:
-    order = _own_order(request, order_id)
-    response = _cancel_submit(request, order=order)
-    checkout.checkout_follow_up(cart=carts.cart_for(user=request.user))
-    return response
+    return _decide(request, order_id, _cancel_submit)
 
 
 @idempotent_form(operation=checkout.CANCEL, refusal=form_refusal)
