@@ -109,3 +109,14 @@ class BenchContext:
     def auth_headers(token: str) -> dict[str, str]:
         """Return the header that authenticates a request with `token`."""
         return {"Authorization": f"Token {token}"}
+
+
+def cpu_ms_per_request(run: dict) -> float | None:
+    """Gunicorn CPU milliseconds per request of a `BenchContext.load` run; None if it made none."""
+    requests = run.get("requests") or 0
+    return round(1000 * run["server_cpu_s"] / requests, 2) if requests else None
+
+
+def rps_ratio(run: dict, baseline: dict) -> float | None:
+    """`run`'s requests per second over `baseline`'s; None if the baseline made none."""
+    return round(run["rps"] / baseline["rps"], 3) if baseline["rps"] else None

@@ -23,35 +23,21 @@ from collections.abc import Callable
 
 from django.http import HttpRequest, HttpResponse
 from drf_idempotencykey.mixins import DrfIdempotencyKeyMixin
-from drf_spectacular.utils import extend_schema
-from rest_framework.generics import GenericAPIView
 
 from idempotency.failpoints import failpoint
-from idempotency.views import answer_response
-from orders import operations
-from orders.api import presenters
-from orders.api.serializers import OrderIn
-from orders.api.views import ORDER_PERMISSIONS
-from tests.support.unkeyed import UnkeyedRun
+from tests.support.unkeyed import OrderPlaceUnkeyedView
 
 PEER_PATH = "/api/v1/_bench/orders-peer/"
 
 
-class PeerOrderView(DrfIdempotencyKeyMixin, GenericAPIView):
-    """The checkout, keyed the drf-idempotencykey way (its key must be a UUID)."""
+class PeerOrderView(DrfIdempotencyKeyMixin, OrderPlaceUnkeyedView):
+    """The checkout, keyed the drf-idempotencykey way (its key must be a UUID).
 
-    permission_classes = ORDER_PERMISSIONS
+    The unkeyed twin's `post` (the bench's baseline, the same checkout without
+    a key) under the peer's mixin, which claims and stores around it.
+    """
+
     require_idempotency_key = True
-
-    @extend_schema(exclude=True)
-    def post(self, request):
-        data = OrderIn(data=request.data)
-        data.is_valid(raise_exception=True)
-        run = UnkeyedRun(operation=operations.CREATE)
-        operations.order_place_keyed(
-            run=run, present=presenters.order_created, user=request.user, **data.validated_data
-        )
-        return answer_response(run.answer, replayed=False)
 
     def _post_idempotent_response(self, response: HttpResponse) -> None:
         failpoint("bench.peer.before_save_answer")

@@ -39,7 +39,7 @@ from idempotency.admin_actions import ADMIN_NEEDS_ATTENTION
 from idempotency.deliveries import dead_letter_requeue
 from idempotency.operations import Reply, Result, close_run, refusals_presented
 from idempotency.views import FORM_FIELD, idempotent_form
-from orders import compensation
+from orders import compensation_staff
 from orders import selectors as orders_selectors
 from payments import selectors as payments_selectors
 from payments import services as payments_services
@@ -143,7 +143,7 @@ ACTIONS: dict[str, tuple[Action, ...]] = {
             "retry",
             "Retry step",
             "orders.change_compensationstep",
-            lambda pk, by: bool(compensation.steps_retry_failed(step_ids=[int(pk)], by=by)),
+            lambda pk, by: bool(compensation_staff.steps_retry_failed(step_ids=[int(pk)], by=by)),
             statuses=("failed",),
             explanation="A fresh attempt budget, due now; its return goes back to processing.",
         ),

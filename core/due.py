@@ -129,6 +129,29 @@ class DuePolicy:
         """Return seconds to wait after attempt `attempt` of this kind."""
         return backoff(attempt, base=self.backoff_base, cap=self.backoff_max)
 
+    @classmethod
+    def from_settings(
+        cls,
+        prefix: str,
+        *,
+        task: str | None,
+        lease: float | None = None,
+        attempt_lease: float | None = None,
+    ) -> DuePolicy:
+        """Build a kind's policy from its settings, read now (tests override them).
+
+        `<prefix>_MAX_ATTEMPTS`, `<prefix>_BACKOFF_BASE`, `<prefix>_BACKOFF_MAX`
+        and, unless `lease` is given, `<prefix>_LEASE` (e.g. `COMPENSATION`).
+        """
+        return cls(
+            task=task,
+            max_attempts=getattr(settings, f"{prefix}_MAX_ATTEMPTS"),
+            backoff_base=getattr(settings, f"{prefix}_BACKOFF_BASE"),
+            backoff_max=getattr(settings, f"{prefix}_BACKOFF_MAX"),
+            lease=getattr(settings, f"{prefix}_LEASE") if lease is None else lease,
+            attempt_lease=attempt_lease,
+        )
+
 
 class DueWorkQuerySet(models.QuerySet):
     def pending(self) -> DueWorkQuerySet:

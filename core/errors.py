@@ -62,3 +62,11 @@ class Conflict(ApplicationError):
 class Unprocessable(ApplicationError):
     status = 422
     code = "unprocessable"
+
+
+class InvalidState(ApplicationError):
+    """Refuse what the thing's current state does not allow (an order, a payment, a return)."""
+
+    status = 409
+    code = "invalid_state"
+    title = "Invalid state"

@@ -121,15 +121,9 @@ class OutboxMessage(DueWork):
 
     @classmethod
     def due_policy(cls) -> DuePolicy:
-        return DuePolicy(
-            # The relay process (`manage.py relay_outbox`) polls; beat's
-            # `idempotency.relay_outbox` is the fallback. Nothing rings per row.
-            task=None,
-            max_attempts=settings.OUTBOX_RELAY_MAX_ATTEMPTS,
-            backoff_base=settings.OUTBOX_RELAY_BACKOFF_BASE,
-            backoff_max=settings.OUTBOX_RELAY_BACKOFF_MAX,
-            lease=settings.OUTBOX_RELAY_LEASE,
-        )
+        # The relay process (`manage.py relay_outbox`) polls; beat's
+        # `idempotency.relay_outbox` is the fallback. Nothing rings per row.
+        return DuePolicy.from_settings("OUTBOX_RELAY", task=None)
 
 
 class Delivery(DueWork):
@@ -174,13 +168,9 @@ class Delivery(DueWork):
 
     @classmethod
     def due_policy(cls) -> DuePolicy:
-        return DuePolicy(
-            # The task depends on the consumer: rung through idempotency.relay's registry.
-            task=None,
-            max_attempts=settings.OUTBOX_DELIVERY_MAX_ATTEMPTS,
-            backoff_base=settings.OUTBOX_DELIVERY_BACKOFF_BASE,
-            backoff_max=settings.OUTBOX_DELIVERY_BACKOFF_MAX,
-            lease=settings.OUTBOX_DELIVERY_TIMEOUT,
+        # The task depends on the consumer: rung through idempotency.relay's registry.
+        return DuePolicy.from_settings(
+            "OUTBOX_DELIVERY", task=None, lease=settings.OUTBOX_DELIVERY_TIMEOUT
         )
 
 

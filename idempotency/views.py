@@ -24,11 +24,12 @@ from __future__ import annotations
 
 import functools
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from django.contrib.auth.views import redirect_to_login
 from django.http import HttpRequest, HttpResponse
+from django.shortcuts import render
 from django.utils.html import format_html
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
@@ -248,13 +249,29 @@ FORM_REFUSALS = {
 }
 
 
-def form_refusal(request: HttpRequest, exc: ApplicationError) -> HttpResponse:
-    """Render a refusal of a keyed form submission as a small HTML page."""
-    text = FORM_REFUSALS.get(exc.code, exc.detail)
-    response = HttpResponse(
-        format_html("<!doctype html><title>{}</title><p>{}</p>", exc.default_title(), text),
-        status=exc.status,
-    )
+def form_refusal(
+    request: HttpRequest,
+    exc: ApplicationError,
+    *,
+    texts: Mapping[str, str] = FORM_REFUSALS,
+    template: str | None = None,
+) -> HttpResponse:
+    """Render a refusal of a keyed form submission as a page, with the refusal's headers.
+
+    `texts` says each refusal code in the site's own words (else the error's
+    detail); `template` renders it in the site's page (context: `message`,
+    `title`), else a small bare HTML page. A site binds both with
+    `functools.partial` and passes that as `idempotent_form(refusal=...)`.
+    """
+    text = texts.get(exc.code, exc.detail)
+    title = exc.default_title()
+    if template is None:
+        response = HttpResponse(
+            format_html("<!doctype html><title>{}</title><p>{}</p>", title, text),
+            status=exc.status,
+        )
+    else:
+        response = render(request, template, {"message": text, "title": title}, status=exc.status)
     for name, value in exc.headers.items():
         response[name] = value
     return response

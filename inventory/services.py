@@ -18,6 +18,7 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import Expression, F
 from django.db.models.functions import Now
 
+from core.db import violated_constraint
 from core.errors import ApplicationError
 from core.money import check_currency
 
@@ -34,12 +35,6 @@ class SkuExists(ApplicationError):
     title = "SKU exists"
 
 
-def _violated_constraint(exc: IntegrityError) -> str | None:
-    cause = exc.__cause__
-    diag = getattr(cause, "diag", None)
-    return getattr(diag, "constraint_name", None)
-
-
 @transaction.atomic
 def product_create(*, sku: str, name: str, price: Decimal, currency: str, stock: int) -> Product:
     """Create a product with its stock; a taken sku is refused by the unique constraint."""
@@ -49,7 +44,7 @@ def product_create(*, sku: str, name: str, price: Decimal, currency: str, stock:
         with transaction.atomic():
             product.save(force_insert=True)
     except IntegrityError as exc:
-        if _violated_constraint(exc) == "inventory_product_sku_uniq":
+        if violated_constraint(exc) == "inventory_product_sku_uniq":
             raise SkuExists(f"A product with sku {sku!r} already exists.") from exc
         raise
     StockItem.objects.create(product=product, on_hand=stock, reserved=0)

@@ -34,7 +34,7 @@ from idempotency.operations import Presenter, Reply, Result, close_run, refusals
 from idempotency.views import idempotent_form
 from payments import selectors as payment_selectors
 
-from . import compensation, returns, services
+from . import compensation_refund, compensation_staff, returns, services
 from .models import CompensationStep, Order, ReturnLine, ReturnRequest
 from .states import CompensationKind, Fulfillment, OrderStatus, StepStatus
 
@@ -99,7 +99,7 @@ def _retry_submit(request, order_return, *, key):
         return None
 
     def retry():
-        compensation.return_retry_failed_steps(return_id=order_return.id, by=request.user)
+        compensation_staff.return_retry_failed_steps(return_id=order_return.id, by=request.user)
         return ReturnRequest.objects.get(id=order_return.id)
 
     _one_phase(key.claim(), _back_to(return_redirect, request, order_return), retry)
@@ -216,7 +216,7 @@ class ReturnRequestAdmin(ReadOnlyAdmin):
     @admin.display(description="refund")
     def refund_row(self, obj):
         refund = payment_selectors.refund_get_or_none(
-            refund_id=compensation.return_refund_id(obj.id)
+            refund_id=compensation_refund.return_refund_id(obj.id)
         )
         if refund is None:
             return "-"
@@ -310,7 +310,7 @@ class CompensationStepAdmin(DueWorkAdmin):
     ordering = ["-id"]
 
     def retry_one(self, request, pk) -> bool:
-        return bool(compensation.steps_retry_failed(step_ids=[pk], by=request.user))
+        return bool(compensation_staff.steps_retry_failed(step_ids=[pk], by=request.user))
 
 
 class ReturnInline(ReadOnlyInline):

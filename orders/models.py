@@ -376,11 +376,8 @@ class CompensationStep(DueWork):
 
     @classmethod
     def due_policy(cls) -> DuePolicy:
-        return DuePolicy(
+        return DuePolicy.from_settings(
+            "COMPENSATION",
             task="orders.compensation_step",
-            max_attempts=settings.COMPENSATION_MAX_ATTEMPTS,
-            backoff_base=settings.COMPENSATION_BACKOFF_BASE,
-            backoff_max=settings.COMPENSATION_BACKOFF_MAX,
-            lease=settings.COMPENSATION_LEASE,
             attempt_lease=settings.COMPENSATION_ATTEMPT_LEASE,
         )

@@ -38,7 +38,7 @@ from __future__ import annotations
 import uuid
 from decimal import Decimal
 
-from core.errors import ApplicationError
+from core.errors import ApplicationError, InvalidState
 from idempotency.failpoints import failpoint
 from idempotency.keys import KeyRun
 from idempotency.models import STARTED
@@ -100,7 +100,7 @@ def order_result(order: Order) -> Result:
             "The reservation expired before the order was confirmed.", extra=extra
         )
     else:
-        refusal = services.InvalidState(f"The order is {order.status}.", extra=extra)
+        refusal = InvalidState(f"The order is {order.status}.", extra=extra)
     return Result.refused(refusal, value=order)
 
 

@@ -25,14 +25,13 @@ from django.db import transaction
 from django.db.models import F, Sum
 from django.db.models.functions import Now
 
-from core.errors import ApplicationError, InvalidRequest, NotFound
+from core.errors import ApplicationError, InvalidRequest, InvalidState, NotFound
 from core.money import format_money
 from idempotency.failpoints import failpoint
 
 from . import compensation, lock_objects
 from .models import CompensationStep, OrderEvent, OrderLine, ReturnLine, ReturnRequest
 from .selectors import compensation_steps_body
-from .services import InvalidState
 from .shipments import SHIPPABLE_ORDER_STATUSES
 from .states import CompensationKind, ReturnStatus
 

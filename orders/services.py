@@ -27,7 +27,7 @@ from django.db import connection, transaction
 from django.db.models import Q
 from django.db.models.functions import Now
 
-from core.errors import ApplicationError
+from core.errors import ApplicationError, InvalidState
 from core.money import format_money, minor_units
 from idempotency.failpoints import failpoint
 from idempotency.outbox import outbox_write
@@ -39,6 +39,7 @@ from payments.lock_objects import payment_lock
 from payments.models import Payment, PaymentStatus
 
 from . import compensation, lock_objects, selectors
+from .event_types import OrderEventType
 from .models import Order, OrderEvent, OrderLine
 from .states import (
     LINE_TRANSITIONS,
@@ -83,12 +84,6 @@ class OrderShipped(ApplicationError):
     title = "Order shipped"
 
 
-class InvalidState(ApplicationError):
-    status = 409
-    code = "invalid_state"
-    title = "Invalid state"
-
-
 class PaymentDeclined(ApplicationError):
     status = 402
     code = "payment_declined"
@@ -118,7 +113,9 @@ def _reservation_ids(lines: Iterable[OrderLine]) -> list:
     return [line.reservation_id for line in lines if line.reservation_id is not None]
 
 
-def _publish(*, order: Order, event_type: str, lines: Sequence[OrderLine] | None = None) -> None:
+def _publish(
+    *, order: Order, event_type: OrderEventType, lines: Sequence[OrderLine] | None = None
+) -> None:
     """Write the order's event to the outbox, in the transaction that made it true."""
     outbox_write(
         aggregate_type="order",
@@ -245,7 +242,11 @@ def _payment_record(*, order: Order, succeeded: bool) -> Order:
     lines = list(OrderLine.objects.filter(order_id=order.id).order_by("position"))
     if succeeded:
         partial = any(line.quantity_confirmed < line.quantity_requested for line in lines)
-        target = OrderStatus.PARTIALLY_CONFIRMED if partial else OrderStatus.CONFIRMED
+        target, event_type = (
+            (OrderStatus.PARTIALLY_CONFIRMED, OrderEventType.PARTIALLY_CONFIRMED)
+            if partial
+            else (OrderStatus.CONFIRMED, OrderEventType.CONFIRMED)
+        )
         moved = order_transition(
             order=order,
             source=OrderStatus.PAYMENT_PENDING,
@@ -257,7 +258,7 @@ def _payment_record(*, order: Order, succeeded: bool) -> Order:
         )
         if moved is not None:
             inventory_services.reservations_commit(reservation_ids=_reservation_ids(moved))
-            _publish(order=order, lines=lines, event_type=f"order.{target}")
+            _publish(order=order, lines=lines, event_type=event_type)
             selectors.order_with_lines(order=order, lines=lines)
         return order
     moved = order_transition(
@@ -271,7 +272,7 @@ def _payment_record(*, order: Order, succeeded: bool) -> Order:
     )
     if moved is not None:
         inventory_services.reservations_release(reservation_ids=_reservation_ids(moved))
-        _publish(order=order, lines=lines, event_type="order.payment_failed")
+        _publish(order=order, lines=lines, event_type=OrderEventType.PAYMENT_FAILED)
         selectors.order_with_lines(order=order, lines=lines)
     return order
 
@@ -407,7 +408,7 @@ def order_cancel(*, order_id) -> Order:
     )
     if moved is not None:
         inventory_services.reservations_release(reservation_ids=_reservation_ids(moved))
-        _publish(order=order, event_type="order.cancelled")
+        _publish(order=order, event_type=OrderEventType.CANCELLED)
         return order
 
     order = lock_objects.order_lock(order_id=order_id)
@@ -460,7 +461,7 @@ def order_expire(*, order_id) -> bool:
     inventory_services.reservations_release(
         reservation_ids=_reservation_ids(moved), state=Reservation.State.EXPIRED
     )
-    _publish(order=Order.objects.get(id=order_id), event_type="order.expired")
+    _publish(order=Order.objects.get(id=order_id), event_type=OrderEventType.EXPIRED)
     return True
 
 

@@ -23,13 +23,13 @@ from django.db import transaction
 from django.db.models import F
 from django.db.models.functions import Now
 
-from core.errors import ApplicationError, InvalidRequest
+from core.errors import ApplicationError, InvalidRequest, InvalidState
 from idempotency.failpoints import failpoint
 from idempotency.outbox import outbox_write
 
 from . import lock_objects
+from .event_types import OrderEventType
 from .models import Order, OrderEvent, OrderLine, Shipment, ShipmentLine
-from .services import InvalidState
 from .states import FULFILLMENT_TRANSITIONS, Fulfillment, LineStatus, OrderStatus, check_transition
 
 SHIPPABLE_ORDER_STATUSES = frozenset({OrderStatus.CONFIRMED, OrderStatus.PARTIALLY_CONFIRMED})
@@ -165,7 +165,7 @@ def shipment_create(
     outbox_write(
         aggregate_type="order",
         aggregate_id=str(order.id),
-        event_type="order.shipment_created",
+        event_type=OrderEventType.SHIPMENT_CREATED,
         payload={
             "order_id": str(order.id),
             "number": order.number,

@@ -216,12 +216,9 @@ class PaymentSettlement(DueWork):
 
     @classmethod
     def due_policy(cls) -> DuePolicy:
-        return DuePolicy(
+        return DuePolicy.from_settings(
+            "PAYMENTS_SETTLE",
             task="payments.settle_payment",
-            max_attempts=settings.PAYMENTS_SETTLE_MAX_ATTEMPTS,
-            backoff_base=settings.PAYMENTS_SETTLE_BACKOFF_BASE,
-            backoff_max=settings.PAYMENTS_SETTLE_BACKOFF_MAX,
-            lease=settings.PAYMENTS_SETTLE_LEASE,
             attempt_lease=provider_calls_lease(2),  # look-up, then re-send
         )
 
@@ -319,11 +316,8 @@ class Refund(DueWork):
 
     @classmethod
     def due_policy(cls) -> DuePolicy:
-        return DuePolicy(
+        return DuePolicy.from_settings(
+            "PAYMENTS_REFUND",
             task="payments.refund",
-            max_attempts=settings.PAYMENTS_REFUND_MAX_ATTEMPTS,
-            backoff_base=settings.PAYMENTS_REFUND_BACKOFF_BASE,
-            backoff_max=settings.PAYMENTS_REFUND_BACKOFF_MAX,
-            lease=settings.PAYMENTS_REFUND_LEASE,
             attempt_lease=provider_calls_lease(3),  # look-up, refund, look-up
         )

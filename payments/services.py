@@ -37,6 +37,7 @@ from core.money import check_currency, format_money, minor_units
 from idempotency.failpoints import failpoint
 from idempotency.outbox import outbox_write
 
+from .event_types import PaymentEventType
 from .gateway import Outcome, ProviderResult, get_gateway
 from .keys import install_id, install_id_subquery, provider_key
 from .lock_objects import payment_lock
@@ -898,7 +899,7 @@ def _refund_succeed(
         outbox_write(
             aggregate_type="payment",
             aggregate_id=str(payment.id),
-            event_type="refund.succeeded",
+            event_type=PaymentEventType.REFUND_SUCCEEDED,
             payload={
                 "refund_id": str(refund.id),
                 "payment_id": str(payment.id),

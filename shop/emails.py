@@ -22,18 +22,21 @@ from django.db import transaction
 from django.template.loader import render_to_string
 
 from idempotency.inbox import inbox_claim
+from orders.event_types import OrderEventType
+from payments.event_types import PaymentEventType
 
 from . import events
 
 CONSUMER = "emails"
 
 # event type → template name (shop/templates/shop/email/<name>.txt / .html) and subject.
+# The types are the producers' (orders/event_types.py, payments/event_types.py).
 MAILS: dict[str, tuple[str, str]] = {
-    "order.confirmed": ("order_confirmed", "Your order {number} is confirmed"),
-    "order.partially_confirmed": ("order_confirmed", "Your order {number} is confirmed"),
-    "order.payment_failed": ("payment_declined", "Payment for order {number} was declined"),
-    "order.shipment_created": ("shipped", "Your order {number} has shipped"),
-    "refund.succeeded": ("refunded", "Your refund for order {number}"),
+    OrderEventType.CONFIRMED: ("order_confirmed", "Your order {number} is confirmed"),
+    OrderEventType.PARTIALLY_CONFIRMED: ("order_confirmed", "Your order {number} is confirmed"),
+    OrderEventType.PAYMENT_FAILED: ("payment_declined", "Payment for order {number} was declined"),
+    OrderEventType.SHIPMENT_CREATED: ("shipped", "Your order {number} has shipped"),
+    PaymentEventType.REFUND_SUCCEEDED: ("refunded", "Your refund for order {number}"),
 }
 EVENT_TYPES = frozenset(MAILS)
 

@@ -2,26 +2,44 @@
 
 The producers (orders, returns) write these to the outbox; the relay hands
 each to the consumers (`shop.loyalty.loyalty_apply`,
-`shop.history.history_apply`) with the outbox message's id. `shop` never
-imports `orders`: it reads the payload only, and a payload it cannot read
-is a `PoisonMessage` (not retried; the consumer task dead-letters it).
+`shop.history.history_apply`) with the outbox message's id. The type names
+are the producer's (`orders.event_types`); of orders `shop` reads the
+payload only, and a payload it cannot read is a `PoisonMessage` (not
+retried; the consumer task dead-letters it).
 See docs/events.md.
 """
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from decimal import ROUND_FLOOR, Decimal, InvalidOperation
 from typing import Any
 
-ORDER_CONFIRMED = "order.confirmed"
-ORDER_PARTIALLY_CONFIRMED = "order.partially_confirmed"
-ORDER_CANCELLED = "order.cancelled"
-RETURN_COMPLETED = "return.completed"
+from orders.event_types import OrderEventType
+
+# The producer owns the names (orders/event_types.py); these are the ones the
+# account consumes.
+ORDER_CONFIRMED = OrderEventType.CONFIRMED
+ORDER_PARTIALLY_CONFIRMED = OrderEventType.PARTIALLY_CONFIRMED
+ORDER_CANCELLED = OrderEventType.CANCELLED
+RETURN_COMPLETED = OrderEventType.RETURN_COMPLETED
 
 # Confirmation earns points and adds purchases; the other two take them back.
 CONFIRMED_TYPES = frozenset({ORDER_CONFIRMED, ORDER_PARTIALLY_CONFIRMED})
 HANDLED_TYPES = frozenset({*CONFIRMED_TYPES, ORDER_CANCELLED, RETURN_COMPLETED})
+
+
+class Outcome(enum.StrEnum):
+    """What applying one event did, for the account's consumers (loyalty, history).
+
+    The e-mails consumer has outcomes of its own (`shop.emails.Outcome`): a mail
+    is sent, at least once, or not sent for want of an address; never "applied".
+    """
+
+    APPLIED = "applied"
+    DUPLICATE = "duplicate"
+    IGNORED = "ignored"
 
 
 class PoisonMessage(Exception):

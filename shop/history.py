@@ -10,7 +10,6 @@ out of order (a return before its confirmation) net to the same result.
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,15 +21,10 @@ from idempotency.deliveries import Message
 from idempotency.inbox import inbox_claim, inbox_claim_many
 
 from . import events
+from .events import Outcome
 from .models import PurchaseHistoryLine
 
 CONSUMER = "purchase_history"
-
-
-class Outcome(enum.StrEnum):
-    APPLIED = "applied"
-    DUPLICATE = "duplicate"
-    IGNORED = "ignored"
 
 
 @dataclass(frozen=True)

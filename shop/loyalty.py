@@ -17,7 +17,6 @@ version having moved). See docs/events.md.
 
 from __future__ import annotations
 
-import enum
 import random
 import time
 from collections.abc import Sequence
@@ -31,15 +30,10 @@ from idempotency import metrics
 from idempotency.deliveries import Message
 
 from . import events
+from .events import Outcome
 from .models import LoyaltyAccount
 
 MAX_TRIES = 20
-
-
-class Outcome(enum.StrEnum):
-    APPLIED = "applied"
-    DUPLICATE = "duplicate"
-    IGNORED = "ignored"
 
 
 @dataclass(frozen=True)

@@ -119,3 +119,15 @@ PROBLEMS = {
 
 def words(table: dict[str, str], value: str) -> str:
     return table.get(value, value.replace("_", " ").capitalize())
+
+
+# A keyed form the request-key machinery refused (idempotency.views.form_refusal):
+# the shopper is pointed at their orders, where the first submission's result shows.
+FORM_REFUSALS = {
+    "idempotency_key_in_use": "This form is being sent already. Wait a moment, then open "
+    "your orders to see the result.",
+    "idempotency_key_reused": "This form was already sent with other details. Your orders "
+    "show what became of it; open the form again to start over.",
+    "idempotency_key_missing": "This form is out of date. Open it again and resend it.",
+    "idempotency_key_invalid": "This form is out of date. Open it again and resend it.",
+}

@@ -134,7 +134,7 @@ def test_domain_apps_never_import_another_apps_api(app):
 
 
 # The HTTP and admin surface: parses input, calls one service or selector.
-_SURFACE = re.compile(r"(^|/)(views|forms|urls|admin\w*)\.py$|(^|/)(api|templatetags)/")
+_SURFACE = re.compile(r"(^|/)(views|forms|urls|admin\w*)\.py$|(^|/)(api|templatetags|views)/")
 
 
 def _reach_ins(app: str) -> list[tuple[str, str]]:

@@ -30,6 +30,7 @@ import dataclasses
 import threading
 import time
 
+from bench.context import cpu_ms_per_request
 from bench.scenarios.checkout import _order_request, _shop_with_provider
 
 NAME = "growth"
@@ -235,11 +236,7 @@ class _Purger(threading.Thread):
 
 
 def _figures(run: dict) -> dict:
-    requests = run.get("requests") or 0
-    return {
-        "orders_per_s": run["rps"],
-        "cpu_ms_per_order": round(1000 * run["server_cpu_s"] / requests, 2) if requests else None,
-    }
+    return {"orders_per_s": run["rps"], "cpu_ms_per_order": cpu_ms_per_request(run)}
 
 
 def run(ctx) -> dict:

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import requests as http
 
+from bench.context import cpu_ms_per_request, rps_ratio
 from bench.loadgen import Request
 from bench.scenarios.checkout import _order_request, _simulator
 from bench.server import Gunicorn
@@ -209,11 +210,9 @@ def run(ctx) -> dict:
                 runs.append(pair[label])
             ours, peer = pair["ours"], pair["peer"]
             ratios[str(concurrency)] = {
-                "peer_vs_ours_orders_per_s": round(peer["rps"] / ours["rps"], 3)
-                if ours["rps"]
-                else None,
-                "ours_cpu_ms_per_order": _cpu_ms(ours),
-                "peer_cpu_ms_per_order": _cpu_ms(peer),
+                "peer_vs_ours_orders_per_s": rps_ratio(peer, ours),
+                "ours_cpu_ms_per_order": cpu_ms_per_request(ours),
+                "peer_cpu_ms_per_order": cpu_ms_per_request(peer),
             }
             ctx.log(f"  c={concurrency}: {ratios[str(concurrency)]}")
         same_key = {
@@ -233,8 +232,3 @@ def run(ctx) -> dict:
         }
         ctx.log(f"  crash between commit and answer, then retries: {json.dumps(crash)}")
     return {"runs": runs, "ratios": ratios, "same_key": same_key, "crash": crash}
-
-
-def _cpu_ms(run: dict) -> float | None:
-    requests = run.get("requests") or 0
-    return round(1000 * run["server_cpu_s"] / requests, 2) if requests else None

@@ -48,6 +48,7 @@ from pathlib import Path
 
 import requests as http
 
+from bench.context import cpu_ms_per_request, rps_ratio
 from bench.loadgen import Request
 from bench.server import Gunicorn
 
@@ -99,11 +100,6 @@ def _expect(status: str):
             raise AssertionError(f"webhook stored as {got!r}, expected {status!r}")
 
     return check
-
-
-def _per_event_ms(figures: dict) -> float | None:
-    requests = figures.get("requests") or 0
-    return round(1000 * figures["server_cpu_s"] / requests, 2) if requests else None
 
 
 def run(ctx) -> dict:
@@ -170,11 +166,9 @@ def run(ctx) -> dict:
             stored_by_duplicates[str(concurrency)] = inbox.count() - rows_before
             runs += [first, again]
             ratios[str(concurrency)] = {
-                "duplicate_vs_fresh": round(again["rps"] / first["rps"], 3)
-                if first["rps"]
-                else None,
-                "fresh_cpu_ms_per_event": _per_event_ms(first),
-                "duplicate_cpu_ms_per_event": _per_event_ms(again),
+                "duplicate_vs_fresh": rps_ratio(again, first),
+                "fresh_cpu_ms_per_event": cpu_ms_per_request(first),
+                "duplicate_cpu_ms_per_event": cpu_ms_per_request(again),
             }
             ctx.log(f"  c={concurrency}: {ratios[str(concurrency)]} (target ratio > 1)")
         if any(stored_by_duplicates.values()):

@@ -45,12 +45,24 @@ def key_stored_answer(
     *, row: IdempotencyKey, method: str, path: str, fingerprint: str
 ) -> Answer | None:
     """Return the stored answer if `row` is finished and was made by this same request."""
-    if row.recovery_point != FINISHED or (
-        row.request_method,
-        row.request_path,
-        row.request_fingerprint,
-    ) != (method, path, fingerprint):
+    if row.recovery_point != FINISHED or not _same_request(
+        row, method=method, path=path, fingerprint=fingerprint
+    ):
         return None
+    return _replay(row)
+
+
+def _same_request(row: IdempotencyKey, *, method: str, path: str, fingerprint: str) -> bool:
+    """Whether `row` was claimed by this request (method, path and body fingerprint)."""
+    return (row.request_method, row.request_path, row.request_fingerprint) == (
+        method,
+        path,
+        fingerprint,
+    )
+
+
+def _replay(row: IdempotencyKey) -> Answer:
+    """Return a finished key's stored answer, counted as a suppressed duplicate."""
     metrics.duplicate_suppressed(mechanism=metrics.KEY_REPLAY, key=row.key)
     return _stored_answer(row)
 
@@ -105,21 +117,16 @@ def _lease_live(row: IdempotencyKey) -> bool:
     )
 
 
-def _match(row: IdempotencyKey, identity: KeyIdentity) -> Answer | None:
+def _match(row: IdempotencyKey, *, method: str, path: str, fingerprint: str) -> Answer | None:
     """Refuse another request under this key (422); return the stored answer if finished."""
-    if (row.request_method, row.request_path, row.request_fingerprint) != (
-        identity.method,
-        identity.path,
-        identity.fingerprint,
-    ):
+    if not _same_request(row, method=method, path=path, fingerprint=fingerprint):
         metrics.duplicate_suppressed(mechanism=metrics.KEY_REUSED, suspicious=True, key=row.key)
         raise IdempotencyKeyReused(
             "This idempotency key was used for a different request "
             "(method, path or body); use a new key for a new request."
         )
     if row.recovery_point == FINISHED:
-        metrics.duplicate_suppressed(mechanism=metrics.KEY_REPLAY, key=row.key)
-        return _stored_answer(row)
+        return _replay(row)
     return None
 
 
@@ -176,7 +183,7 @@ def key_claim(
                 resumed=False,
                 identity=identity,
             )
-        answer = _match(row, identity)
+        answer = _match(row, method=method, path=path, fingerprint=fingerprint)
         if answer is not None:
             return answer
         if _lease_live(row):
@@ -197,15 +204,7 @@ def key_answer_existing(
     row = _key_read(owner_id=owner_id, key=key)
     if row is None:
         raise _in_use()
-    identity = KeyIdentity(
-        owner_id=owner_id,
-        key=key,
-        operation=operation,
-        method=method,
-        path=path,
-        fingerprint=fingerprint,
-    )
-    answer = _match(row, identity)
+    answer = _match(row, method=method, path=path, fingerprint=fingerprint)
     if answer is None:
         raise _in_use(row)
     return answer

@@ -22,8 +22,9 @@ from django.db.models.functions import Greatest, Now
 
 from core import due
 from idempotency.failpoints import hook
-from orders import compensation
-from orders.compensation import return_retry_failed_steps, step_run
+from orders import compensation_refund, compensation_state
+from orders.compensation import step_run
+from orders.compensation_staff import return_retry_failed_steps
 from orders.models import CompensationStep, OrderEvent, ReturnRequest
 from orders.states import StepStatus
 from payments.models import Refund
@@ -75,7 +76,7 @@ def test_flag_and_failed_commit_together_when_the_status_write_fails(
 ):
     settings.COMPENSATION_MAX_ATTEMPTS = 1
     refund = step(received, "refund")
-    real_event = compensation._event
+    real_event = compensation_state._event
     broken: list = []
 
     def event_once_broken(**kwargs):
@@ -85,7 +86,7 @@ def test_flag_and_failed_commit_together_when_the_status_write_fails(
             raise OperationalError("server closed the connection unexpectedly")
         return real_event(**kwargs)
 
-    monkeypatch.setattr(compensation, "_event", event_once_broken)
+    monkeypatch.setattr(compensation_state, "_event", event_once_broken)
     with hook("compensation.refund.before_effect", provider_down):
         make_due(refund)
         with pytest.raises(OperationalError):
@@ -187,7 +188,7 @@ def _stale_refund_runner(received):
         workers.start(step_run, step_id=refund.id)
         assert stall.stalled.wait(TIMEOUT)
         a_attempt = step(received, "refund").attempts
-        Refund.objects.filter(id=compensation.return_refund_id(received.id)).update(
+        Refund.objects.filter(id=compensation_refund.return_refund_id(received.id)).update(
             status="needs_attention", needs_attention=True, last_error="declined"
         )
         lease_over(refund)
@@ -207,7 +208,7 @@ def test_a_stale_runners_wait_cannot_set_a_flagged_step_back_to_pending(received
 
 
 def test_wrong_twin_unfenced_wait_sets_the_flagged_step_back_to_pending(received, monkeypatch):
-    monkeypatch.setattr(compensation, "_wait", unfenced_wait)
+    monkeypatch.setattr(compensation_refund, "_wait", unfenced_wait)
     a, row = _stale_refund_runner(received)
     assert a == "waiting"
     # Flagged for staff yet `pending`: not failed, so "Retry failed steps" never showed it.

@@ -1,0 +1,184 @@
+"""The compensation's refund step, under refund ids derived from what it compensates.
+
+`payments.services.refund_request_capped` under a refund id DERIVED from the
+return / cancellation (uuid5, `step_refund_id`): asking again is the same
+refund; done when that refund succeeded; a refund that needs attention (or
+is refused) fails the step → needs attention. docs/compensation.md, "One
+refund budget".
+"""
+
+from __future__ import annotations
+
+import uuid
+from decimal import Decimal
+
+from django.conf import settings
+from django.db.models import F, Sum
+from django.db.models.functions import Now
+
+from core.errors import ApplicationError
+from core.money import format_money
+from idempotency.failpoints import failpoint
+from payments import services as payment_services
+from payments.models import Payment, Refund, RefundOrigin, RefundStatus
+
+from .compensation_state import StepNeedsAttention, _finishing, _wait
+from .models import CompensationStep, Order, ReturnLine, ReturnRequest
+
+# Refund ids of compensation are derived from what they compensate, never random:
+# uuid5(NAMESPACE, "return:<return id>") and uuid5(NAMESPACE, "cancel:<order id>").
+NAMESPACE = uuid.UUID("6f1f3c2e-8a4b-5d7e-9c10-2b3a4d5e6f70")
+
+
+def return_refund_id(return_id) -> uuid.UUID:
+    return uuid.uuid5(NAMESPACE, f"return:{return_id}")
+
+
+def cancellation_refund_id(order_id) -> uuid.UUID:
+    return uuid.uuid5(NAMESPACE, f"cancel:{order_id}")
+
+
+def step_refund_id(step: CompensationStep, *, generation: int) -> uuid.UUID:
+    """The refund id of a refund step's `generation`-th request (0: `return_refund_id` /
+    `cancellation_refund_id`; n: uuid5 of "<same>:<n>"). Deterministic: two runners of
+    the step, or a retry after a crash, ask under the same id."""
+    if step.order_return_id is not None:
+        base = f"return:{step.order_return_id}"
+    else:
+        base = f"cancel:{step.order_id}"
+    return uuid.uuid5(NAMESPACE, base if generation == 0 else f"{base}:{generation}")
+
+
+# A refund step asks again under its next derived refund id only after staff recorded
+# the previous one as failed, so this bound is never reached in practice.
+MAX_REFUND_GENERATIONS = 100
+
+
+def _return_value(order_return_id) -> Decimal:
+    """The return's lines' value: what it refunds at most (before the budget's cap)."""
+    value = ReturnLine.objects.filter(order_return_id=order_return_id).aggregate(
+        value=Sum(F("quantity") * F("order_line__unit_price"))
+    )["value"]
+    return value if value is not None else Decimal(0)
+
+
+def _refund_done(step: CompensationStep, *, refund_ids: list, amount: Decimal) -> str:
+    """The refund step's done transaction: what it refunded is recorded on the step and,
+    for a return, as the return's `refund_amount` (the capped amount, 0.00 when nothing)."""
+    with _finishing(step) as won:
+        if won:
+            CompensationStep.objects.filter(id=step.id).update(
+                refund_id=refund_ids[-1] if refund_ids else None,
+                detail={
+                    **({"refund_id": str(refund_ids[-1])} if refund_ids else {}),
+                    **({"refund_ids": [str(i) for i in refund_ids]} if len(refund_ids) > 1 else {}),
+                    **({} if refund_ids else {"refund": "nothing to refund"}),
+                    "amount": format_money(amount),
+                },
+            )
+            if step.order_return_id is not None:
+                ReturnRequest.objects.filter(id=step.order_return_id).update(
+                    refund_amount=amount, updated_at=Now()
+                )
+    return "done" if refund_ids else "nothing to refund"
+
+
+def _refund(step: CompensationStep) -> str:
+    """One look at the refund step: its refunds so far decide; then ask, wait, or finish.
+
+    The step's refunds are its derived refund ids by generation
+    (`step_refund_id`). A refund staff recorded as `failed` released its
+    reservation: the step asks again under the next generation for what is
+    still refundable (docs/compensation.md, "No dead ends"). One pending →
+    wait; one needing attention → the step needs attention (staff decide
+    the refund, then "Retry failed steps"). A return is done with its first
+    succeeded refund, or with nothing when nothing is refundable (0.00). A
+    cancellation waits until no refund of the order is in progress, then
+    refunds everything captured and not refunded, and is done only when
+    `amount_refunded = amount_captured`.
+    """
+    order = Order.objects.get(id=step.order_id)
+    is_return = step.order_return_id is not None
+    succeeded: list[Refund] = []
+    for generation in range(MAX_REFUND_GENERATIONS):
+        refund_id = step_refund_id(step, generation=generation)
+        refund = Refund.objects.filter(id=refund_id).first()
+        if refund is None:
+            break
+        if refund.status == RefundStatus.FAILED:
+            continue  # recorded failed (nothing refunded, reservation released): ask again
+        if refund.status == RefundStatus.SUCCEEDED:
+            if is_return:
+                failpoint("compensation.refund.after_effect")
+                return _refund_done(step, refund_ids=[refund.id], amount=refund.amount)
+            succeeded.append(refund)
+            continue  # a cancellation refunds until nothing captured is left unrefunded
+        if refund.status == RefundStatus.NEEDS_ATTENTION:
+            raise StepNeedsAttention(
+                f"refund {refund.id} is {refund.status}: {refund.last_error or 'see the refund'}"
+            )
+        _wait(
+            step_id=step.id,
+            seconds=settings.COMPENSATION_WAIT_SECONDS,
+            note=f"waiting for refund {refund.id} ({refund.status})",
+        )
+        return "waiting"
+    else:
+        raise StepNeedsAttention(f"more than {MAX_REFUND_GENERATIONS} refunds were asked for")
+    payment = Payment.objects.filter(id=order.payment_id).first() if order.payment_id else None
+    if is_return:
+        at_most = _return_value(step.order_return_id)
+        reason = f"return {step.order_return_id}"
+        origin = RefundOrigin.RETURN
+    else:
+        if payment is not None and payment_services.refunds_in_progress(payment=payment) > 0:
+            # Waits as due work (the row is due again later; no task sleeps), not an
+            # attempt. A refund needing staff may take long: the sweeper looks again.
+            held = Refund.objects.filter(payment_id=payment.id, needs_attention=True).exists()
+            _wait(
+                step_id=step.id,
+                seconds=(
+                    settings.COMPENSATION_REFUND_HELD_RECHECK
+                    if held
+                    else settings.COMPENSATION_WAIT_SECONDS
+                ),
+                note="waiting: a refund of the order is in progress",
+                ring=not held,
+            )
+            return "waiting"
+        at_most = (
+            payment.amount_captured - payment.amount_refunded if payment is not None else Decimal(0)
+        )
+        reason = f"cancellation of order {order.number}"
+        origin = RefundOrigin.CANCELLATION
+    if payment is None or at_most <= 0:
+        return _refund_done(
+            step,
+            refund_ids=[r.id for r in succeeded],
+            amount=sum((r.amount for r in succeeded), Decimal(0)),
+        )
+    CompensationStep.objects.filter(id=step.id).update(refund_id=refund_id)
+    try:
+        refund = payment_services.refund_request_capped(
+            refund_id=refund_id,
+            payment_id=payment.id,
+            at_most=at_most,
+            reason=reason,
+            origin=origin,
+        )
+    except ApplicationError as exc:  # 409: another payment holds the refund id
+        raise StepNeedsAttention(f"the refund was refused: {exc.code}: {exc.detail}") from exc
+    if refund is None:  # nothing refundable left: 0.00, and the run goes on
+        return _refund_done(
+            step,
+            refund_ids=[r.id for r in succeeded],
+            amount=sum((r.amount for r in succeeded), Decimal(0)),
+        )
+    failpoint("compensation.refund.after_effect")
+    # Requested (pending): the `payments.refund` task calls the provider; look again soon.
+    _wait(
+        step_id=step.id,
+        seconds=settings.COMPENSATION_WAIT_SECONDS,
+        note=f"waiting for refund {refund.id} ({refund.status})",
+    )
+    return "waiting"
