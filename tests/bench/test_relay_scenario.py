@@ -39,3 +39,10 @@ def test_steady_seconds_default_to_five_minutes_and_short_when_quick():
     assert parse_args([]).steady_seconds == 300.0
     assert parse_args(["--quick"]).steady_seconds == 10.0
     assert parse_args(["--quick", "--steady-seconds", "30"]).steady_seconds == 30.0
+
+
+def test_rates_count_one_delivery_per_registered_consumer():
+    from idempotency.relay import consumers_for
+
+    # Loyalty and history here; the e-mails consumer makes it 3 where SHOP_EMAILS is on.
+    assert relay.fanout() == len(consumers_for("order.confirmed")) == 2
