@@ -74,12 +74,17 @@ def _error(result: dict | None) -> str:
     return f"not measured: {error[:90]}" if error else "not measured in this run"
 
 
+def _seconds(value: float) -> str:
+    return f"{value:,.0f}" if value >= 10 else f"{value:.2g}"
+
+
 def _label_bars(ax, bars, fmt: str = "{:,.1f}", fontsize: int = 9) -> None:
+    """Write each bar's value above it (`fmt`: a format string, or "s" for seconds)."""
     for bar in bars:
         height = bar.get_height()
         if height:
             ax.annotate(
-                fmt.format(height),
+                _seconds(height) if fmt == "s" else fmt.format(height),
                 (bar.get_x() + bar.get_width() / 2, height),
                 ha="center",
                 va="bottom",
@@ -185,14 +190,14 @@ def _plot_pipeline(fig, cell, scenarios: dict) -> None:
         (0.27, last, "p99, last window"),
     ):
         bars = right.bar([x + offset for x in xs], values_, 0.27, label=label)
-        _label_bars(right, bars, "{:.2g}", fontsize=8)
+        _label_bars(right, bars, "s", fontsize=8)
     right.axhline(2, color="tab:red", linestyle="--", label="target: p99 < 2 s")
     right.set_xticks(list(xs), [name for name, _ in phases])
     right.set_ylabel("lag, row written → effect committed (s)")
     top = max(p99 + last + [2])
     if top > 20:
         right.set_yscale("log")
-        right.set_ylim(top=top * 20)
+        right.set_ylim(0.1, top * 20)
     else:
         right.set_ylim(0, top * 1.5)
     right.set_title("Steady lag (p99 target < 2 s)")
