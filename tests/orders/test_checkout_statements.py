@@ -28,7 +28,7 @@ CONTROL = ("BEGIN", "COMMIT", "SAVEPOINT", "RELEASE SAVEPOINT")
 # insert with its lock_timeout set and reset, reserve, order, payment: 11); the capture's
 # two payment transactions (5, payments/services.py); phase 3 (order, payment lock, lines,
 # transition, reservation commit, outbox, answer: 10).
-STATEMENTS = 30
+STATEMENTS = 29
 TRANSACTIONS = 4  # phase 1, the capture's two, phase 3
 
 
