@@ -326,9 +326,9 @@ def order_payment_apply(*, order_id) -> Order:
     leaves the order `payment_pending` with its flags held.
     """
     order = lock_objects.order_read_payment_lock(order_id=order_id)
-    if order.payment_id is None:
-        return order
     payment = order.payment
+    if payment is None:
+        return order
     if payment.status in _CAPTURED_STATUSES:
         return _payment_record(order=order, succeeded=True)
     if payment.status == PaymentStatus.FAILED:
