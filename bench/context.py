@@ -34,6 +34,8 @@ class BenchContext:
     default_levels: tuple[int, ...] = (1, 4, 16)
     # `--rss-checkouts`: how many checkouts the rss scenario samples across.
     rss_checkouts: int = 10_000
+    # `--steady-seconds`: how long each steady phase of the relay scenario writes.
+    steady_seconds: float = 300.0
 
     def concurrency_levels(self, levels: Iterable[int] | None = None) -> tuple[int, ...]:
         """Return the concurrency levels to run: all of them, or the middle one when quick."""

@@ -1,7 +1,8 @@
 """`make bench`: reference, bench database, gunicorn, scenarios, results.
 
     python -m bench.run [--quick] [--scenario NAME ...] [--duration S] [--workers N]
-                        [--results-dir DIR] [--keep-db] [--no-reference] [--list]
+                        [--steady-seconds S] [--results-dir DIR] [--keep-db]
+                        [--no-reference] [--list]
 
 Steps (each printed as it happens):
 1. the machine's reference: pgbench tpcb-like (8 clients) on a scratch
@@ -11,7 +12,9 @@ Steps (each printed as it happens):
    with sync workers on a free loopback port;
 3. every selected scenario of bench/scenarios/;
 4. gunicorn stopped and the reference measured again (not with --quick), so
-   the noise of a shared machine shows as the spread of the two;
+   the noise of a shared machine shows as the spread of the two; when
+   pgbench moved more than 10 % between them, every figure of the run is
+   marked "noisy" (the JSON's `noisy`, the targets table, the plot);
 5. bench/results/<UTC timestamp>.json and .png (`-quick` appended for --quick).
 
 `<db>` is the database name of DATABASE_URL (BENCH_DATABASE_URL overrides the
@@ -159,6 +162,7 @@ class Bench:
             server=self.server,
             log=self.log,
             rss_checkouts=self.args.rss_checkouts,
+            steady_seconds=self.args.steady_seconds,
         )
         results: dict = {}
         ok = True
@@ -206,6 +210,7 @@ class Bench:
         report.add_ratios(scenarios, reference_data)
         machine["loadavg_at_end"] = _loadavg()
         data = {
+            "noisy": report.noisy(reference_data),
             "started_at": self.started.strftime("%Y-%m-%dT%H:%M:%SZ"),
             "finished_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "quick": args.quick,
@@ -221,6 +226,7 @@ class Bench:
                 "settings": "bench.gunicorn_settings",
                 "db_pool": self.environ.get("DB_POOL", "true (default)"),
                 "rss_checkouts": args.rss_checkouts,
+                "steady_seconds": args.steady_seconds,
             },
             "reference": reference_data,
             "scenarios": scenarios,
@@ -238,6 +244,12 @@ class Bench:
 
     def _print_summary(self, data: dict) -> None:
         ref = data["reference"] or {}
+        mark = "noisy: " if data.get("noisy") else ""
+        if data.get("noisy"):
+            self.log(
+                f"NOISY RUN: pgbench moved {ref.get('pgbench_spread_pct')} % between before and "
+                f"after (> {report.NOISY_SPREAD_PCT} %); do not publish it, run it again alone"
+            )
         if ref:
             self.log(
                 f"reference: pgbench {ref.get('pgbench_tps')} TPS "
@@ -248,7 +260,7 @@ class Bench:
             for run in result.get("runs", []):
                 ratio = run.get("rps_per_pgbench_tps")
                 self.log(
-                    f"  {name} {run['label']} c={run['concurrency']}: {run['rps']} req/s"
+                    f"  {mark}{name} {run['label']} c={run['concurrency']}: {run['rps']} req/s"
                     + (f" = {ratio:.3f} × pgbench TPS" if ratio is not None else "")
                     + f", p50 {run['latency_ms']['p50']} ms, p99 {run['latency_ms']['p99']} ms"
                 )
@@ -349,6 +361,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=int,
         help="checkouts the rss scenario samples across (default 10000; quick 600)",
     )
+    parser.add_argument(
+        "--steady-seconds",
+        type=float,
+        help="seconds each steady phase of the relay scenario runs (default 300; quick 10)",
+    )
     parser.add_argument("--list", action="store_true", help="list the scenarios and exit")
     args = parser.parse_args(argv)
     if args.duration is None:
@@ -357,8 +374,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.warmup = 0.5 if args.quick else 1.0
     if args.rss_checkouts is None:
         args.rss_checkouts = 600 if args.quick else 10_000
-    if args.duration <= 0 or args.workers < 1 or args.rss_checkouts < 1:
-        parser.error("--duration and --workers must be positive")
+    if args.steady_seconds is None:
+        args.steady_seconds = 10.0 if args.quick else 300.0
+    if min(args.duration, args.workers, args.rss_checkouts, args.steady_seconds) <= 0:
+        parser.error("--duration, --workers, --rss-checkouts and --steady-seconds must be positive")
     return args
 
 

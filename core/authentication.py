@@ -12,10 +12,13 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db.models import BooleanField, ExpressionWrapper, Q
+from django.contrib.auth.models import Group
+from django.db.models import BooleanField, Exists, ExpressionWrapper, OuterRef, Q
 from django.db.models.functions import Now
 from rest_framework.authentication import TokenAuthentication
 from rest_framework.exceptions import AuthenticationFailed
+
+from .permissions import COURIER_ATTR, COURIERS_GROUP
 
 
 def token_lifetime() -> timedelta:
@@ -28,15 +31,23 @@ def expired_tokens(model):
 
 
 class ExpiringTokenAuthentication(TokenAuthentication):
-    """DRF's token authentication, with the token's age checked in the same query."""
+    """DRF's token authentication, with the token's age checked in the same query.
+
+    The same query says whether the user is a courier (core.permissions reads
+    it instead of a query of its own): the role as of this request's start.
+    """
 
     def authenticate_credentials(self, key):
         model: Any = self.get_model()  # DRF's Token (or a subclass's `model`)
         expired = ExpressionWrapper(
             Q(created__lte=Now() - token_lifetime()), output_field=BooleanField()
         )
+        courier = Exists(Group.objects.filter(user=OuterRef("user_id"), name=COURIERS_GROUP))
         found = (
-            model.objects.select_related("user").annotate(expired=expired).filter(key=key).first()
+            model.objects.select_related("user")
+            .annotate(expired=expired, courier=courier)
+            .filter(key=key)
+            .first()
         )
         if found is None:
             raise AuthenticationFailed("Invalid token.")
@@ -44,4 +55,5 @@ class ExpiringTokenAuthentication(TokenAuthentication):
             raise AuthenticationFailed("User inactive or deleted.")
         if found.expired:
             raise AuthenticationFailed("Token expired: ask POST /api/v1/auth/token/ for a new one.")
+        setattr(found.user, COURIER_ATTR, found.courier)
         return (found.user, found)

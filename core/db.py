@@ -9,3 +9,28 @@ def violated_constraint(exc: IntegrityError) -> str | None:
     """Return the name of the constraint an IntegrityError violated, if PostgreSQL named one."""
     diag = getattr(exc.__cause__, "diag", None)
     return getattr(diag, "constraint_name", None)
+
+
+# Hot tables vacuum and analyze after ~1-2 % of their rows changed, not the
+# defaults' 20 % / 10 %: a table of millions of keys or deliveries would
+# otherwise carry hundreds of thousands of dead tuples (a day's purge) in its
+# heap and indexes before the first vacuum (docs/performance.md, "Growth").
+HOT_TABLE_AUTOVACUUM = {
+    "autovacuum_vacuum_scale_factor": "0.01",
+    "autovacuum_analyze_scale_factor": "0.02",
+    # Insert-mostly tables (outbox, deliveries, inbox) get their visibility
+    # map set (index-only scans) and their tuples frozen in small steps.
+    "autovacuum_vacuum_insert_scale_factor": "0.02",
+}
+
+
+def hot_table_autovacuum(*tables: str):
+    """A migration operation: HOT_TABLE_AUTOVACUUM on `tables` (reversed: the defaults)."""
+    from django.db import migrations
+
+    settings = ", ".join(f"{name} = {value}" for name, value in HOT_TABLE_AUTOVACUUM.items())
+    names = ", ".join(HOT_TABLE_AUTOVACUUM)
+    return migrations.RunSQL(
+        sql=[f"ALTER TABLE {table} SET ({settings})" for table in tables],
+        reverse_sql=[f"ALTER TABLE {table} RESET ({names})" for table in tables],
+    )

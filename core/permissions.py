@@ -3,10 +3,18 @@
 from rest_framework.permissions import BasePermission
 
 COURIERS_GROUP = "couriers"
+# Set on a user by token authentication, read in the token's own query
+# (core.authentication): the role check then costs no query of its own.
+COURIER_ATTR = "in_couriers_group"
 
 
 def is_courier(user) -> bool:
-    return bool(user and user.is_authenticated and user.groups.filter(name=COURIERS_GROUP).exists())
+    if not (user and user.is_authenticated):
+        return False
+    known = getattr(user, COURIER_ATTR, None)
+    if known is not None:
+        return known
+    return user.groups.filter(name=COURIERS_GROUP).exists()
 
 
 class IsStaff(BasePermission):
@@ -31,7 +39,8 @@ class IsCourierOrStaff(BasePermission):
 class IsNotCourier(BasePermission):
     """Refuse couriers who are not staff: the contract lets them only post tracking events.
 
-    Staff pass without a query; anyone else costs one indexed look-up of the group.
+    Staff pass without a query; anyone else costs one indexed look-up of the group,
+    unless token authentication read it with the token (then none).
     """
 
     message = "Couriers may only post tracking events."

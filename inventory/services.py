@@ -144,6 +144,26 @@ def _resolve(*, reservation_ids: Iterable, state: str) -> list[tuple[int, int]]:
         return cursor.fetchall()
 
 
+def _resolve_one(*, reservation_id, state: str, sold: bool) -> int:
+    """Move one held flag to `state` and give its units back, in one statement; return 0 or 1.
+
+    One flag touches one stock row, so no lock order is needed; the stock row
+    changes only if the flag moved now (still `held`), as in the many-flag path.
+    `sold`: the units leave `on_hand` too (committed), else only `reserved`.
+    """
+    on_hand = "on_hand = s.on_hand - m.quantity, " if sold else ""
+    sql = (
+        f"WITH moved AS (UPDATE {Reservation._meta.db_table} SET state = %s,"
+        " resolved_at = now() WHERE id = %s AND state = 'held' RETURNING stock_id, quantity)"
+        f" UPDATE {StockItem._meta.db_table} AS s SET {on_hand}"
+        "reserved = s.reserved - m.quantity, updated_at = statement_timestamp()"
+        " FROM moved AS m WHERE s.id = m.stock_id"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [state, reservation_id])
+        return cursor.rowcount
+
+
 def _per_stock(moved: list[tuple[int, int]]) -> dict[int, int]:
     units: dict[int, int] = {}
     for stock_id, quantity in moved:
@@ -164,7 +184,10 @@ def reservations_commit(*, reservation_ids: Iterable) -> int:
     Flags already committed, released or expired are left alone (a second
     call is harmless). Return how many flags this call committed.
     """
-    moved = _resolve(reservation_ids=reservation_ids, state=Reservation.State.COMMITTED)
+    ids = list(reservation_ids)
+    if len(ids) == 1:
+        return _resolve_one(reservation_id=ids[0], state=Reservation.State.COMMITTED, sold=True)
+    moved = _resolve(reservation_ids=ids, state=Reservation.State.COMMITTED)
     units = _per_stock(moved)
     _lock_if_several(units)
     for stock_id in sorted(units):
@@ -186,7 +209,10 @@ def reservations_release(
     this call reset.
     """
     assert state in (Reservation.State.RELEASED, Reservation.State.EXPIRED)
-    moved = _resolve(reservation_ids=reservation_ids, state=state)
+    ids = list(reservation_ids)
+    if len(ids) == 1:
+        return _resolve_one(reservation_id=ids[0], state=state, sold=False)
+    moved = _resolve(reservation_ids=ids, state=state)
     units = _per_stock(moved)
     _lock_if_several(units)
     for stock_id in sorted(units):

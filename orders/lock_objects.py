@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from django.db import connection
 
+from payments.models import Payment
+
 from .models import Order, OrderLine
 
 
@@ -23,3 +25,26 @@ def order_lines_lock(*, order_id) -> list[OrderLine]:
     """Lock an order's lines in primary-key order (after its order row); return them."""
     assert connection.in_atomic_block, "a row lock outside a transaction is released at once"
     return list(OrderLine.objects.filter(order_id=order_id).order_by("id").select_for_update())
+
+
+def order_read_payment_lock(*, order_id) -> Order:
+    """Lock an order's payment row (not the order's) and return the order with it, in one query.
+
+    The same lock, in the same place of the lock order, as reading the order
+    and then `payments.lock_objects.payment_lock`: the payment as last
+    committed (waited for if locked), the order as read before that wait —
+    as it was read before the separate lock too. An order without a payment
+    (a free one) is read alone.
+    """
+    assert connection.in_atomic_block, "a row lock outside a transaction is released at once"
+    payment = (
+        Payment.objects.select_for_update(of=("self",))
+        .select_related("order")
+        .filter(order__id=order_id)
+        .first()
+    )
+    if payment is None:
+        return Order.objects.get(id=order_id)
+    order = payment.order
+    order.payment = payment
+    return order

@@ -35,7 +35,6 @@ from inventory import services as inventory_services
 from inventory.models import Product, Reservation
 from payments import services as payment_services
 from payments.gateway import Outcome
-from payments.lock_objects import payment_lock
 from payments.models import Payment, PaymentStatus
 
 from . import compensation, lock_objects, selectors
@@ -328,11 +327,10 @@ def order_payment_apply(*, order_id) -> Order:
     is either seen or waited for, never missed. A payment still pending
     leaves the order `payment_pending` with its flags held.
     """
-    order = Order.objects.get(id=order_id)
-    if order.payment_id is None:
+    order = lock_objects.order_read_payment_lock(order_id=order_id)
+    payment = order.payment
+    if payment is None:
         return order
-    payment = payment_lock(payment_id=order.payment_id)
-    order.payment = payment
     if payment.status in _CAPTURED_STATUSES:
         return _payment_record(order=order, succeeded=True)
     if payment.status == PaymentStatus.FAILED:

@@ -33,8 +33,9 @@ class OrderListView(GenericAPIView):
 
     @extend_schema(responses=OrderOut(many=True))
     def get(self, request):
-        page = self.paginate_queryset(selectors.order_list_for_user(user=request.user))
-        return self.get_paginated_response([order_body(order) for order in page])
+        page = self.paginate_queryset(selectors.order_keys_for_user(user=request.user))
+        orders = selectors.orders_in_page(keys=page)
+        return self.get_paginated_response([order_body(order) for order in orders])
 
     @extend_schema(
         request=OrderIn,

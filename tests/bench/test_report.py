@@ -44,6 +44,46 @@ def test_each_run_gets_ratios_and_missing_reference_gives_none():
     assert run["rps_per_pgbench_tps"] is None
 
 
+def _png_size(path) -> tuple[int, int]:
+    header = path.read_bytes()[:24]
+    assert header[:8] == b"\x89PNG\r\n\x1a\n"
+    return int.from_bytes(header[16:20], "big"), int.from_bytes(header[20:24], "big")
+
+
+def test_plot_of_a_published_run_is_one_screen_of_four_panels(tmp_path):
+    import json
+
+    from bench.server import ROOT
+
+    data = json.loads((ROOT / "bench/results/20261201T123217Z.json").read_text())
+    data["noisy"] = report.noisy(data["reference"])
+    data["scenarios"]["relay"] = _relay(1200.0, 0.4, 1.5, 1.6)
+
+    report.plot(tmp_path / "r.png", data)
+
+    # 2 x 2 panels at 1,600 x 1,200 px: a screen shows it whole (the old strip was 5,700 wide).
+    assert _png_size(tmp_path / "r.png") == (1600, 1200)
+    assert list(tmp_path.iterdir()) == [tmp_path / "r.png"]
+
+
+def test_orders_by_level_stand_beside_the_peer_and_oscar_when_measured():
+    scenarios = {
+        "checkout": {"runs": [_run("order", 57.7), _run("unkeyed", 60.0), _run("replay", 400.0)]},
+        "peer": {"runs": [_run("ours", 56.0), _run("peer", 54.0)]},
+    }
+    assert set(report._orders_series(scenarios)) == {
+        "ours, keyed",
+        "ours, unkeyed",
+        "ours (peer scenario)",
+        "drf-idempotencykey peer",
+    }
+
+    scenarios["oscar"] = {"runs": [_run("place-order POST", 40.0)]}
+    series = report._orders_series(scenarios)
+    assert series["Oscar: place-order POST"] == {4: 40.0}
+    assert series["ours, keyed"] == {4: 57.7}
+
+
 def test_plot_writes_a_png(tmp_path):
     reference = report.reference_summary(_reference(2000, 50000), None)
     scenarios = {"catalog_reads": {"runs": [_run("list", 500.0), _run("detail", 700.0)]}}
@@ -101,3 +141,83 @@ def test_targets_are_read_from_the_run_met_not_met_or_not_measured():
     assert rows["relay publish events/s"]["met"] is None
     table = report.targets_table(report.targets(data))
     assert "**not met**" in table and "**met**" in table and "not measured" in table
+
+
+def test_a_run_whose_pgbench_moved_more_than_10_percent_is_noisy_on_every_figure():
+    steady = report.reference_summary(_reference(2000, 50000), _reference(2150, 50000))
+    moved = report.reference_summary(_reference(2000, 50000), _reference(2300, 50000))
+
+    assert report.noisy(steady) is False  # 7.2 %
+    assert report.noisy(moved) is True  # 14.0 %
+    assert report.noisy(report.reference_summary(_reference(2000, 50000), None)) is None
+    assert report.noisy(None) is None
+    rows = report.targets({"noisy": True, "scenarios": {}})
+    assert rows and all(row["noisy"] for row in rows)
+    table = report.targets_table(rows).splitlines()[2:]
+    assert all(line.endswith("(noisy) |") for line in table)
+    assert "(noisy)" not in report.targets_table(report.targets({"scenarios": {}}))
+
+
+def _relay(burst: float, fixed_p99: float, half_p99: float, last_p99: float) -> dict:
+    def phase(rate: float, p99: float, last: float) -> dict:
+        return {
+            "offered_events_per_s": rate,
+            "lag_p99_s": p99,
+            "first_window_p99_s": p99,
+            "last_window_p99_s": last,
+            "seconds": 300.0,
+            "lag_slope_s_per_s": 0.0,
+            "bounded": last - p99 <= 0.5,
+        }
+
+    return {
+        "runs": [_run("end to end burst", burst)],
+        "steady": {
+            "fixed": phase(300, fixed_p99, fixed_p99),
+            "half_burst": phase(burst / 2, half_p99, last_p99),
+        },
+    }
+
+
+def test_pipeline_targets_burst_per_order_lag_at_both_rates_and_bounded():
+    data = {
+        "scenarios": {
+            "checkout": {"runs": [_run("order", 90.0), _run("order", 110.0)]},
+            "relay": _relay(1200.0, 0.4, 1.5, 1.6),
+        }
+    }
+    rows = {row["target"]: row for row in report.targets(data)}
+
+    assert rows["end to end burst: applied deliveries/s"]["met"] is True
+    # 1,200 ÷ the best level's 110 orders/s = 10.9×.
+    per_order = rows["end to end burst ÷ the run's best checkout orders/s"]
+    assert per_order["met"] is True and per_order["value"].startswith("10.9×")
+    assert rows["steady 300 deliveries/s: lag p99 (s)"]["met"] is True
+    assert rows["steady ½ burst: lag p99 (s)"]["met"] is True
+    assert rows["steady ½ burst: lag bounded (p99 of the last window − first)"]["met"] is True
+
+    data["scenarios"]["relay"] = _relay(900.0, 0.4, 2.5, 9.0)
+    rows = {row["target"]: row for row in report.targets(data)}
+    assert rows["end to end burst: applied deliveries/s"]["met"] is False
+    assert rows["end to end burst ÷ the run's best checkout orders/s"]["met"] is False
+    assert rows["steady ½ burst: lag p99 (s)"]["met"] is False
+    assert rows["steady ½ burst: lag bounded (p99 of the last window − first)"]["met"] is False
+
+
+def test_cpu_per_checkout_target_is_five_product_reads():
+    data = {
+        "scenarios": {
+            "catalog_reads": {"runs": [_cpu_run("detail", 500.0, 1000, 2.0)]},
+            "checkout": {"runs": [_cpu_run("order", 90.0, 100, 1.0)]},
+        }
+    }
+    # 10 ms per order ÷ 2 ms per read = 5×: met; 5.5× is not.
+    cpu = {row["target"]: row for row in report.targets(data)}[
+        "gunicorn CPU per keyed checkout ÷ per product read"
+    ]
+    assert cpu["met"] is True and cpu["goal"] == "≤ 5×"
+    data["scenarios"]["checkout"]["runs"][0]["server_cpu_s"] = 1.1
+    cpu = {row["target"]: row for row in report.targets(data)}[
+        "gunicorn CPU per keyed checkout ÷ per product read"
+    ]
+    assert cpu["met"] is False

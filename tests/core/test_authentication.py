@@ -67,3 +67,18 @@ def test_asking_again_within_the_lifetime_keeps_the_token(shopper, settings):
         "/api/v1/auth/token/", {"username": shopper.username, "password": PASSWORD}, format="json"
     )
     assert answer.json()["token"] == token.key
+
+
+def test_the_token_query_says_whether_the_user_is_a_courier(make_user):
+    from django.test.utils import CaptureQueriesContext
+
+    courier = make_user(courier=True)
+    shopper = make_user()
+    couriers = _client(Token.objects.create(user=courier).key)
+    shoppers = _client(Token.objects.create(user=shopper).key)
+
+    # A courier is refused the order list, a shopper is not: each with the token's one query.
+    with CaptureQueriesContext(connection) as queries:
+        assert couriers.get("/api/v1/orders/").status_code == 403
+    assert len(queries) == 1 and "auth_user_groups" in queries[0]["sql"]
+    assert shoppers.get("/api/v1/orders/").status_code == 200
