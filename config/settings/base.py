@@ -15,6 +15,8 @@ import environ
 from celery.schedules import crontab
 from kombu import Exchange, Queue
 
+from .email_url import email_settings
+
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 # The shop's one version, from pyproject.toml's [project] (the OpenAPI document shows it).
 SHOP_VERSION: str = tomllib.loads((BASE_DIR / "pyproject.toml").read_text())["project"]["version"]
@@ -559,9 +561,10 @@ COMPENSATION_SWEEP_BATCH = env.int("COMPENSATION_SWEEP_BATCH", default=100)
 CELERY_BEAT_SCHEDULE["orders.sweep_compensation"] = _beat_every(
     "orders.sweep_compensation", COMPENSATION_SWEEP_INTERVAL
 )
-# The notify step's e-mail (Django's email backend; at least once by nature).
-EMAIL_BACKEND = env.str("EMAIL_BACKEND", default="django.core.mail.backends.console.EmailBackend")
-EMAIL_FILE_PATH = env.str("EMAIL_FILE_PATH", default="")
+# Where mail goes (the notify step's, the shopper e-mails', password resets'):
+# EMAIL_URL (config/settings/email_url.py); printed to the console by default,
+# make run writes it to var/mail/, production's default is SMTP on localhost.
+globals().update(email_settings(default="console://"))
 # The shopper e-mails consumer (shop/emails.py) is registered with the relay.
 SHOP_EMAILS = env.bool("SHOP_EMAILS", default=True)
 DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="shop@example.com")

@@ -44,8 +44,7 @@ def worker_env(provider, tmp_path: Path) -> dict:
         # A killed attempt's step is due again when its attempt lease runs out: the worst
         # case of a step here (no provider call, a file e-mail), not the hard time limit.
         "COMPENSATION_ATTEMPT_LEASE": "8",
-        "EMAIL_BACKEND": "django.core.mail.backends.filebased.EmailBackend",
-        "EMAIL_FILE_PATH": str(tmp_path / "mail"),
+        "EMAIL_URL": f"file://{tmp_path / 'mail'}",
     }
 
 
