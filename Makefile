@@ -22,9 +22,9 @@ test: $(STAMP) $(BENCH_STAMP)
 
 ## Run the shop: embedded PostgreSQL and Redis unless DATABASE_URL / REDIS_URL
 ## are set, migrations, demo data, then web + worker + beat (docs/running.md).
-# Demo data by default (SHOP_DEMO=0 to skip); no shell in the recipe, so Ctrl-C
-# reaches the run command itself.
-run: export SHOP_DEMO ?= 1
+# Demo data: the run command decides (runner/supervisor.py, demo_wanted): on the
+# embedded PostgreSQL, or with SHOP_DEMO=1; never by default on a DATABASE_URL.
+# No shell in the recipe, so Ctrl-C reaches the run command itself.
 run: $(STAMP)
 	$(BIN)/python -m runner
 

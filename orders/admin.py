@@ -65,7 +65,11 @@ def refund_redirect(result: Result, *, order_id=None, form_key: str = "", reques
             status=303, headers={"Location": reverse("admin:orders_order_change", args=[order_id])}
         )
     query = urlencode({"problem": result.refusal.detail, "after": form_key})
-    url = reverse("admin:orders_order_refund", args=[order_id]) if order_id else "/admin/"
+    url = (
+        reverse("admin:orders_order_refund", args=[order_id])
+        if order_id
+        else reverse("admin:index")
+    )
     return Reply(status=303, headers={"Location": f"{url}?{query}"})
 
 

@@ -113,6 +113,8 @@ ENV: dict[str, str] = {
     "PAYMENTS_PROVIDER_URL": "http://127.0.0.1:{sim_port}",
     # Web and worker processes share their metrics files here (docs/operations.md).
     "PROMETHEUS_MULTIPROC_DIR": "{var}/prometheus",
+    # Sent mail as files a person can open, one per message (README, "Configuration").
+    "EMAIL_URL": "file://{var}/mail",
 }
 
 # One-off steps before the programs start, in order; a failure stops the run.
@@ -229,8 +231,8 @@ def demo_wanted(environ: Mapping[str, str], *, embedded_database: bool) -> bool:
     """Demo data (users with known passwords) only where nobody else's data can be.
 
     On the embedded PostgreSQL of `var/` (a developer's own), or when asked
-    with SHOP_DEMO=1 (`make run` asks unless SHOP_DEMO=0); never by default on
-    a DATABASE_URL that other hosts or real shoppers may share.
+    with SHOP_DEMO=1; never by default on a DATABASE_URL that other hosts or
+    real shoppers may share (`make run` sets nothing: this decides).
     """
     asked = environ.get("SHOP_DEMO", "")
     if asked in ("0", "1"):
@@ -522,6 +524,8 @@ def main() -> int:
         for name, value in ENV.items():
             env.setdefault(name, value.format(**ctx))
         say(f"host {ctx['host_name']}: {', '.join(program.name for program in programs)}")
+        if "EMAIL_URL" not in os.environ:
+            say(f"sent mail is written to {var}/mail/ (one file per message)")
         if "payments-simulator" not in names and "PAYMENTS_PROVIDER_URL" not in os.environ:
             say("no payments-simulator here and no PAYMENTS_PROVIDER_URL: set it to the provider")
         # The provider's webhooks: one secret per install, shared with the simulator.

@@ -241,8 +241,8 @@ def run(ctx) -> dict:
         published += done
     elapsed = time.perf_counter() - started
     broker = redis.Redis.from_url(settings.CELERY_BROKER_URL)
-    queued = broker.llen("celery")
-    broker.delete("celery")
+    queued = sum(broker.llen(name) for name in settings.SHOP_QUEUES)
+    broker.delete(*settings.SHOP_QUEUES)
     publish_rps = fanout() * published / elapsed if elapsed else 0.0
     runs.append(
         {

@@ -13,6 +13,9 @@ from typing import Any
 
 import environ
 from celery.schedules import crontab
+from kombu import Exchange, Queue
+
+from .email_url import email_settings
 
 from config.settings.renamed import renamed
 
@@ -261,6 +264,54 @@ def _beat_every(task: str, seconds: float) -> dict:
 
 
 CELERY_TIMEZONE = "UTC"
+
+# Queues by kind of work (docs/celery.md, "Queues"): a worker started with
+# `-Q <queue>` runs one kind only, so a slow nightly report or a burst of e-mails
+# never waits in line before a settlement. Every task is named here (a test
+# fails on one that is not); a worker started without `-Q` (make run, the tests)
+# consumes all of them.
+SHOP_QUEUES: dict[str, tuple[str, ...]] = {
+    # What a shopper's money waits for: settling a lost answer, a refund.
+    "checkout": ("payments.settle_payment", "payments.refund"),
+    # The outbox's consumers and the relay's fallbacks (publish, re-publish overdue).
+    "events": (
+        "shop.consume_loyalty",
+        "shop.consume_history",
+        "shop.consume_emails",
+        "idempotency.relay_outbox",
+        "idempotency.sweep_deliveries",
+    ),
+    # One step of a cancellation's or a return's compensation run.
+    "compensation": ("orders.compensation_step",),
+    # The nightly sales report chain.
+    "reports": (
+        "reports.daily_sales_previous_day",
+        "reports.extract",
+        "reports.aggregate",
+        "reports.publish",
+    ),
+    # Beat's sweeps and clean-ups: each finds due rows and rings their own queue
+    # (or finishes abandoned request keys within its time budget).
+    "maintenance": (
+        "payments.sweep_settlements",
+        "payments.sweep_refunds",
+        "orders.sweep_compensation",
+        "orders.expire_reservations",
+        "idempotency.complete_abandoned_keys",
+        "idempotency.purge_outbox",
+        "idempotency.purge_finished_keys",
+    ),
+}
+# Each queue is bound to its own direct exchange under its own name, as Celery's
+# default queue is: the same layout on Redis and RabbitMQ (durable there).
+CELERY_TASK_QUEUES = tuple(
+    Queue(name, Exchange(name, type="direct"), routing_key=name) for name in SHOP_QUEUES
+)
+CELERY_TASK_ROUTES = {
+    task: {"queue": queue} for queue, tasks in SHOP_QUEUES.items() for task in tasks
+}
+# A task someone forgets to route still lands on a queue every worker layout consumes.
+CELERY_TASK_DEFAULT_QUEUE = "maintenance"
 
 # --- Auth -------------------------------------------------------------------
 AUTH_PASSWORD_VALIDATORS = [
@@ -517,9 +568,10 @@ COMPENSATION_SWEEP_BATCH = env.int("COMPENSATION_SWEEP_BATCH", default=100)
 CELERY_BEAT_SCHEDULE["orders.sweep_compensation"] = _beat_every(
     "orders.sweep_compensation", COMPENSATION_SWEEP_INTERVAL
 )
-# The notify step's e-mail (Django's email backend; at least once by nature).
-EMAIL_BACKEND = env.str("EMAIL_BACKEND", default="django.core.mail.backends.console.EmailBackend")
-EMAIL_FILE_PATH = env.str("EMAIL_FILE_PATH", default="")
+# Where mail goes (the notify step's, the shopper e-mails', password resets'):
+# EMAIL_URL (config/settings/email_url.py); printed to the console by default,
+# make run writes it to var/mail/, production's default is SMTP on localhost.
+globals().update(email_settings(default="console://"))
 # The shopper e-mails consumer (shop/emails.py) is registered with the relay.
 SHOP_EMAILS = env.bool("SHOP_EMAILS", default=True)
 DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="shop@example.com")

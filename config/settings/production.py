@@ -14,6 +14,7 @@ from django.core.exceptions import ImproperlyConfigured
 # defaults could stand in for it.
 from .base import *  # noqa: F401,F403
 from .base import env
+from .email_url import email_settings
 from .required import missing_required
 
 if _missing := missing_required():
@@ -50,11 +51,5 @@ SECURE_REFERRER_POLICY = env.str("SECURE_REFERRER_POLICY", default="same-origin"
 X_FRAME_OPTIONS = "DENY"
 SESSION_COOKIE_HTTPONLY = True
 
-# --- Mail: SMTP in production (base's default prints mail to the console).
-EMAIL_BACKEND = env.str("EMAIL_BACKEND", default="django.core.mail.backends.smtp.EmailBackend")
-EMAIL_HOST = env.str("EMAIL_HOST", default="localhost")
-EMAIL_PORT = env.int("EMAIL_PORT", default=25)
-EMAIL_HOST_USER = env.str("EMAIL_HOST_USER", default="")
-EMAIL_HOST_PASSWORD = env.str("EMAIL_HOST_PASSWORD", default="")
-EMAIL_USE_TLS = env.bool("EMAIL_USE_TLS", default=False)
-EMAIL_TIMEOUT = env.int("EMAIL_TIMEOUT", default=10)
+# --- Mail: EMAIL_URL, SMTP on this host's port 25 when unset (its local relay).
+globals().update(email_settings(default="smtp://localhost:25"))

@@ -3,7 +3,7 @@
 import os
 
 from .base import *  # noqa: F401,F403
-from .base import CACHES, INSTALLED_APPS, REST_FRAMEWORK
+from .base import CACHES, CELERY_TASK_ROUTES, INSTALLED_APPS, REST_FRAMEWORK
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 # Each test run gets its own cache namespace so parallel runs on one Redis do
@@ -28,6 +28,8 @@ from tests.support.settings import *  # noqa: E402,F401,F403
 from tests.support.settings import TEST_SUPPORT_APPS  # noqa: E402
 
 INSTALLED_APPS = [*INSTALLED_APPS, *TEST_SUPPORT_APPS]
+# The test-only due-work kind's task (tests/support/tasks.py) runs beside the sweeps.
+CELERY_TASK_ROUTES = {**CELERY_TASK_ROUTES, "testsupport.work_chore": {"queue": "maintenance"}}
 
 # The relay/consumer tests count two consumers; tests/shop/test_emails.py calls the e-mail one.
 SHOP_EMAILS = False

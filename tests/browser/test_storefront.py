@@ -443,8 +443,7 @@ def test_a_shopper_resets_a_forgotten_password_then_changes_it_and_the_email(
     mail_dir.mkdir()
     env = ui.shop_env(
         live_shop.simulator,
-        EMAIL_BACKEND="django.core.mail.backends.filebased.EmailBackend",
-        EMAIL_FILE_PATH=str(mail_dir),
+        EMAIL_URL=f"file://{mail_dir}",
         SHOP_TOKEN_THROTTLE_RATE="100/min",
     )
     with gunicorn_server(env=env, workers=1, log_dir=live_shop.log_dir) as server:

@@ -13,6 +13,7 @@ import configparser
 import contextlib
 import importlib.util
 import os
+import re
 import shlex
 import signal
 import socket
@@ -23,6 +24,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from django.conf import settings
 
 from tests.support.servers import server_env
 
@@ -66,16 +68,45 @@ def _check_program(argv: list[str]) -> None:
 
 def test_every_procfile_command_runs_a_real_program_under_production_settings():
     entries = procfile()
-    assert {"web", "worker", "beat", "relay", "release"} <= set(entries)
+    assert {"web", "beat", "relay", "release"} <= set(entries)
     for command in entries.values():
         assignments, argv = _argv(command)
         assert assignments.get("DJANGO_SETTINGS_MODULE") == "config.settings.production"
         _check_program(argv)
 
 
+def _queues_of(argv: list[str]) -> list[str]:
+    """The queues a worker command names with `--queues` / `-Q`."""
+    for flag in ("--queues", "-Q"):
+        if flag in argv:
+            return argv[argv.index(flag) + 1].split(",")
+    return []
+
+
+def test_the_procfile_runs_one_worker_per_queue_each_with_its_own_node_name():
+    workers = {name: _argv(cmd)[1] for name, cmd in procfile().items() if "worker" in cmd}
+    assert sorted(workers) == sorted(f"worker-{queue}" for queue in settings.SHOP_QUEUES)
+    for name, argv in workers.items():
+        queue = name.removeprefix("worker-")
+        assert _queues_of(argv) == [queue], name
+        assert argv[argv.index("--hostname") + 1] == f"{queue}@%h", name
+
+
+def test_the_systemd_worker_is_a_template_whose_instance_is_the_queue():
+    (template,) = [path for path in UNITS if "worker" in path.name]
+    assert template.name == "shop-worker@.service"
+    _, argv = _argv(unit(template)["ExecStart"])
+    assert _queues_of(argv) == ["%i"]
+    assert argv[argv.index("--hostname") + 1] == "%i@%%h"  # systemd's %% is celery's %
+    # docs/deployment.md enables one instance per queue, each named in it.
+    deployment = (ROOT / "docs" / "deployment.md").read_text()
+    for queue in settings.SHOP_QUEUES:
+        assert f"shop-worker@{queue}" in deployment, queue
+
+
 def test_every_systemd_unit_runs_a_real_program_under_production_settings():
     names = {path.stem for path in UNITS}
-    assert {"shop-web", "shop-worker", "shop-beat", "shop-relay"} <= names
+    assert {"shop-web", "shop-worker@", "shop-beat", "shop-relay"} <= names
     for path in UNITS:
         service = unit(path)
         assert service["Environment"] == PRODUCTION, path
@@ -170,7 +201,14 @@ STARTED = {
 
 def _commands() -> list[tuple[str, str]]:
     found = [(f"Procfile:{name}", cmd) for name, cmd in procfile().items() if name != "release"]
-    found += [(path.name, unit(path)["ExecStart"]) for path in UNITS]
+    for path in UNITS:
+        command = unit(path)["ExecStart"]
+        if path.name.endswith("@.service"):
+            # A template: started as one instance (the Procfile starts every queue).
+            instance = next(iter(settings.SHOP_QUEUES))
+            found.append((path.name.replace("@", f"@{instance}"), command.replace("%i", instance)))
+        else:
+            found.append((path.name, command))
     return found
 
 
@@ -197,6 +235,9 @@ def test_each_process_starts_under_production_settings(where, command, tmp_path)
         _wait_for(proc, log, _answers(port) if kind == "gunicorn" else STARTED[kind])
         assert "Traceback" not in log.read_text(errors="replace")
         if kind == "worker":
+            # It consumes its queue and no other (the banner's [queues] section).
+            banner = re.findall(r"^\s+\.> (\S+)\s+exchange=", log.read_text(), re.MULTILINE)
+            assert banner == _queues_of(argv), banner
             # The worker health check of docs/deployment.md answers for this node.
             node = argv[argv.index("--hostname") + 1] if "--hostname" in argv else "celery@%h"
             node = node.replace("%h", socket.gethostname())

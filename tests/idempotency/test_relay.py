@@ -30,6 +30,7 @@ from idempotency.outbox import outbox_write
 from shop import events
 from shop.models import LoyaltyAccount, PurchaseHistoryLine
 from tests.shop.test_history import order_payload
+from tests.support.broker import queued, queued_raw
 from tests.support.servers import ROOT, server_env, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -103,7 +104,7 @@ def queued_deliveries(broker) -> int:
     import json
 
     total = 0
-    for raw in broker.lrange("celery", 0, -1):
+    for raw in queued_raw(broker):
         envelope = json.loads(raw)
         body = envelope["body"]
         if envelope.get("properties", {}).get("body_encoding") == "base64":
@@ -124,7 +125,7 @@ def test_a_relay_killed_between_publish_and_mark_publishes_again_and_consumers_s
     assert Delivery.objects.count() == 2 * n
     assert set(Delivery.objects.values_list("publishes", flat=True)) == {1}
     assert queued_deliveries(broker) == 2 * n  # published, not marked
-    assert broker.llen("celery") == 2  # one ring per consumer for the batch
+    assert broker.llen("events") == queued(broker) == 2  # one ring per consumer for the batch
 
     # The dead relay's lease runs out (OUTBOX_RELAY_LEASE); the next relay takes the rows.
     OutboxMessage.objects.update(lease_expires_at=Now())
@@ -140,10 +141,7 @@ def test_a_relay_killed_between_publish_and_mark_publishes_again_and_consumers_s
     # UPDATE SKIP LOCKED, docs/events.md "Batched consumers") and counts nothing.
     celery_worker_process(concurrency=1)
     wait_until(
-        lambda: (
-            broker.llen("celery") == 0
-            and Delivery.objects.filter(done_at__isnull=True).count() == 0
-        ),
+        lambda: queued(broker) == 0 and Delivery.objects.filter(done_at__isnull=True).count() == 0,
         timeout=120,
         message="the worker drains both copies",
     )

@@ -26,6 +26,7 @@ from payments.models import Refund
 from payments.tasks import sweep_refunds
 from tests.orders.compensation_support import ask_return, receive, shipped_order, steps_of
 from tests.payments.refund_support import provider_refunds
+from tests.support.broker import queued
 from tests.support.servers import wait_until
 from tests.support.simulator import assert_reconciled
 
@@ -43,8 +44,7 @@ def worker_env(provider, tmp_path: Path) -> dict:
         # A killed attempt's step is due again when its attempt lease runs out: the worst
         # case of a step here (no provider call, a file e-mail), not the hard time limit.
         "COMPENSATION_ATTEMPT_LEASE": "8",
-        "EMAIL_BACKEND": "django.core.mail.backends.filebased.EmailBackend",
-        "EMAIL_FILE_PATH": str(tmp_path / "mail"),
+        "EMAIL_URL": f"file://{tmp_path / 'mail'}",
     }
 
 
@@ -116,7 +116,7 @@ def test_broker_flushed_mid_run_the_sweeper_rings_again(
     restock = steps_of(order_return=return_request).get(name="restock")
     assert step_run(step_id=restock.id) == "done"  # the run is under way ...
     broker.flushdb()  # ... and the broker forgets every queued bell
-    assert broker.llen("celery") == 0
+    assert queued(broker) == 0
     celery_worker_process(**worker_env(provider, tmp_path))
     time.sleep(2)
     assert ReturnRequest.objects.get(id=return_request.id).status == "processing"  # nothing rings

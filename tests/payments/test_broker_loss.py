@@ -16,13 +16,10 @@ from payments.models import Payment, PaymentSettlement, PaymentStatus
 from payments.services import payment_capture, payment_create
 from payments.tasks import sweep_settlements
 from tests.payments.conftest import assert_reconciled
+from tests.support.broker import queued
 from tests.support.servers import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
-
-
-def _queued_messages(client: redis.Redis) -> int:
-    return client.llen("celery")
 
 
 def test_lost_queue_loses_no_settlement(provider, celery_worker_process):
@@ -36,10 +33,10 @@ def test_lost_queue_loses_no_settlement(provider, celery_worker_process):
     # The capture is applied at the provider, the answer is lost; its
     # on-commit bell puts a settle message on the queue.
     assert payment_capture(payment_id=payment.id).outcome == "unknown"
-    assert _queued_messages(broker) >= 1
+    assert queued(broker) >= 1
 
     broker.flushdb()  # the broker forgets every queued message
-    assert _queued_messages(broker) == 0
+    assert queued(broker) == 0
 
     celery_worker_process(PAYMENTS_PROVIDER_URL=provider.url, PAYMENTS_PROVIDER_TIMEOUT="2")
     settlement = PaymentSettlement.objects.get(transaction__payment=payment)

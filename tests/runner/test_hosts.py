@@ -151,3 +151,27 @@ def test_demo_data_only_on_the_embedded_database_or_when_asked():
     assert not demo_wanted({}, embedded_database=False)  # a DATABASE_URL others may share
     assert demo_wanted({"SHOP_DEMO": "1"}, embedded_database=False)
     assert not demo_wanted({"SHOP_DEMO": "0"}, embedded_database=True)
+
+
+def test_make_run_leaves_demo_data_to_the_run_command(tmp_path):
+    """`make run` exports no SHOP_DEMO, so on a shared DATABASE_URL the supervisor seeds
+    nothing unless SHOP_DEMO=1 is asked for (demo_wanted above decides)."""
+    import subprocess
+    from pathlib import Path
+
+    python = tmp_path / "python"  # stands in for the venv's: prints what the recipe passes
+    python.write_text('#!/bin/sh\necho "SHOP_DEMO=${SHOP_DEMO-unset} $*"\n')
+    python.chmod(0o755)
+    root = Path(__file__).resolve().parents[2]
+
+    def run(**extra: str) -> str:
+        env = {k: v for k, v in os.environ.items() if k not in ("SHOP_DEMO", "MAKEFLAGS")}
+        argv = ["make", "-s", "run", f"BIN={tmp_path}", "STAMP=Makefile"]
+        done = subprocess.run(
+            argv, cwd=root, env={**env, **extra}, capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    assert run() == "SHOP_DEMO=unset -m runner"
+    assert run(SHOP_DEMO="1") == "SHOP_DEMO=1 -m runner"

@@ -50,20 +50,31 @@ def send_task(name: str, args: Sequence = (), **options) -> None:
         app.send_task(name, args=list(args), connection=conn, **options)
 
 
-def queue_depth(queue: str = "celery") -> int:
-    """Messages ready in `queue` (0 when it does not exist yet)."""
+def _queues(queue: str | None) -> tuple[str, ...]:
+    from tests.support.broker import queue_names
+
+    return (queue,) if queue else queue_names()
+
+
+def queue_depth(queue: str | None = None) -> int:
+    """Messages ready in `queue`, or in every shop queue (0 for one not declared yet)."""
+    total = 0
     with connection() as conn:
         channel: Any = conn.default_channel  # py-amqp's Channel (kombu types it StdChannel)
-        try:
-            return channel.queue_declare(queue, passive=True).message_count
-        except Exception:  # noqa: BLE001 - NOT_FOUND: nobody declared it yet
-            return 0
+        for name in _queues(queue):
+            try:
+                total += channel.queue_declare(name, passive=True).message_count
+            except Exception:  # noqa: BLE001 - NOT_FOUND: nobody declared it yet
+                channel = conn.channel()  # the failed passive declare closed the channel
+    return total
 
 
-def purge(queue: str = "celery") -> None:
+def purge(queue: str | None = None) -> None:
+    """Empty `queue`, or every shop queue."""
     with connection() as conn:
         channel: Any = conn.default_channel
-        try:
-            channel.queue_purge(queue)
-        except Exception:  # noqa: BLE001 - NOT_FOUND: nothing to purge
-            pass
+        for name in _queues(queue):
+            try:
+                channel.queue_purge(name)
+            except Exception:  # noqa: BLE001 - NOT_FOUND: nothing to purge
+                channel = conn.channel()

@@ -185,14 +185,17 @@ def _wait_http_ok(url: str, proc: subprocess.Popen, log_path: Path, timeout: flo
 def celery_worker(
     *,
     env: dict[str, str] | None = None,
-    queues: tuple[str, ...] = ("celery",),
+    queues: tuple[str, ...] = (),
     concurrency: int = 1,
     pool: str = "prefork",
     startup_timeout: float = 60.0,
     log_dir: str | Path | None = None,
     extra_args: tuple[str, ...] = (),
 ) -> Iterator[Server]:
-    """Run a real celery worker subprocess (app `config`) until the block ends."""
+    """Run a real celery worker subprocess (app `config`) until the block ends.
+
+    Without `queues` it consumes every queue of CELERY_TASK_QUEUES, as make run's do.
+    """
     full_env = dict(env) if env is not None else server_env()
     log_dir = Path(log_dir or tempfile.mkdtemp(prefix="shop-celery-"))
     log_path = log_dir / f"celery-{uuid.uuid4().hex[:8]}.log"
@@ -210,8 +213,7 @@ def celery_worker(
         str(concurrency),
         "--pool",
         pool,
-        "--queues",
-        ",".join(queues),
+        *(("--queues", ",".join(queues)) if queues else ()),
         "--hostname",
         name,
         "--without-gossip",

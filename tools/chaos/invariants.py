@@ -938,12 +938,10 @@ def _beat_tasks() -> frozenset[str]:
 def _queues() -> list[str]:
     from config.celery import app
 
-    names = {app.conf.task_default_queue or "celery"}
-    routes = app.conf.task_routes or {}
-    if isinstance(routes, dict):
-        for route in routes.values():
-            if isinstance(route, dict) and route.get("queue"):
-                names.add(route["queue"])
+    # Every declared queue (CELERY_TASK_QUEUES: one per kind of work), and the
+    # default one should a task be published without a route.
+    names = {queue.name for queue in app.conf.task_queues or ()}
+    names.add(app.conf.task_default_queue or "celery")
     return sorted(names)
 
 

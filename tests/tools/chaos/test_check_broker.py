@@ -20,6 +20,11 @@ def test_a_doorbell_taken_between_the_two_reads_is_not_left_over(monkeypatch):
     assert (result.checked, result.violations) == (1, [])
 
 
+def test_the_checker_reads_every_queue_a_worker_consumes(settings):
+    """A message left on any kind of work's queue is seen (docs/celery.md, "Queues")."""
+    assert set(settings.SHOP_QUEUES) <= set(invariants._queues())
+
+
 AMQP_URL = os.environ.get("CHAOS_CHECK_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/checker")
 
 
