@@ -15,9 +15,9 @@ import environ
 from celery.schedules import crontab
 from kombu import Exchange, Queue
 
-from .email_url import email_settings
-
 from config.settings.renamed import renamed
+
+from .email_url import email_settings
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 # The shop's one version, from pyproject.toml's [project] (the OpenAPI document shows it).
