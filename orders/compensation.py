@@ -13,7 +13,7 @@ place that records it:
 
     restock   on_hand += units (F()) in the transaction that marks it done
               (exactly once: both commit or neither)
-    refund    payments.services.refund_request under a refund id DERIVED
+    refund    payments.refunds.refund_request under a refund id DERIVED
               from the return / cancellation (uuid5): asking again is the same
               refund; done when that refund succeeded; a refund that needs
               attention (or is refused) fails the step → needs attention
@@ -52,7 +52,7 @@ from core.money import format_money
 from idempotency.failpoints import failpoint
 from idempotency.outbox import outbox_write
 from inventory import services as inventory_services
-from payments import services as payment_services
+from payments import refunds as payment_refunds
 from payments.models import Payment, Refund, RefundOrigin, RefundStatus
 
 from . import lock_objects
@@ -563,7 +563,7 @@ def _refund(step: CompensationStep) -> str:
         reason = f"return {step.order_return_id}"
         origin = RefundOrigin.RETURN
     else:
-        if payment is not None and payment_services.refunds_in_progress(payment=payment) > 0:
+        if payment is not None and payment_refunds.refunds_in_progress(payment=payment) > 0:
             # Waits as due work (the row is due again later; no task sleeps), not an
             # attempt. A refund needing staff may take long: the sweeper looks again.
             held = Refund.objects.filter(payment_id=payment.id, needs_attention=True).exists()
@@ -591,7 +591,7 @@ def _refund(step: CompensationStep) -> str:
         )
     CompensationStep.objects.filter(id=step.id).update(refund_id=refund_id)
     try:
-        refund = payment_services.refund_request_capped(
+        refund = payment_refunds.refund_request_capped(
             refund_id=refund_id,
             payment_id=payment.id,
             at_most=at_most,

@@ -33,9 +33,10 @@ from idempotency.failpoints import failpoint
 from idempotency.outbox import outbox_write
 from inventory import services as inventory_services
 from inventory.models import Product, Reservation
-from payments import services as payment_services
+from payments.capture import payment_create
 from payments.lock_objects import payment_lock
 from payments.models import Payment, PaymentStatus
+from payments.recording import CAPTURED
 
 from . import compensation, lock_objects, selectors
 from .models import Order, OrderEvent, OrderLine
@@ -300,7 +301,7 @@ def order_payment_start(*, order: Order) -> Order:
     assert order.status == OrderStatus.PAYMENT_PENDING, order.status
     if order.total == 0:
         return _payment_record(order=order, succeeded=True)
-    payment = payment_services.payment_create(
+    payment = payment_create(
         reference=f"order-{order.number}",
         amount=order.total,
         currency=order.currency,
@@ -348,7 +349,7 @@ def order_payment_settled(*, payment: Payment, outcome: str) -> None:
     order_id = Order.objects.filter(payment_id=payment.id).values_list("id", flat=True).first()
     if order_id is None:
         return
-    order_payment_record(order_id=order_id, succeeded=outcome == payment_services.CAPTURED)
+    order_payment_record(order_id=order_id, succeeded=outcome == CAPTURED)
 
 
 @transaction.atomic

@@ -22,7 +22,7 @@ from inventory.models import StockItem
 from orders.compensation import return_refund_id, steps_retry_failed
 from orders.models import CompensationStep, OrderEvent, ReturnRequest
 from payments.models import Refund
-from payments.services import refund_record_outside
+from payments.refund_decisions import refund_record_outside
 from tests.orders.compensation_support import (
     ask_return,
     drive,
