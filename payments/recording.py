@@ -291,13 +291,22 @@ def refund_succeed(
                 last_error="refunded outside the shop (staff)", updated_at=Now()
             )
         else:
-            PaymentTransaction.objects.filter(id=txn.id).update(
-                status=TransactionStatus.SUCCEEDED,
-                provider_operation_id=operation_id[:64],
-                last_error="",
-                updated_at=Now(),
+            refund_call_close(
+                transaction_id=txn.id, status=TransactionStatus.SUCCEEDED, operation_id=operation_id
             )
     return True
+
+
+def refund_call_close(
+    *, transaction_id: int, status: str, operation_id: str, error: str = ""
+) -> None:
+    """Write the provider's word on a refund's call row (what reconciliation compares)."""
+    PaymentTransaction.objects.filter(id=transaction_id).update(
+        status=status,
+        provider_operation_id=operation_id[:64],
+        last_error=due.truncate_error(error),
+        updated_at=Now(),
+    )
 
 
 def refund_flag(
@@ -317,11 +326,11 @@ def refund_flag(
             return False
         refund = Refund.objects.get(id=refund_id)
         if txn_status is not None:
-            PaymentTransaction.objects.filter(id=refund.transaction_id).update(
+            refund_call_close(
+                transaction_id=refund.transaction_id,
                 status=txn_status,
-                provider_operation_id=operation_id[:64],
-                last_error=due.truncate_error(reason),
-                updated_at=Now(),
+                operation_id=operation_id,
+                error=reason,
             )
         refund_event(
             payment_id=refund.payment_id,

@@ -23,12 +23,11 @@ from .lock_objects import payment_lock
 from .models import (
     Payment,
     PaymentEvent,
-    PaymentTransaction,
     Refund,
     RefundStatus,
     TransactionStatus,
 )
-from .recording import refund_event, refund_succeed
+from .recording import refund_call_close, refund_event, refund_succeed
 from .refunds import refund_reserve
 
 logger = logging.getLogger(__name__)
@@ -143,11 +142,11 @@ def refund_late_success(*, refund_id, operation_id: str = "", via: str = "webhoo
             needs_attention=True, last_error=due.truncate_error(reason), updated_at=Now()
         )
         # The provider's fact on the call's own row (what reconciliation compares).
-        PaymentTransaction.objects.filter(id=refund.transaction_id).update(
+        refund_call_close(
+            transaction_id=refund.transaction_id,
             status=TransactionStatus.SUCCEEDED,
-            provider_operation_id=operation_id[:64],
-            last_error=due.truncate_error(reason),
-            updated_at=Now(),
+            operation_id=operation_id,
+            error=reason,
         )
         refund_event(
             payment_id=refund.payment_id,
