@@ -41,8 +41,9 @@ from idempotency.operations import Reply, Result, close_run, refusals_presented
 from idempotency.views import FORM_FIELD, idempotent_form
 from orders import compensation_staff
 from orders import selectors as orders_selectors
+from payments import refund_decisions
 from payments import selectors as payments_selectors
-from payments import services as payments_services
+from payments import settlement as payments_settlement
 from payments.models import PaymentSettlement, RefundStatus
 
 _NOTE_SALT = "admin.needs_attention.note"
@@ -78,7 +79,7 @@ def _settlement_retry(pk: str, by) -> bool:
     ).exists()
     if not PaymentSettlement.objects.filter(pk=pk).exists():
         return False  # no such row (a forged form): nothing to retry
-    settlement = payments_services.settlement_retry_now(settlement_id=int(pk), by=by)
+    settlement = payments_settlement.settlement_retry_now(settlement_id=int(pk), by=by)
     return waiting and not settlement.needs_attention
 
 
@@ -107,7 +108,7 @@ ACTIONS: dict[str, tuple[Action, ...]] = {
             "retry",
             "Retry now",
             "payments.change_refund",
-            lambda pk, by: payments_services.refund_retry_now(refund_id=pk, by=by),
+            lambda pk, by: refund_decisions.refund_retry_now(refund_id=pk, by=by),
             statuses=(RefundStatus.NEEDS_ATTENTION,),
             explanation="Send the refund to the provider again (the same provider key).",
         ),
@@ -115,7 +116,7 @@ ACTIONS: dict[str, tuple[Action, ...]] = {
             "outside",
             "Refunded outside the shop",
             "payments.change_refund",
-            lambda pk, by: payments_services.refund_record_outside(refund_id=pk, by=by),
+            lambda pk, by: refund_decisions.refund_record_outside(refund_id=pk, by=by),
             statuses=(RefundStatus.NEEDS_ATTENTION,),
             explanation="The money went back another way; the provider is not called.",
         ),
@@ -123,7 +124,7 @@ ACTIONS: dict[str, tuple[Action, ...]] = {
             "failed",
             "Record as failed",
             "payments.change_refund",
-            lambda pk, by: payments_services.refund_record_failed(refund_id=pk, by=by),
+            lambda pk, by: refund_decisions.refund_record_failed(refund_id=pk, by=by),
             statuses=(RefundStatus.NEEDS_ATTENTION,),
             explanation="The refund will not happen; its reserved amount is released.",
         ),
@@ -131,7 +132,7 @@ ACTIONS: dict[str, tuple[Action, ...]] = {
             "accept_provider",
             "Accept the provider's refund",
             "payments.change_refund",
-            lambda pk, by: payments_services.refund_accept_provider(refund_id=pk, by=by),
+            lambda pk, by: refund_decisions.refund_accept_provider(refund_id=pk, by=by),
             # Flagged after staff decided it: the provider reports it refunded after all.
             statuses=(RefundStatus.SUCCEEDED, RefundStatus.FAILED),
             explanation="The provider's refund becomes the record (outside the shop: the "

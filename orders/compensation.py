@@ -13,7 +13,7 @@ place that records it:
 
     restock   on_hand += units (F()) in the transaction that marks it done
               (exactly once: both commit or neither)
-    refund    payments.services.refund_request under a refund id DERIVED
+    refund    payments.refunds.refund_request under a refund id DERIVED
               from the return / cancellation (uuid5): asking again is the same
               refund; done when that refund succeeded; a refund that needs
               attention (or is refused) fails the step → needs attention

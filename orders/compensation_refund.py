@@ -1,6 +1,6 @@
 """The compensation's refund step, under refund ids derived from what it compensates.
 
-`payments.services.refund_request_capped` under a refund id DERIVED from the
+`payments.refunds.refund_request_capped` under a refund id DERIVED from the
 return / cancellation (uuid5, `step_refund_id`): asking again is the same
 refund; done when that refund succeeded; a refund that needs attention (or
 is refused) fails the step → needs attention. docs/compensation.md, "One
@@ -19,7 +19,7 @@ from django.db.models.functions import Now
 from core.errors import ApplicationError
 from core.money import format_money
 from idempotency.failpoints import failpoint
-from payments import services as payment_services
+from payments import refunds as payment_refunds
 from payments.models import Payment, Refund, RefundOrigin, RefundStatus
 
 from .compensation_state import StepNeedsAttention, _finishing, _wait
@@ -131,7 +131,7 @@ def _refund(step: CompensationStep) -> str:
         reason = f"return {step.order_return_id}"
         origin = RefundOrigin.RETURN
     else:
-        if payment is not None and payment_services.refunds_in_progress(payment=payment) > 0:
+        if payment is not None and payment_refunds.refunds_in_progress(payment=payment) > 0:
             # Waits as due work (the row is due again later; no task sleeps), not an
             # attempt. A refund needing staff may take long: the sweeper looks again.
             held = Refund.objects.filter(payment_id=payment.id, needs_attention=True).exists()
@@ -159,7 +159,7 @@ def _refund(step: CompensationStep) -> str:
         )
     CompensationStep.objects.filter(id=step.id).update(refund_id=refund_id)
     try:
-        refund = payment_services.refund_request_capped(
+        refund = payment_refunds.refund_request_capped(
             refund_id=refund_id,
             payment_id=payment.id,
             at_most=at_most,

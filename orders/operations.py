@@ -43,13 +43,10 @@ from idempotency.failpoints import failpoint
 from idempotency.keys import KeyRun
 from idempotency.models import STARTED
 from idempotency.operations import Presenter, Result, close_run, refusals_presented
+from payments.capture import payment_capture, payment_lookup_once
+from payments.errors import RefundInvalidState
 from payments.models import RefundOrigin
-from payments.services import (
-    RefundInvalidState,
-    payment_capture,
-    payment_lookup_once,
-    refund_request,
-)
+from payments.refunds import refund_request
 
 from . import selectors, services, shipments
 from .models import Order

@@ -33,7 +33,7 @@ from idempotency.failpoints import failpoint
 from idempotency.outbox import outbox_write
 from inventory import services as inventory_services
 from inventory.models import Product, Reservation
-from payments import services as payment_services
+from payments.capture import payment_create
 from payments.gateway import Outcome
 from payments.models import Payment, PaymentStatus
 
@@ -301,7 +301,7 @@ def order_payment_start(*, order: Order) -> Order:
     assert order.status == OrderStatus.PAYMENT_PENDING, order.status
     if order.total == 0:
         return _payment_record(order=order, succeeded=True)
-    payment = payment_services.payment_create(
+    payment = payment_create(
         reference=f"order-{order.number}",
         amount=order.total,
         currency=order.currency,

@@ -8,7 +8,7 @@ from core.admin import DueWorkAdmin, ReadOnlyAdmin, ReadOnlyInline
 from core.admin_export import CsvExportMixin
 from idempotency.admin_actions import keyed_action
 
-from . import services
+from . import refund_decisions, settlement
 from .models import Payment, PaymentEvent, PaymentSettlement, PaymentTransaction, Refund
 
 # The confirmations' operation names (registered in PaymentsConfig.ready).
@@ -67,7 +67,7 @@ class PaymentSettlementAdmin(DueWorkAdmin):
     def retry_one(self, request, pk) -> bool:
         # The payment's history records who retried it (a PaymentEvent).
         before = PaymentSettlement.objects.filter(pk=pk, done_at__isnull=True).exists()
-        services.settlement_retry_now(settlement_id=pk, by=request.user)
+        settlement.settlement_retry_now(settlement_id=pk, by=request.user)
         return before
 
 
@@ -126,7 +126,7 @@ class RefundAdmin(CsvExportMixin, DueWorkAdmin):
     actions = ["retry_now", "refunded_outside_shop", "record_failed", "accept_provider_refund"]
 
     def retry_one(self, request, pk) -> bool:
-        return services.refund_retry_now(refund_id=pk, by=request.user)
+        return refund_decisions.refund_retry_now(refund_id=pk, by=request.user)
 
     def _decide(self, request, queryset, *, operation: str, title: str, explanation, decide):
         return keyed_action(
@@ -153,7 +153,7 @@ class RefundAdmin(CsvExportMixin, DueWorkAdmin):
             explanation="Record these refunds as given back outside the provider (bank transfer, "
             "the provider's dashboard). The payment's refunded amount moves; the provider is not "
             "called. Only refunds that need attention change.",
-            decide=services.refund_record_outside,
+            decide=refund_decisions.refund_record_outside,
         )
 
     @admin.action(
@@ -167,7 +167,7 @@ class RefundAdmin(CsvExportMixin, DueWorkAdmin):
             title="Record as failed",
             explanation="Record that these refunds will not happen. Their reserved amounts become "
             "refundable again. Only refunds that need attention change.",
-            decide=services.refund_record_failed,
+            decide=refund_decisions.refund_record_failed,
         )
 
     @admin.action(description="Accept the provider's refund", permissions=["change_state"])
@@ -181,5 +181,5 @@ class RefundAdmin(CsvExportMixin, DueWorkAdmin):
             "shop or failed. Recorded outside the shop: the provider's refund becomes the record "
             "(the payment made outside was recovered or accepted). Recorded failed: the refund "
             "counts as refunded. Only refunds flagged for this change.",
-            decide=services.refund_accept_provider,
+            decide=refund_decisions.refund_accept_provider,
         )

@@ -261,9 +261,9 @@ class Refund(DueWork):
     refund. Its amount is reserved on the payment in the transaction that
     inserts it; the provider key is `<install id>:refund-<id>:refund`, so
     every attempt, redelivery and sweep sends the same key. `status` moves
-    only by conditional UPDATEs (payments.services): pending → succeeded |
-    needs_attention; needs_attention → succeeded | failed (staff, or the
-    provider's late answer).
+    only by conditional UPDATEs (payments.recording, payments.refund_decisions):
+    pending → succeeded | needs_attention; needs_attention → succeeded | failed
+    (staff, or the provider's late answer).
     """
 
     id = models.UUIDField(primary_key=True, editable=False)

@@ -1,10 +1,10 @@
 """The provider's events as the shop reads them: their types, their inbox states, their answers.
 
 One place for what the webhook endpoint (`payments.webhooks`) stores and what
-the recorders (`payments.services`: the inline call, settlement, the refund
-task) take from it: a stored `unmatched` event for a call's provider key is
-that call's answer. Imports neither of them, so neither imports the other
-for it (tests/test_layout.py finds import cycles).
+the recorder (`payments.recording`: for the inline call, settlement, the
+refund task) takes from it: a stored `unmatched` event for a call's provider
+key is that call's answer. Imports neither of them: the webhooks import the
+recorder, never the reverse (tests/test_layout.py finds import cycles).
 """
 
 from __future__ import annotations

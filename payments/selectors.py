@@ -67,7 +67,7 @@ def transactions_with_key_prefix(*, key_prefix: str) -> QuerySet[PaymentTransact
 def refunds_needing_attention() -> QuerySet[Refund]:
     """Refunds waiting for staff: `needs_attention`, or flagged (the reason in `last_error`)."""
     return Refund.objects.filter(
-        # A decided refund (done) flagged again: the provider's late refund (services).
+        # A decided refund (done) flagged again: the provider's late refund (refund_decisions).
         Q(status=RefundStatus.NEEDS_ATTENTION) | Q(needs_attention=True)
     )
 

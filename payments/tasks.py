@@ -18,8 +18,9 @@ from django.db import InterfaceError, OperationalError
 from core import due
 from core.due import retry_countdown
 
-from . import services
 from .models import PaymentSettlement, Refund
+from .refunds import refund_run
+from .settlement import payment_settle
 
 MAX_TASK_RETRIES = 3
 
@@ -28,7 +29,7 @@ MAX_TASK_RETRIES = 3
 def settle_payment(self, settlement_id: int) -> None:
     """Make one settlement attempt for a settlement row, if it is due."""
     try:
-        services.payment_settle(settlement_id=settlement_id)
+        payment_settle(settlement_id=settlement_id)
     except (OperationalError, InterfaceError) as exc:
         raise self.retry(exc=exc, countdown=retry_countdown(self.request.retries)) from exc
 
@@ -47,7 +48,7 @@ def refund(self, refund_id: str) -> None:
     bell and the sweeper's ring make at most one attempt between them.
     """
     try:
-        services.refund_run(refund_id=refund_id)
+        refund_run(refund_id=refund_id)
     except (OperationalError, InterfaceError) as exc:
         raise self.retry(exc=exc, countdown=retry_countdown(self.request.retries)) from exc
 

@@ -17,7 +17,7 @@
 
 The effect of `charge.captured` / `charge.failed` is the SAME conditional
 transition the inline capture and settlement use
-(`payments.services._capture_record`: `UPDATE … WHERE status = 'pending'`),
+(`payments.recording.capture_record`: `UPDATE … WHERE status = 'pending'`),
 with the payment row locked first: whichever path records the outcome first
 wins, every other one finds the payment no longer `pending` and changes
 nothing. So a webhook racing settlement, the inline call or its own
@@ -81,6 +81,8 @@ from .provider_events import (  # noqa: F401 - the event words, named here as be
     UNMATCHED,
     result_of,
 )
+from .recording import capture_record, refund_record
+from .refund_decisions import refund_late_success
 
 logger = logging.getLogger(__name__)
 
@@ -307,8 +309,6 @@ def _capture_txn(event_data: dict) -> PaymentTransaction | None:
 
 
 def _apply_charge(event: WebhookEvent) -> tuple[str, str]:
-    from .services import _capture_record
-
     data = event.data
     txn = _capture_txn(data)
     if txn is None:
@@ -325,7 +325,7 @@ def _apply_charge(event: WebhookEvent) -> tuple[str, str]:
         return SUSPICIOUS, detail
     captured = event.type == CHARGE_CAPTURED
     if payment.status == PaymentStatus.PENDING:
-        _capture_record(
+        capture_record(
             transaction_id=txn.id, result=result_of(event.type, data), mode="webhook", txn=txn
         )
         return APPLIED, f"payment {payment.reference} {'captured' if captured else 'failed'}"
@@ -345,16 +345,11 @@ def apply_refund_event(event: WebhookEvent) -> tuple[str, str]:
 
     The refund is found by its provider key. The effect is the SAME
     conditional transition the `payments.refund` task uses
-    (`payments.services._refund_record`): whichever records first wins, the
+    (`payments.recording.refund_record`): whichever records first wins, the
     other finds the refund no longer open and changes nothing. A key the
     shop does not know (yet) is stored `unmatched`; the task applies it when
     it meets the key with no final answer of its own (`stored_refund_result`).
     """
-    from .services import (
-        _refund_record,
-        refund_late_success,
-    )
-
     data = event.data
     refund = Refund.objects.filter(provider_key=data.get("provider_key")).first()
     if refund is None:
@@ -369,13 +364,13 @@ def apply_refund_event(event: WebhookEvent) -> tuple[str, str]:
         logger.warning("webhook %s (%s) suspicious: %s", event.id, event.type, detail)
         return SUSPICIOUS, detail
     succeeded = event.type == REFUND_SUCCEEDED
-    if _refund_record(refund=refund, result=result_of(event.type, data), mode="webhook"):
+    if refund_record(refund=refund, result=result_of(event.type, data), mode="webhook"):
         return APPLIED, f"refund {refund.id} {'succeeded' if succeeded else 'refused'}"
     if succeeded and refund_late_success(
         refund_id=refund.id, operation_id=str(data.get("operation_id") or ""), via="webhook"
     ):
         # Staff had decided it (outside the shop / failed): never silence, never a
-        # second hole in the budget — a needs-attention item (payments.services).
+        # second hole in the budget — a needs-attention item (payments.refund_decisions).
         detail = f"refund {refund.id}: {Refund.objects.get(id=refund.id).last_error}"
         logger.warning("webhook %s suspicious: %s", event.id, detail)
         return SUSPICIOUS, detail

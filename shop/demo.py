@@ -36,7 +36,7 @@ from orders import services as order_services
 from orders import shipments, tracking
 from orders.services import LineRequest
 from orders.states import OrderStatus
-from payments.services import payment_capture
+from payments.capture import payment_capture
 
 User = get_user_model()
 
@@ -288,7 +288,7 @@ def _drive(order_return, *, names=None, timeout: float = 30.0) -> None:
     from orders.compensation import step_run
     from orders.models import CompensationStep
     from payments.models import Refund, RefundStatus
-    from payments.services import refund_run
+    from payments.refunds import refund_run
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -206,7 +206,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "the refund id: a retry or a concurrent refund gets another key",
         edits=(
             Edit(
-                "payments/services.py",
+                "payments/refunds.py",
                 "    key = refund_provider_key(refund_id=refund_id, install=install)\n",
                 "    key = provider_key(\n"
                 "        install=install,\n"

@@ -3,7 +3,7 @@
 `POST /orders/{id}/refunds/` (staff, keyed) is a one-phase keyed run: the
 body is validated strictly first (400/422: nothing claimed, nothing
 reserved, nothing sent), then the key is claimed and the run's one phase
-mints the refund id, reserves the amount (payments.services.refund_request)
+mints the refund id, reserves the amount (payments.refunds.refund_request)
 and stores the answer with them. `GET` lists the order's refunds, whatever
 started them (goodwill, a return, a cancellation), for its shopper or staff.
 """

@@ -8,7 +8,7 @@ from rest_framework import serializers
 from core.fields import ClosedSerializer, StrictCharField, StrictIntegerField
 from core.money import MoneyField, check_currency
 from inventory import selectors as inventory_selectors
-from payments.services import SUPPORTED_METHODS
+from payments.capture import SUPPORTED_METHODS
 
 from .. import selectors
 from ..services import LineRequest

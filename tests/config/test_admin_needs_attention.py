@@ -13,7 +13,8 @@ from django.test import Client
 from config import needs_attention
 from idempotency.models import Delivery
 from orders.models import CompensationStep
-from payments import services as payments_services
+from payments import refund_decisions
+from payments.errors import RefundInvalidState
 from payments.models import Payment, PaymentEvent, PaymentSettlement, Refund
 from tests.config.attention_support import VIEW_ALL, every_kind, grant
 
@@ -176,9 +177,9 @@ def test_two_decisions_from_two_tabs_change_the_refund_once(superuser, items):
 
 def test_a_refusal_is_an_admin_message_with_its_title(superuser, items, monkeypatch):
     def refuse(**kwargs):
-        raise payments_services.RefundInvalidState("A refund a return owns: use Retry step.")
+        raise RefundInvalidState("A refund a return owns: use Retry step.")
 
-    monkeypatch.setattr(payments_services, "refund_record_failed", refuse)
+    monkeypatch.setattr(refund_decisions, "refund_record_failed", refuse)
     client = login(superuser)
     answer = client.post(PAGE, form_for(client.get(PAGE), "refund", "failed"))
     assert answer.status_code == 303 and answer["Location"].startswith(PAGE)
@@ -311,5 +312,5 @@ def test_a_refund_flagged_by_the_providers_late_refund_is_listed_with_its_action
     page = login(superuser).get(PAGE)
     html = page.content.decode()
     assert "recorded as outside the shop" in html
-    # Its one way out here: "Accept the provider's refund" (payments.services).
+    # Its one way out here: "Accept the provider's refund" (payments.refund_decisions).
     assert [f["action"] for f in forms(page) if f["kind"] == "refund"] == ["accept_provider"]

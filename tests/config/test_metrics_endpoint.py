@@ -102,7 +102,7 @@ def test_needs_attention_is_counted_by_kind_in_the_database(client, shopper):
     from django.db.models.functions import Now
 
     from payments.models import PaymentSettlement
-    from payments.services import refund_record_outside
+    from payments.refund_decisions import refund_record_outside
     from tests.config.attention_support import every_kind, flagged_settlement
 
     def kinds() -> dict[str, float]:

@@ -10,7 +10,7 @@ from django.db.models.functions import Now
 from orders.compensation import step_run
 from orders.models import CompensationStep, Order
 from payments.models import Refund, RefundStatus
-from payments.services import refund_run
+from payments.refunds import refund_run
 from tests.orders.conftest import ADDRESS
 from tests.orders.shipping import ship
 

@@ -25,12 +25,8 @@ from orders.compensation_staff import steps_retry_failed
 from orders.models import CompensationStep
 from payments import webhooks
 from payments.models import PaymentSettlement, Refund, RefundStatus
-from payments.services import (
-    refund_record_failed,
-    refund_record_outside,
-    refund_retry_now,
-    settlement_retry_now,
-)
+from payments.refund_decisions import refund_record_failed, refund_record_outside, refund_retry_now
+from payments.settlement import settlement_retry_now
 from payments.simulator.webhooks import event_body
 
 WEBHOOKS = "/api/v1/payments/webhooks/"

@@ -28,8 +28,8 @@ from idempotency import keys
 from idempotency.keys import KeyRun
 from idempotency.models import FINISHED, Delivery, IdempotencyKey, OutboxMessage
 from orders.models import CompensationStep
+from payments.capture import payment_capture, payment_create
 from payments.models import PaymentSettlement, Refund
-from payments.services import payment_capture, payment_create
 from tests.concurrency import Workers
 from tests.idempotency.test_keys import age_lock, claim
 from tests.idempotency.test_relay import write_orders

@@ -26,7 +26,7 @@ from inventory import selectors as inventory_selectors
 from inventory.models import Reservation, StockItem
 from orders.models import Order
 from payments.models import PaymentSettlement
-from payments.services import payment_settle
+from payments.settlement import payment_settle
 from tests.concurrency import Workers, lock_waiters, wait_until
 from tests.orders.conftest import ADDRESS
 from tests.support.simulator import assert_reconciled

@@ -26,7 +26,7 @@ BODY = {
 CONTROL = ("BEGIN", "COMMIT", "SAVEPOINT", "RELEASE SAVEPOINT")
 # Outside any transaction: token (with the courier check), key read, catalog read (3);
 # phase 1 (key insert with its lock_timeout set and reset, reserve, order, payment: 11);
-# the capture's two payment transactions (5, payments/services.py); phase 3 (order with
+# the capture's two payment transactions (5, payments/capture.py); phase 3 (order with
 # its payment lock, lines, transition, reservation commit, outbox, answer: 8). 30 before
 # issue 21: the courier check, the payment lock and the stock update were statements
 # of their own (docs/performance.md, "Statements of one keyed checkout").

@@ -23,7 +23,7 @@ from orders.compensation_refund import return_refund_id
 from orders.compensation_staff import steps_retry_failed
 from orders.models import CompensationStep, OrderEvent, ReturnRequest
 from payments.models import Refund
-from payments.services import refund_record_outside
+from payments.refund_decisions import refund_record_outside
 from tests.orders.compensation_support import (
     ask_return,
     drive,

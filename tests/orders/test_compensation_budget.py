@@ -1,7 +1,7 @@
 """One refund budget shared by goodwill refunds, returns and a cancellation (issue 20).
 
 What is still refundable = captured − refunded − refunds in progress
-(`payments.services.refundable`). A return refunds its lines' value capped at
+(`payments.refunds.refundable`). A return refunds its lines' value capped at
 that when its refund step runs (0.00: nothing to refund, and the run still
 completes); a cancellation waits for refunds in progress to end, then refunds
 everything not refunded; a step whose refund staff recorded as failed asks
@@ -24,7 +24,8 @@ from orders.compensation_staff import steps_retry_failed
 from orders.models import CompensationStep, Order, ReturnRequest
 from orders.services import order_cancel
 from payments.models import Payment, Refund, RefundOrigin, RefundStatus
-from payments.services import refund_record_failed, refund_request, refund_run
+from payments.refund_decisions import refund_record_failed
+from payments.refunds import refund_request, refund_run
 from shop.loyalty import loyalty_apply, loyalty_get
 from tests.orders.compensation_support import (
     RETURN,

@@ -7,7 +7,7 @@ from celery import current_app
 
 from orders.compensation_staff import steps_retry_failed
 from payments.models import Refund
-from payments.services import refund_record_outside
+from payments.refund_decisions import refund_record_outside
 from tests.orders.compensation_support import drive, paid_order, steps_of
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -66,8 +66,9 @@ from payments.reconciliation import (
     UNRECORDED,
     reconcile_payments,
 )
+from payments.refunds import refund_run
 from payments.selectors import install_id_or_none
-from payments.services import payment_settle, refund_run
+from payments.settlement import payment_settle
 from tests.orders.compensation_support import ask_return, paid_order, receive
 from tests.orders.money_model_support import (
     WorkerKilled,

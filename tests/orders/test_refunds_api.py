@@ -18,7 +18,7 @@ from rest_framework.authtoken.models import Token
 
 from orders.models import Order
 from payments.models import Payment, Refund
-from payments.services import refund_run
+from payments.refunds import refund_run
 from tests.concurrency import wait_for_lock_waiters, wait_until
 from tests.conftest import assert_problem
 from tests.orders.conftest import ADDRESS

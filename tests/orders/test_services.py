@@ -25,8 +25,8 @@ from orders.services import (
     order_payment_start,
     orders_expire_due,
 )
+from payments.capture import payment_create
 from payments.models import Payment
-from payments.services import payment_create
 from tests.concurrency import Workers, wait_for_lock_waiters, wait_until
 
 

@@ -65,7 +65,7 @@ import json, sys
 import django
 django.setup()
 from django.db import connection
-from payments.services import payment_capture
+from payments.capture import payment_capture
 connection.ensure_connection()
 if sys.argv[2] == "wait":
     print("ready", flush=True)
@@ -79,7 +79,7 @@ SETTLE_SCRIPT = """
 import json, sys
 import django
 django.setup()
-from payments.services import payment_settle
+from payments.settlement import payment_settle
 settlement = payment_settle(settlement_id=int(sys.argv[1]))
 print(json.dumps({"attempts": settlement.attempts}), flush=True)
 """

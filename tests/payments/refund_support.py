@@ -10,8 +10,8 @@ from decimal import Decimal
 from django.conf import settings
 
 from payments import webhooks
+from payments.capture import payment_capture, payment_create, payment_lookup_once
 from payments.models import Payment, PaymentStatus
-from payments.services import payment_capture, payment_create, payment_lookup_once
 
 
 def captured(reference: str | None = None, amount: str = "20.00", method: str = "pm_card_ok"):

@@ -5,9 +5,9 @@ from decimal import Decimal
 import pytest
 from django.db.models.functions import Now
 
+from payments.capture import payment_create
 from payments.models import PaymentSettlement, PaymentTransaction
 from payments.selectors import settlements_needing_attention
-from payments.services import payment_create
 
 pytestmark = pytest.mark.django_db
 

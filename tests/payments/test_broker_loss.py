@@ -12,8 +12,8 @@ import redis
 from django.conf import settings as django_settings
 from django.db.models.functions import Now
 
+from payments.capture import payment_capture, payment_create
 from payments.models import Payment, PaymentSettlement, PaymentStatus
-from payments.services import payment_capture, payment_create
 from payments.tasks import sweep_settlements
 from tests.payments.conftest import assert_reconciled
 from tests.support.broker import queued

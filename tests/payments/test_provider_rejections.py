@@ -17,7 +17,7 @@ import pytest
 from inventory.models import Reservation, StockItem
 from orders.models import Order
 from payments.models import PaymentEvent, PaymentSettlement, PaymentStatus
-from payments.services import payment_settle, settlement_retry_now
+from payments.settlement import payment_settle, settlement_retry_now
 from tests.orders.conftest import ADDRESS
 from tests.support.simulator import assert_reconciled, reconcile, settle_due
 

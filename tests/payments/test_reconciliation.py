@@ -7,10 +7,10 @@ from decimal import Decimal
 import pytest
 from django.db.models import F
 
+from payments.capture import payment_capture, payment_create
 from payments.gateway import get_gateway
 from payments.keys import install_id, provider_key
 from payments.models import Payment, PaymentTransaction
-from payments.services import payment_capture, payment_create
 
 from .conftest import ROOT, reconcile, shop_env
 

@@ -17,6 +17,8 @@ from django.db.models.functions import Now
 
 from idempotency.models import InboxMessage
 from payments import webhooks
+from payments.capture import payment_create
+from payments.errors import RefundExceedsCaptured, RefundInvalidState
 from payments.gateway import get_gateway
 from payments.models import (
     Payment,
@@ -27,16 +29,8 @@ from payments.models import (
     RefundStatus,
     TransactionKind,
 )
-from payments.services import (
-    RefundExceedsCaptured,
-    RefundInvalidState,
-    payment_create,
-    refund_provider_key,
-    refund_record_failed,
-    refund_record_outside,
-    refund_request,
-    refund_run,
-)
+from payments.refund_decisions import refund_record_failed, refund_record_outside
+from payments.refunds import refund_provider_key, refund_request, refund_run
 from payments.tasks import sweep_refunds
 from tests.concurrency import Workers
 from tests.payments.refund_support import captured, provider_refunds, refund_event
@@ -320,10 +314,10 @@ def _late_success(refund) -> webhooks.WebhookOutcome:
 
 def _flagged(payment, amount: str) -> Refund:
     """A refund whose outcome stayed unknown: it needs attention (staff decide)."""
-    from payments.services import _refund_flag
+    from payments.recording import refund_flag
 
     refund = ask(payment, amount)
-    assert _refund_flag(refund_id=refund.id, reason="refund outcome still unknown")
+    assert refund_flag(refund_id=refund.id, reason="refund outcome still unknown")
     return refund
 
 
@@ -346,7 +340,7 @@ def test_a_late_provider_refund_after_outside_the_shop_needs_attention_until_acc
     )
     assert PaymentEvent.objects.filter(payment=payment, kind="late_provider_refund").count() == 1
     from payments.reconciliation import REFUND_AFTER_DECISION
-    from payments.services import refund_accept_provider
+    from payments.refund_decisions import refund_accept_provider
 
     assert _differences(REFUND_AFTER_DECISION)
     # Its way out: staff accept the provider's refund (the outside payment recovered).
@@ -369,7 +363,7 @@ def test_a_late_provider_refund_after_record_failed_holds_the_budget_until_accep
     assert row.last_error.startswith("the provider reports a refund that was recorded as failed")
     assert PaymentEvent.objects.filter(payment=payment, kind="late_provider_refund").count() == 1
     from payments.reconciliation import REFUND_AFTER_DECISION
-    from payments.services import refund_accept_provider
+    from payments.refund_decisions import refund_accept_provider
 
     assert _differences(REFUND_AFTER_DECISION)
     # No second hole in the budget: the provider's 4.00 is held again at once.

@@ -13,7 +13,7 @@ from django.urls import reverse
 
 from orders.models import Order
 from payments.models import Payment, Refund, RefundStatus
-from payments.services import refund_run
+from payments.refunds import refund_run
 from tests.payments.refund_support import provider_refunds
 from tests.support.simulator import assert_reconciled
 
@@ -142,12 +142,9 @@ def test_accept_the_providers_refund_needs_the_change_permission(
     """The action that ends a late provider refund: a view-only staff user can change nothing."""
     from django.contrib.auth.models import Permission
 
-    from payments.services import (
-        _refund_flag,
-        refund_late_success,
-        refund_record_failed,
-        refund_request,
-    )
+    from payments.recording import refund_flag
+    from payments.refund_decisions import refund_late_success, refund_record_failed
+    from payments.refunds import refund_request
 
     made = refund_request(
         refund_id=uuid4(),
@@ -156,7 +153,7 @@ def test_accept_the_providers_refund_needs_the_change_permission(
         reason="goodwill",
         origin="goodwill",
     )
-    assert _refund_flag(refund_id=made.id, reason="outcome unknown")
+    assert refund_flag(refund_id=made.id, reason="outcome unknown")
     assert refund_record_failed(refund_id=made.id)
     assert refund_late_success(refund_id=made.id)  # the provider's late word, as a webhook's
     from payments.selectors import refunds_needing_attention

@@ -15,7 +15,7 @@ from decimal import Decimal
 import pytest
 
 from payments.models import Payment, Refund, RefundStatus
-from payments.services import refund_request
+from payments.refunds import refund_request
 from payments.tasks import sweep_refunds
 from tests.payments.refund_support import captured, provider_refunds
 from tests.support.servers import wait_until

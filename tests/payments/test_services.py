@@ -9,19 +9,17 @@ from django.db.models.functions import Now
 
 from core.due import countdown
 from core.errors import ApplicationError
-from payments import services
-from payments.keys import install_id
-from payments.models import Payment, PaymentEvent, PaymentSettlement, PaymentStatus
-from payments.services import (
+from payments.capture import (
     SUPPORTED_METHODS,
-    TransactionOpen,
     payment_capture,
     payment_create,
     payment_lookup_once,
-    payment_settle,
-    settlement_retry_now,
-    settlements_lease_due,
+    validate_payment_method,
 )
+from payments.errors import TransactionOpen
+from payments.keys import install_id
+from payments.models import Payment, PaymentEvent, PaymentSettlement, PaymentStatus
+from payments.settlement import payment_settle, settlement_retry_now, settlements_lease_due
 
 from .conftest import assert_reconciled, settle_due
 
@@ -111,7 +109,7 @@ def test_supported_methods_are_the_contracts_test_methods():
         "pm_card_unavailable",
     }
     with pytest.raises(ApplicationError) as info:
-        services.validate_payment_method("tok_visa")
+        validate_payment_method("tok_visa")
     assert info.value.errors["payment_method"]
 
 

@@ -11,8 +11,9 @@ import pytest
 from django.db import connection
 from django.db.models.functions import Now
 
+from payments.capture import payment_capture, payment_create
 from payments.models import PaymentSettlement, PaymentStatus
-from payments.services import payment_capture, payment_create, payment_settle
+from payments.settlement import payment_settle
 
 from .conftest import assert_reconciled, run_settle_process, settle_due, start_capture_process
 

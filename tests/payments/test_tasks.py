@@ -5,8 +5,8 @@ from decimal import Decimal
 import pytest
 from django.db.models.functions import Now
 
+from payments.capture import payment_capture, payment_create
 from payments.models import PaymentSettlement, PaymentStatus
-from payments.services import payment_capture, payment_create
 from payments.tasks import settle_payment, sweep_settlements
 
 pytestmark = pytest.mark.django_db(transaction=True)

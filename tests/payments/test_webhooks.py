@@ -27,11 +27,11 @@ from idempotency import metrics
 from idempotency.models import InboxMessage
 from orders.models import Order, OrderEvent
 from payments import webhooks
+from payments.capture import payment_capture, payment_create
 from payments.gateway.simulator import SimulatorGateway
 from payments.keys import install_id, provider_key
 from payments.lock_objects import payment_lock
 from payments.models import PaymentEvent, PaymentSettlement, PaymentStatus
-from payments.services import payment_capture, payment_create
 from tests.concurrency import Workers, wait_for_lock_waiters, wait_until
 from tests.orders.conftest import ADDRESS
 from tests.support.simulator import Simulator, assert_reconciled, settle_due

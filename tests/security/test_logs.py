@@ -26,7 +26,7 @@ from rest_framework.test import APIClient
 from core.logging import JsonFormatter, key_hash
 from orders.models import Order
 from payments.models import Refund
-from payments.services import refund_run
+from payments.refunds import refund_run
 from tests.payments.refund_support import refund_event
 from tests.security.conftest import ADDRESS
 

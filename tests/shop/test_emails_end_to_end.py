@@ -18,7 +18,7 @@ from django.core.mail import EmailMultiAlternatives
 from idempotency import relay
 from idempotency.models import Delivery
 from orders.models import Order
-from payments.services import refund_run
+from payments.refunds import refund_run
 from shop import emails
 from shop.tasks import consume_emails
 from tests.orders.conftest import ADDRESS

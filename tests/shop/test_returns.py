@@ -19,7 +19,7 @@ from orders.compensation import step_run
 from orders.models import CompensationStep, Order, ReturnRequest
 from orders.returns import return_receive
 from payments.models import Refund
-from payments.services import refund_run
+from payments.refunds import refund_run
 from shop import returns as shop_returns
 from tests.shop.conftest import add_to_cart, checkout_form, order_id_of
 

@@ -146,7 +146,7 @@ class Simulator:
 def settle_due(payment) -> object:
     """Make the payment's settlement due now and run one attempt in this process."""
     from payments.models import PaymentSettlement
-    from payments.services import payment_settle
+    from payments.settlement import payment_settle
 
     settlement = PaymentSettlement.objects.get(transaction__payment=payment)
     PaymentSettlement.objects.filter(id=settlement.id).update(next_attempt_at=Now())

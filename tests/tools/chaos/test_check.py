@@ -34,7 +34,7 @@ from idempotency.outbox import outbox_write
 from inventory.models import Reservation, StockItem
 from orders.models import CompensationStep, Order, OrderLine, ReturnRequest
 from payments.models import Payment, PaymentSettlement, PaymentTransaction, Refund
-from payments.services import refund_run
+from payments.refunds import refund_run
 from shop.models import LoyaltyAccount, PurchaseHistoryLine
 from shop.tasks import consume_history, consume_loyalty
 from tests.orders.compensation_support import drive
