@@ -522,6 +522,8 @@ EMAIL_BACKEND = env.str("EMAIL_BACKEND", default="django.core.mail.backends.cons
 EMAIL_FILE_PATH = env.str("EMAIL_FILE_PATH", default="")
 # The shopper e-mails consumer (shop/emails.py) is registered with the relay.
 SHOP_EMAILS = env.bool("SHOP_EMAILS", default=True)
+# Ids per e-mails ring (each mail is its own transaction; docs/events.md, "Shopper e-mails").
+SHOP_EMAILS_BATCH = env.int("SHOP_EMAILS_BATCH", default=50)
 DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="shop@example.com")
 # Settlement's outcome confirms or fails the order, in the transaction that records it.
 PAYMENTS_SETTLED_HANDLER = "orders.services.order_payment_settled"
