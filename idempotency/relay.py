@@ -4,7 +4,8 @@ The broker is a doorbell, the database is the ledger (docs/events.md, "The relay
 
     relay_once        one batch: lease_due (FOR UPDATE SKIP LOCKED) -> deliveries upserted and
                       leased (committed) -> one Celery task per consumer per batch of ids
-                      (OUTBOX_CONSUMER_BATCH) on one producer connection -> failpoint
+                      (OUTBOX_CONSUMER_BATCH, or the consumer's own `batch`) on one
+                      producer connection -> failpoint
                       `relay.published` -> rows marked done
     deliveries_sweep  re-publish deliveries whose lease ran out before their consumer marked
                       them done (the broker lost the message, a worker died, an attempt failed)
