@@ -41,6 +41,12 @@ consumer.
    (`delivery_consume`, attempt counted first), so a message that kills the
    worker spends its own budget alone and never its neighbours'.
 
+**Per message** (`apply_many=None`, the e-mails consumer): step 1 as above,
+no step 2. Each claimed row goes through `apply` in its own transaction
+(the consumer's inbox claim, its effect, `done_at`, one commit), as in step
+3: a mail sent is never undone by a neighbour's rollback, and a failing or
+poison row records only its own error.
+
     dead_letters_count()   deliveries that are dead letters (the `shop_dead_letters` gauge)
 """
 
@@ -329,7 +335,7 @@ def deliveries_consume(
     *,
     consumer: str,
     message_ids: Sequence[str],
-    apply_many: Callable[[list[Message]], list[Any]],
+    apply_many: Callable[[list[Message]], list[Any]] | None,
     apply: Callable[..., Any],
     atomic: bool,
 ) -> BatchResult:
@@ -338,7 +344,9 @@ def deliveries_consume(
     `apply_many(messages)` runs inside the batch's transaction and returns one
     outcome per message, in order; it may raise (any exception sends the batch
     one by one through `apply`, the single-message consumer, with `atomic` as
-    for `delivery_consume`).
+    for `delivery_consume`). With `apply_many=None` there is no batch
+    transaction: after the one claim, each row goes through `apply` in its
+    own transaction (a consumer whose effect cannot be undone, e-mails).
     """
     wanted = list(dict.fromkeys(str(m) for m in message_ids))
     result = BatchResult(results={}, outcomes={})
@@ -352,7 +360,11 @@ def deliveries_consume(
     claim, ids = _claim(consumer, valid)
     result.results.update(claim.skipped)
     together = sorted([*claim.fresh, *claim.copies])
-    if together:
+    if together and apply_many is None:
+        # No batch transaction: an effect that cannot be rolled back (a mail sent) must
+        # commit with its own inbox claim, never wait on (or be undone with) a neighbour's.
+        _one_by_one(consumer, together, ids, apply=apply, atomic=atomic, into=result)
+    elif together and apply_many is not None:
         try:
             with transaction.atomic():
                 locked = _read_locked(together)
@@ -398,7 +410,7 @@ def _one_by_one(
     atomic: bool,
     into: BatchResult,
 ) -> None:
-    """Apply each row of a failed batch alone; its attempt was counted at the claim."""
+    """Apply each row alone (a failed batch, or a per-message consumer); attempt counted."""
     messages = {
         str(row["pk"]): row
         for row in OutboxMessage.objects.filter(pk__in=[ids[pk] for pk in pks]).values(

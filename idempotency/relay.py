@@ -4,7 +4,8 @@ The broker is a doorbell, the database is the ledger (docs/events.md, "The relay
 
     relay_once        one batch: lease_due (FOR UPDATE SKIP LOCKED) -> deliveries upserted and
                       leased (committed) -> one Celery task per consumer per batch of ids
-                      (OUTBOX_CONSUMER_BATCH) on one producer connection -> failpoint
+                      (OUTBOX_CONSUMER_BATCH, or the consumer's own `batch`) on one
+                      producer connection -> failpoint
                       `relay.published` -> rows marked done
     deliveries_sweep  re-publish deliveries whose lease ran out before their consumer marked
                       them done (the broker lost the message, a worker died, an attempt failed)
@@ -45,6 +46,7 @@ class Consumer:
     name: str  # the delivery's `consumer` (and the inbox's, when it uses one)
     task: str  # Celery task name, called with a list of outbox message ids (text)
     event_types: frozenset[str]  # the types it subscribes to; ALL_TYPES for every type
+    batch: int | None = None  # ids per ring; None: OUTBOX_CONSUMER_BATCH
 
     def wants(self, event_type: str) -> bool:
         return ALL_TYPES in self.event_types or event_type in self.event_types
@@ -53,9 +55,16 @@ class Consumer:
 _consumers: dict[str, Consumer] = {}
 
 
-def register_consumer(name: str, *, task: str, event_types: Iterable[str]) -> None:
-    """Subscribe consumer `name` (Celery task `task`) to `event_types` (call in AppConfig.ready)."""
-    consumer = Consumer(name=name, task=task, event_types=frozenset(event_types))
+def register_consumer(
+    name: str, *, task: str, event_types: Iterable[str], batch: int | None = None
+) -> None:
+    """Subscribe consumer `name` (Celery task `task`) to `event_types` (call in AppConfig.ready).
+
+    `batch`: ids per ring for this consumer, when OUTBOX_CONSUMER_BATCH does not
+    suit it (the e-mails consumer runs one transaction per id: smaller rings
+    let every worker process take a share of a burst).
+    """
+    consumer = Consumer(name=name, task=task, event_types=frozenset(event_types), batch=batch)
     existing = _consumers.get(name)
     if existing is not None and existing != consumer:
         raise ValueError(f"consumer {name!r} is registered twice, differently")
@@ -81,18 +90,20 @@ class PublishError(Exception):
 def rings(pairs: list[tuple[str, str]], *, size: int | None = None) -> list[tuple[str, list[str]]]:
     """Group (task name, message id) pairs into batches: one (task, ids) per `size` ids of a task.
 
-    Ids keep their order within a task (the relay's claim order); a task's
-    batch never mixes consumers, since each consumer has its own task.
+    `size` defaults to the task's consumer's own `batch`, else
+    OUTBOX_CONSUMER_BATCH. Ids keep their order within a task (the relay's
+    claim order); a task's batch never mixes consumers, since each consumer
+    has its own task.
     """
-    size = max(1, size or settings.OUTBOX_CONSUMER_BATCH)
+    own = {c.task: c.batch for c in _consumers.values() if c.batch}
     by_task: dict[str, list[str]] = {}
     for task_name, message_id in pairs:
         by_task.setdefault(task_name, []).append(message_id)
-    return [
-        (task_name, ids[start : start + size])
-        for task_name, ids in by_task.items()
-        for start in range(0, len(ids), size)
-    ]
+    out = []
+    for task_name, ids in by_task.items():
+        step = max(1, size or own.get(task_name) or settings.OUTBOX_CONSUMER_BATCH)
+        out += [(task_name, ids[start : start + step]) for start in range(0, len(ids), step)]
+    return out
 
 
 def publish(pairs: list[tuple[str, str]]) -> None:

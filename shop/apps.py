@@ -22,7 +22,13 @@ class ShopConfig(AppConfig):
 
         # Off in the test settings until the relay/consumer tests count a third consumer.
         if settings.SHOP_EMAILS:
-            register_consumer("emails", task="shop.consume_emails", event_types=EMAIL_TYPES)
+            # One transaction per mail: small rings spread a burst over every worker process.
+            register_consumer(
+                "emails",
+                task="shop.consume_emails",
+                event_types=EMAIL_TYPES,
+                batch=settings.SHOP_EMAILS_BATCH,
+            )
 
         # The storefront forms' operation names, for the completer (shop/checkout.py).
         from .checkout import register_operations

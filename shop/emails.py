@@ -4,9 +4,17 @@
 then sends, in one transaction per message: a concurrent copy waits on the
 uncommitted claim and then skips; a copy after the commit is a counted
 duplicate. Never run inside a multi-message batch transaction: a rollback
-there would undo the claims of mails already sent and send them again. A
-crash between the send and the commit undoes the claim: the redelivery sends
-again (at least once, like `notify`).
+there would undo the claims of mails already sent and send them again (the
+task runs a ring's messages one after another, each in its own transaction:
+`deliveries_consume(apply_many=None)`). A crash between the send and the
+commit undoes the claim: the redelivery sends again (at least once, like
+`notify`).
+
+Round trips per mail, since the task runs one transaction per message: the
+claim is one `INSERT ... ON CONFLICT DO NOTHING` (`inbox_claim_many`, no
+savepoint), and `email_send` joins the caller's transaction without a
+savepoint of its own (an exception rolls the whole per-message transaction
+back anyway).
 """
 
 from __future__ import annotations
@@ -21,7 +29,7 @@ from django.core.mail import EmailMultiAlternatives
 from django.db import transaction
 from django.template.loader import render_to_string
 
-from idempotency.inbox import inbox_claim
+from idempotency.inbox import inbox_claim_many
 from orders.event_types import OrderEventType
 from payments.event_types import PaymentEventType
 
@@ -60,7 +68,7 @@ def _number(payload: dict) -> Any:
     return number
 
 
-@transaction.atomic
+@transaction.atomic(savepoint=False)
 def email_send(*, message_id: str, event_type: str, payload: dict) -> EmailResult:
     """Send the shopper's mail for one event, once per message id (inbox claim first)."""
     if event_type not in MAILS:
@@ -71,7 +79,7 @@ def email_send(*, message_id: str, event_type: str, payload: dict) -> EmailResul
     user = None if owner_id is None else get_user_model().objects.filter(pk=owner_id).first()
     if owner_id is not None and user is None:
         raise events.PoisonMessage(f"owner {owner_id} is not a user of this shop")
-    if not inbox_claim(consumer=CONSUMER, message_id=message_id):
+    if message_id not in inbox_claim_many(consumer=CONSUMER, message_ids=[message_id]):
         return EmailResult(Outcome.DUPLICATE)
     address = (getattr(user, "email", "") or "").strip()
     if not address:

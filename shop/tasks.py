@@ -6,7 +6,9 @@ outbox message ids; the task hands them to
 LOCKED` in pk order, attempts counted first, every effect and every delivery's
 `done_at` in one transaction, one by one after any failure so that a poison
 message is a dead letter alone). A single id (text, as published before the
-batches, or by hand) takes the one-delivery path, `delivery_consume`.
+batches, or by hand) takes the one-delivery path, `delivery_consume`. The
+e-mails consumer shares the claim and runs each message of its batch in its
+own transaction (`apply_many=None`): a mail sent cannot be rolled back.
 
 `acks_late` + `reject_on_worker_lost`: a worker killed mid-task gets the
 message back; the rows' attempt counts bound a message that keeps killing
@@ -85,21 +87,11 @@ def consume_history(self, message_ids: str | list[str]) -> str:
 
 @shared_task(name="shop.consume_emails", **_OPTIONS)
 def consume_emails(self, message_ids: str | list[str]) -> str:
-    """Send the shopper e-mails: each id on its own (inbox claim, then send, per transaction).
+    """Send the shopper e-mails of a ring: one claim, then each message in its own transaction.
 
-    Never the batch path: a batch rolled back after some sends would undo
-    their claims and send those mails again.
+    Never one batch transaction: rolled back after some sends, it would undo
+    their inbox claims and send those mails again.
     """
-    ids = [message_ids] if isinstance(message_ids, str) else message_ids
-    if not isinstance(ids, list):
-        return "skipped:"
-    summary = []
-    for message_id in ids:
-        result, outcome = delivery_consume(
-            consumer=emails.CONSUMER,
-            message_id=str(message_id),
-            apply=emails.email_send,
-            atomic=True,
-        )
-        summary.append(f"{result}:{getattr(outcome, 'outcome', '')}")
-    return ",".join(summary)
+    return _consume(
+        emails.CONSUMER, message_ids, apply=emails.email_send, apply_many=None, atomic=True
+    )

@@ -574,6 +574,8 @@ CELERY_BEAT_SCHEDULE["orders.sweep_compensation"] = _beat_every(
 globals().update(email_settings(default="console://"))
 # The shopper e-mails consumer (shop/emails.py) is registered with the relay.
 SHOP_EMAILS = env.bool("SHOP_EMAILS", default=True)
+# Ids per e-mails ring (each mail is its own transaction; docs/events.md, "Shopper e-mails").
+SHOP_EMAILS_BATCH = env.int("SHOP_EMAILS_BATCH", default=50)
 DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="shop@example.com")
 # Settlement's outcome confirms or fails the order, in the transaction that records it.
 PAYMENTS_SETTLED_HANDLER = "orders.services.order_payment_settled"

@@ -17,14 +17,18 @@ from django.db.models.functions import Now
 
 from idempotency import deliveries, failpoints, metrics, relay
 from idempotency.models import Delivery, InboxMessage
-from shop import events, history
-from shop.tasks import consume_history, consume_loyalty
+from shop import emails, events, history
+from shop.tasks import consume_emails, consume_history, consume_loyalty
 from tests.shop.test_consumers import balance, history_quantity, write
 from tests.shop.test_history import order_payload, return_payload
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-TASKS = {"shop.consume_loyalty": consume_loyalty, "shop.consume_history": consume_history}
+TASKS = {
+    "shop.consume_loyalty": consume_loyalty,
+    "shop.consume_history": consume_history,
+    "shop.consume_emails": consume_emails,
+}
 POINTS = 38  # order_payload: 2 x 19.99
 
 
@@ -328,3 +332,169 @@ def test_a_rolled_back_batch_observes_no_lag(shopper, rings, monkeypatch):
     before = _lag("purchase_history")[0]
     assert run([r for r in rings if r[0] == "shop.consume_history"]) == ["failed:1"]
     assert _lag("purchase_history")[0] == before
+
+
+# -- the e-mails consumer: a ring of many ids, each message its own transaction --------------
+
+EMAILS_TASK = "shop.consume_emails"
+
+
+@pytest.fixture
+def emails_on(monkeypatch):
+    """Register the e-mails consumer (off in the test settings), rings of 2 ids."""
+    monkeypatch.setattr(relay, "_consumers", dict(relay._consumers))
+    relay.register_consumer(
+        emails.CONSUMER, task=EMAILS_TASK, event_types=emails.EVENT_TYPES, batch=2
+    )
+
+
+def _email_rings(sent) -> list[tuple[str, list[str]]]:
+    return [(name, ids) for name, ids in sent if name == EMAILS_TASK]
+
+
+def _email_rows() -> dict[str, Delivery]:
+    return {str(d.message_id): d for d in Delivery.objects.filter(consumer=emails.CONSUMER)}
+
+
+def _failing_send_to(monkeypatch, address: str) -> None:
+    from django.core.mail import EmailMultiAlternatives
+
+    real_send = EmailMultiAlternatives.send
+
+    def send(self, fail_silently=False):
+        if address in self.to:
+            raise OSError("smtp: mailbox busy")
+        return real_send(self, fail_silently)
+
+    monkeypatch.setattr(EmailMultiAlternatives, "send", send)
+
+
+def test_an_emails_ring_carries_many_ids_and_sends_each_mail_once(
+    make_user, rings, emails_on, settings
+):
+    from django.core import mail
+
+    settings.OUTBOX_CONSUMER_BATCH = 4
+    shoppers = [make_user() for _ in range(3)]
+    ids = [
+        write(events.ORDER_CONFIRMED, order_payload(shoppers[i % 3], number=i)) for i in range(5)
+    ]
+    assert relay.relay_once() == 5
+    # The consumer's own ring size (2), the others' OUTBOX_CONSUMER_BATCH (4): 3 rings.
+    assert [len(batch) for _, batch in _email_rings(rings)] == [2, 2, 1]
+    assert [m for _, batch in _email_rings(rings) for m in batch] == ids
+    assert run(_email_rings(rings)) == ["applied:2", "applied:2", "applied:1"]
+    assert sorted(m.to[0] for m in mail.outbox) == sorted(shoppers[i % 3].email for i in range(5))
+    rows = _email_rows()
+    assert all(r.done_at is not None and r.attempts == 1 for r in rows.values())
+    assert InboxMessage.objects.filter(consumer=emails.CONSUMER).count() == 5
+
+
+def test_the_same_emails_ring_delivered_twice_sends_no_second_mail(make_user, rings, emails_on):
+    from django.core import mail
+
+    shoppers = [make_user() for _ in range(2)]
+    for i, s in enumerate(shoppers):
+        write(events.ORDER_CONFIRMED, order_payload(s, number=i))
+    relay.relay_once()
+    (ring,) = _email_rings(rings)
+    assert run([ring]) == ["applied:2"]
+    before = metrics.duplicate_totals()
+    assert run([ring]) == ["applied:2"]  # the copies: acknowledged, no mail
+    assert len(mail.outbox) == 2
+    after = metrics.duplicate_totals()
+    assert after[metrics.INBOX_DUPLICATE] - before[metrics.INBOX_DUPLICATE] == 2
+    assert set(
+        Delivery.objects.filter(consumer=emails.CONSUMER).values_list("attempts", flat=True)
+    ) == {1}
+
+
+def test_a_failing_send_in_an_emails_ring_is_retried_alone_and_its_neighbours_are_sent_once(
+    make_user, rings, emails_on, monkeypatch
+):
+    from django.core import mail
+
+    shoppers = [make_user() for _ in range(3)]
+    ids = [
+        write(events.ORDER_CONFIRMED, order_payload(s, number=i)) for i, s in enumerate(shoppers)
+    ]
+    relay.relay_once()
+    ring = [(EMAILS_TASK, ids)]  # one ring of three, the failing one in the middle
+    _failing_send_to(monkeypatch, shoppers[1].email)
+    assert run(ring) == ["applied:2,failed:1"]
+    # Each mail committed with its own claim: the neighbours went out once (a batch
+    # transaction rolled back by the failure would have sent them again one by one).
+    assert sorted(m.to[0] for m in mail.outbox) == sorted([shoppers[0].email, shoppers[2].email])
+    rows = _email_rows()
+    assert "mailbox busy" in rows[ids[1]].last_error and rows[ids[1]].done_at is None
+    assert InboxMessage.objects.filter(consumer=emails.CONSUMER).count() == 2  # its rolled back
+    monkeypatch.undo()
+    Delivery.objects.filter(pk=rows[ids[1]].pk).update(next_attempt_at=Now())
+    assert run(ring) == ["applied:3"]  # the neighbours are copies; the failed one runs alone
+    assert [m.to[0] for m in mail.outbox][2:] == [shoppers[1].email]
+    rows = _email_rows()
+    assert [rows[i].attempts for i in ids] == [1, 2, 1]
+    assert all(rows[i].done_at is not None for i in ids)
+
+
+def test_a_poison_message_in_an_emails_ring_is_a_dead_letter_alone(make_user, rings, emails_on):
+    from django.core import mail
+
+    a, b = make_user(), make_user()
+    good_a = write(events.ORDER_CONFIRMED, order_payload(a, number=1))
+    unknown_owner = {**order_payload(a, number=2), "owner_id": 10**9}  # no user of this shop
+    poison = write(events.ORDER_CONFIRMED, unknown_owner)
+    good_b = write(events.ORDER_CONFIRMED, order_payload(b, number=3))
+    relay.relay_once()
+    ring = [(EMAILS_TASK, [good_a, poison, good_b])]
+    assert run(ring) == ["applied:2,dead_letter:1"]
+    assert sorted(m.to[0] for m in mail.outbox) == sorted([a.email, b.email])
+    rows = _email_rows()
+    assert rows[poison].needs_attention and rows[poison].attempts == 1
+    assert "PoisonMessage" in rows[poison].last_error
+    assert [rows[m].done_at is not None and rows[m].attempts for m in (good_a, good_b)] == [1, 1]
+    # A copy of the ring: the dead letter does not run again, no second mail.
+    assert run(ring) == ["applied:2,skipped:1"]
+    assert len(mail.outbox) == 2
+
+
+def test_the_batch_transaction_twin_sends_the_neighbours_of_a_failing_mail_twice(
+    make_user, rings, emails_on, monkeypatch
+):
+    # DELIBERATELY WRONG: the e-mails consumer on the batch path (one transaction for the
+    # ring, one by one after a failure). The failure rolls the neighbours' claims back
+    # after their mails went out, and the one-by-one pass sends them again.
+    from django.core import mail
+
+    shoppers = [make_user() for _ in range(3)]
+    ids = [
+        write(events.ORDER_CONFIRMED, order_payload(s, number=i)) for i, s in enumerate(shoppers)
+    ]
+    relay.relay_once()
+    _failing_send_to(monkeypatch, shoppers[1].email)
+
+    def send_many(messages):
+        return [
+            emails.email_send(message_id=m.message_id, event_type=m.event_type, payload=m.payload)
+            for m in messages
+        ]
+
+    result = deliveries.deliveries_consume(
+        consumer=emails.CONSUMER,
+        message_ids=ids,
+        apply_many=send_many,
+        apply=emails.email_send,
+        atomic=True,
+    )
+    assert result.one_by_one
+    assert sorted(m.to[0] for m in mail.outbox).count(shoppers[0].email) == 2
+
+
+def test_one_emails_id_alone_takes_the_one_delivery_path(shopper, rings, emails_on):
+    from django.core import mail
+
+    one = write(events.ORDER_CONFIRMED, order_payload(shopper))
+    relay.relay_once()
+    assert consume_emails(one) == "applied:sent"
+    assert consume_emails(one) == "applied:duplicate"
+    assert [m.to for m in mail.outbox] == [[shopper.email]]

@@ -9,7 +9,6 @@ import pytest
 from django.core import mail
 from django.core.mail import EmailMultiAlternatives
 
-from idempotency.inbox import inbox_claim
 from shop import emails
 from tests.concurrency import Workers, wait_for_lock_waiters
 
@@ -111,12 +110,12 @@ def wrong_send(*, message_id, event_type, payload):
 
     with transaction.atomic():
         EmailMultiAlternatives("x", "y", to=["a@example.com"]).send()
-        inbox_claim(consumer=emails.CONSUMER, message_id=message_id)
+        emails.inbox_claim_many(consumer=emails.CONSUMER, message_ids=[message_id])
 
 
 def race(monkeypatch, apply):
     claimed, release = threading.Event(), threading.Event()
-    real_claim = emails.inbox_claim
+    real_claim = emails.inbox_claim_many
     first = threading.Lock()
 
     def claim(**kwargs):
@@ -126,7 +125,7 @@ def race(monkeypatch, apply):
             assert release.wait(timeout=30)
         return result
 
-    monkeypatch.setattr(emails, "inbox_claim", claim)
+    monkeypatch.setattr(emails, "inbox_claim_many", claim)
     barrier = threading.Barrier(2)
 
     def deliver():
@@ -150,16 +149,9 @@ def test_two_copies_at_once_send_one_mail(shopper, monkeypatch):
 
 
 def test_the_wrong_twin_sends_twice(shopper, monkeypatch):
-    monkeypatch.setattr(emails, "inbox_claim", inbox_claim)  # race() wraps it
-    sent_before = threading.Event()
-
-    def apply():
-        wrong_send(message_id="m-wrong", event_type="order.confirmed", payload={})
-        sent_before.set()
-
-    # The wrong twin claims through idempotency.inbox directly; wrap that in race().
-    import tests.shop.test_emails as me
-
-    monkeypatch.setattr(me, "inbox_claim", lambda **kw: emails.inbox_claim(**kw))
-    race(monkeypatch, apply)
+    # The twin claims through emails.inbox_claim_many too, so race() holds its claim.
+    race(
+        monkeypatch,
+        lambda: wrong_send(message_id="m-wrong", event_type="order.confirmed", payload={}),
+    )
     assert len(mail.outbox) == 2
