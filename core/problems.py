@@ -4,6 +4,13 @@ One DRF exception handler covers errors raised inside API views; one
 middleware covers what happens outside them (unknown URLs, oversized bodies,
 unexpected exceptions) for paths under `/api/` and the operations endpoints,
 so no client ever sees an HTML error page or a bare 500 for bad input.
+
+A database that cannot answer now (a `lock_timeout` or `statement_timeout`
+expired, the connection refused or lost: Django's `OperationalError`) is a
+503 `service_unavailable` with `Retry-After`, not a 500: the request did not
+stand (its transaction rolled back) and the same request again, with the same
+Idempotency-Key, resumes where it stopped (docs/failure-model.md, "Dependency
+faults").
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import RequestDataTooBig
+from django.db import OperationalError as DatabaseUnavailable
 from django.http import Http404, HttpResponse
 from django.urls import is_valid_path
 from rest_framework import exceptions as drf
@@ -126,6 +134,8 @@ def exception_to_problem(exc: Exception) -> tuple[dict[str, Any], int, dict[str,
             **exc.extra,
         )
         return body, exc.status, dict(exc.headers)
+    if isinstance(exc, DatabaseUnavailable):
+        return _database_unavailable(exc)
     if isinstance(exc, Http404):
         exc = drf.NotFound()
     elif isinstance(exc, DjangoPermissionDenied):
@@ -178,6 +188,24 @@ def exception_to_problem(exc: Exception) -> tuple[dict[str, Any], int, dict[str,
         code = getattr(exc, "default_code", "error") or "error"
         detail = str(exc.detail)
     return problem_body(status=status, code=code, detail=detail), status, headers
+
+
+# PostgreSQL's lock_not_available and query_canceled: a bound on waiting ran out (the
+# server is busy, not gone); anything else (no SQLSTATE: a refused or lost connection).
+_TIMEOUT_SQLSTATES = frozenset({"55P03", "57014"})
+
+
+def _database_unavailable(exc: Exception) -> tuple[dict[str, Any], int, dict[str, str]]:
+    sqlstate = getattr(exc.__cause__, "sqlstate", None)
+    busy = sqlstate in _TIMEOUT_SQLSTATES
+    logger.warning(
+        "database unavailable (%s): answered 503", sqlstate or "no connection", exc_info=exc
+    )
+    detail = (
+        "The database is busy." if busy else "The database cannot be reached."
+    ) + " The request did not finish: send it again (with the same Idempotency-Key) to finish it."
+    body = problem_body(status=503, code="service_unavailable", detail=detail)
+    return body, 503, {"Retry-After": "1" if busy else "2"}
 
 
 def drf_exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:

@@ -3,6 +3,7 @@
 import json
 
 import pytest
+from django.db import transaction
 from django.test import override_settings
 
 from tests.conftest import assert_problem
@@ -143,3 +144,56 @@ def test_unexpected_exception_is_problem_500(api_client, monkeypatch):
     monkeypatch.setattr(selectors, "product_list", boom)
     api_client.raise_request_exception = False
     assert_problem(api_client.get("/api/v1/products/"), 500, "internal_error")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_lock_timeout_is_503_with_retry_after_and_the_same_request_then_succeeds(
+    staff_client, make_product
+):
+    """A bounded wait that runs out (lock_timeout) is the database being busy, not a 500:
+    503 `service_unavailable` with Retry-After; sent again with the same key, it finishes."""
+    import threading
+
+    from django.db import connection, connections
+
+    from inventory.models import StockItem
+
+    make_product("MUG", stock=1)
+    stock_id = StockItem.objects.get(product__sku="MUG").pk
+    held, release = threading.Event(), threading.Event()
+
+    def hold_the_row():
+        try:
+            with transaction.atomic(), connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT 1 FROM inventory_stockitem WHERE id = %s FOR UPDATE", [stock_id]
+                )
+                held.set()
+                release.wait(30)
+        finally:
+            connections.close_all()
+
+    holder = threading.Thread(target=hold_the_row)
+    holder.start()
+    try:
+        assert held.wait(10)
+        with connection.cursor() as cursor:  # this thread's connection serves the request
+            cursor.execute("SET lock_timeout = '300ms'")
+        response = staff_client.post(
+            "/api/v1/products/MUG/stock/",
+            {"delta": 2},
+            format="json",
+            HTTP_IDEMPOTENCY_KEY="k-busy",
+        )
+        assert_problem(response, 503, "service_unavailable")
+        assert response["Retry-After"] == "1"
+    finally:
+        release.set()
+        holder.join(30)
+    with connection.cursor() as cursor:
+        cursor.execute("SET lock_timeout = 0")
+    again = staff_client.post(
+        "/api/v1/products/MUG/stock/", {"delta": 2}, format="json", HTTP_IDEMPOTENCY_KEY="k-busy"
+    )
+    assert again.status_code in (200, 201), again.content
+    assert StockItem.objects.get(pk=stock_id).on_hand == 3
