@@ -65,8 +65,14 @@ class EmbeddedPostgres:
         database: str = "shop",
         durable: bool = True,
         log_file: Path | None = None,
+        tcp_port: int | None = None,
     ) -> None:
         self.data_dir = Path(data_dir).resolve()
+        # The chaos run's own cluster also listens on loopback TCP, so that its
+        # hosts reach it through their fault proxies (tools/chaos/postgres.py).
+        self.tcp_port = tcp_port
+        if tcp_port is not None:
+            self.port = tcp_port
         self.socket_dir = Path(socket_dir)
         self.database = database
         self.durable = durable
@@ -228,7 +234,7 @@ class EmbeddedPostgres:
 
     def _launch(self) -> None:
         options = {
-            "listen_addresses": "",
+            "listen_addresses": "127.0.0.1" if self.tcp_port is not None else "",
             "unix_socket_directories": str(self.socket_dir),
             "port": str(self.port),
         }
