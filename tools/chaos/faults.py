@@ -381,8 +381,9 @@ def _fit(cycle: list[Planned], room: float) -> list[Planned]:
 
 
 def timings(made: list[Fault], samples: list[dict]) -> list[dict]:
-    """Per judged fault: its length, when /healthz first answered 503 (seconds after the
-    start, counted to the answer) and 200 after the heal, on any host it touches."""
+    """Per judged fault: its length, when /healthz first answered 503 on a host it
+    touches (seconds after the start, counted to the answer) and when every such host
+    answered 200 again after the heal (None: never)."""
     out = []
     for fault in made:
         if fault.kind not in JUDGED:
@@ -390,15 +391,20 @@ def timings(made: list[Fault], samples: list[dict]) -> list[dict]:
         touched = [s for s in samples if fault.host in ("*", s["host"])]
         down = [s["t"] + s["took"] - fault.start for s in touched
                 if s["t"] >= fault.start and s["status"] == 503]  # fmt: skip
-        up = [s["t"] + s["took"] - fault.end for s in touched
-              if s["t"] >= fault.end and s["status"] == 200]  # fmt: skip
+        # Back up when the last host it touches is back: the slowest host's first 200.
+        first_up: list[float | None] = []
+        for host in sorted({s["host"] for s in touched}):
+            ups = [s["t"] + s["took"] - fault.end for s in touched
+                   if s["host"] == host and s["t"] >= fault.end and s["status"] == 200]  # fmt: skip
+            first_up.append(min(ups, default=None))
+        to_200 = None if None in first_up or not first_up else max(first_up)  # type: ignore[type-var]
         out.append(
             {
                 "kind": fault.kind,
                 "host": fault.host,
                 "seconds": fault.end - fault.start,
                 "to_503": min(down, default=None),
-                "to_200": min(up, default=None),
+                "to_200": to_200,
             }
         )
     return out

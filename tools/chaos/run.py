@@ -749,6 +749,10 @@ class Run:
         time.sleep(UP_WAIT)  # the last fault heals and is sampled back to 200
         if self.faults is not None:
             self.faults.stop()
+            # Every /healthz sample, for the timings' reader (docs/failure-model.md).
+            with (self.run_dir / "healthz.jsonl").open("w") as out:
+                for sample in list(self.faults.samples):
+                    out.write(json.dumps(sample) + "\n")
         busy = workload.join(timeout=120)
         if busy:
             say(f"still busy after 120 s (left running): {', '.join(busy)}")
