@@ -536,8 +536,12 @@ class Run:
                 "SHOP_FAILPOINTS_DIR": str(failpoints_dir),
             }
             if self.skewed(host_name):
+                # The monotonic clock stays true (waits and timeouts last what
+                # they say); tools/chaos/skew/sitecustomize.py makes time.sleep
+                # work under this libfaketime (it explains why).
                 host_env.update(LD_PRELOAD=LIBFAKETIME, FAKETIME=args.skew,
-                                FAKETIME_DONT_FAKE_MONOTONIC="1")  # fmt: skip
+                                FAKETIME_DONT_FAKE_MONOTONIC="1",
+                                PYTHONPATH=str(Path(__file__).parent / "skew"))  # fmt: skip
                 say(f"host {host_name}: clock skewed {args.skew} (libfaketime)")
             host = Host(host_name, self.run_dir, port, host_env)
             self.hosts.append(host)
