@@ -44,6 +44,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -109,6 +110,15 @@ class Faults:
     samples: list[dict] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
+    # PR_SET_PDEATHSIG (runner.processes.die_with_parent) fires when the THREAD
+    # that forked the child ends, not its process: a server started again from
+    # a fault's own short-lived thread got its parent-death signal the moment
+    # that thread ended (the first runs lost PostgreSQL 0.6 s after its crash
+    # recovery). So whatever a fault starts again is started from this one
+    # thread, which lives as long as the run.
+    _spawner: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(max_workers=1, thread_name_prefix="respawn")
+    )
 
     # -- the schedule ------------------------------------------------------------------
 
@@ -228,7 +238,7 @@ class Faults:
         def body() -> None:
             fault = Fault("pg_crash", "*", time.time())
             try:
-                took = self.postgres.crash()
+                took = self._spawner.submit(self.postgres.crash).result()
                 fault.note = f"accepting again after {took:.1f} s (crash recovery)"
             finally:
                 fault.end = time.time()
@@ -286,7 +296,7 @@ class Faults:
         def body() -> None:
             fault = Fault("provider_kill", "*", time.time())
             try:
-                self.simulator.kill_and_restart()
+                self._spawner.submit(self.simulator.kill_and_restart).result()
             finally:
                 fault.end = time.time()
                 fault.seconds = fault.end - fault.start
@@ -300,7 +310,7 @@ class Faults:
         def body() -> None:
             fault = Fault("supervisor_kill", host, time.time())
             try:
-                fault.note = self.restart_host(host)
+                fault.note = self._spawner.submit(self.restart_host, host).result()
             finally:
                 fault.end = time.time()
                 fault.seconds = fault.end - fault.start

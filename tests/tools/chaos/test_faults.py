@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import random
+import signal
+import subprocess
 import threading
 import time
 from collections import Counter
@@ -10,6 +12,7 @@ from collections import Counter
 import psycopg
 import pytest
 
+from runner.processes import die_with_parent
 from tools.chaos import faults as faults_module
 from tools.chaos.faults import (
     GAP,
@@ -208,3 +211,27 @@ def test_the_runs_own_postgres_keeps_commits_across_a_crash_and_hangs(tmp_path):
         assert time.monotonic() - started >= 1.5
     finally:
         server.drop()
+
+
+def test_a_process_a_fault_starts_again_outlives_the_faults_thread():
+    """The parent-death signal fires when the forking THREAD ends: a restart made from
+    the fault's own thread was SIGTERMed at once (PostgreSQL, 0.6 s after its recovery)."""
+    started: list[subprocess.Popen] = []
+
+    class Simulator:
+        def kill_and_restart(self) -> None:
+            started.append(
+                subprocess.Popen(["sleep", "30"], preexec_fn=die_with_parent(signal.SIGTERM))
+            )
+
+    faults = _faults(simulator=Simulator())
+    try:
+        faults.provider_kill()
+        _wait_made(faults, 1)
+        assert [f.kind for f in faults.made] == ["provider_kill"] and faults.problems == []
+        time.sleep(0.5)  # the fault's thread has ended by now
+        assert started[0].poll() is None, "the restarted process died with the fault's thread"
+    finally:
+        for proc in started:
+            proc.kill()
+            proc.wait()
