@@ -66,6 +66,7 @@ class EmbeddedPostgres:
         durable: bool = True,
         log_file: Path | None = None,
         tcp_port: int | None = None,
+        settings: dict[str, str] | None = None,
     ) -> None:
         self.data_dir = Path(data_dir).resolve()
         # The chaos run's own cluster also listens on loopback TCP, so that its
@@ -73,6 +74,7 @@ class EmbeddedPostgres:
         self.tcp_port = tcp_port
         if tcp_port is not None:
             self.port = tcp_port
+        self.settings = dict(settings or {})  # more `-c name=value` for the server
         self.socket_dir = Path(socket_dir)
         self.database = database
         self.durable = durable
@@ -242,6 +244,7 @@ class EmbeddedPostgres:
             # Test databases are thrown away: skip the flushes that make
             # commits survive a power cut.
             options.update(fsync="off", synchronous_commit="off", full_page_writes="off")
+        options.update(self.settings)
         argv = [str(bin_dir() / "postgres"), "-D", str(self.data_dir)]
         for name, value in options.items():
             argv += ["-c", f"{name}={value}"]

@@ -43,6 +43,9 @@ class ChaosPostgres:
             durable=True,
             log_file=run_dir / "postgres.log",
             tcp_port=self.port,
+            # Two hosts of threaded web workers and prefork Celery children, each
+            # process with a pool of up to 8, plus the checker: more than 100 at peak.
+            settings={"max_connections": "300"},
         )
         self.host = "127.0.0.1"
         self.url = f"postgres://postgres@127.0.0.1:{self.port}/{DATABASE}"
