@@ -116,6 +116,13 @@ class Faults:
     # that thread ended (the first runs lost PostgreSQL 0.6 s after its crash
     # recovery). So whatever a fault starts again is started from this one
     # thread, which lives as long as the run.
+    skipped: list[str] = field(default_factory=list)
+    gap: float = GAP  # quiet seconds after each fault heals
+    # One fault at a time, each followed by GAP quiet seconds, even when one
+    # outlasts its slot (a supervisor's restart under load took 57 s of its
+    # 30): a fault that comes due meanwhile waits its turn.
+    _one: threading.Lock = field(default_factory=threading.Lock)
+    _closing: threading.Event = field(default_factory=threading.Event)
     _spawner: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(max_workers=1, thread_name_prefix="respawn")
     )
@@ -197,12 +204,17 @@ class Faults:
         self.timeline({"t": fault.start, "type": "fault", "kind": fault.kind,
                        "host": fault.host, "end": fault.end, "note": fault.note})  # fmt: skip
 
-    def _in_thread(self, body: Callable[[], None]) -> None:
+    def _in_thread(self, body: Callable[[], None], kind: str = "") -> None:
         def guarded() -> None:
-            try:
-                body()
-            except Exception as exc:  # noqa: BLE001 - a fault that could not be made is reported
-                self.problems.append(f"a fault failed: {type(exc).__name__}: {exc}")
+            with self._one:
+                if self._closing.is_set():
+                    self.skipped.append(kind)  # its turn came after the run's end
+                    return
+                try:
+                    body()
+                except Exception as exc:  # noqa: BLE001 - a fault that could not be made is reported
+                    self.problems.append(f"a fault failed: {type(exc).__name__}: {exc}")
+                self._closing.wait(self.gap)
 
         threading.Thread(target=guarded, daemon=True).start()
 
@@ -218,7 +230,7 @@ class Faults:
                 fault.end = time.time()
                 self._record(fault)
 
-        self._in_thread(body)
+        self._in_thread(body, f"{link}_partition")
 
     def db_reset(self, host: str, seconds: float) -> None:
         def body() -> None:
@@ -232,7 +244,7 @@ class Faults:
                 fault.end = time.time()
                 self._record(fault)
 
-        self._in_thread(body)
+        self._in_thread(body, "db_reset")
 
     def pg_crash(self) -> None:
         def body() -> None:
@@ -245,7 +257,7 @@ class Faults:
                 fault.seconds = fault.end - fault.start
                 self._record(fault)
 
-        self._in_thread(body)
+        self._in_thread(body, "pg_crash")
 
     def pg_hang(self, seconds: float) -> None:
         def body() -> None:
@@ -259,7 +271,7 @@ class Faults:
                 fault.note = f"{len(stopped)} processes stopped"
                 self._record(fault)
 
-        self._in_thread(body)
+        self._in_thread(body, "pg_hang")
 
     def redis_hang(self, seconds: float) -> None:
         def body() -> None:
@@ -275,7 +287,7 @@ class Faults:
                 fault.end = time.time()
                 self._record(fault)
 
-        self._in_thread(body)
+        self._in_thread(body, "redis_hang")
 
     def memory_alarm(self, seconds: float) -> None:
         def body() -> None:
@@ -290,7 +302,7 @@ class Faults:
                 fault.end = time.time()
                 self._record(fault)
 
-        self._in_thread(body)
+        self._in_thread(body, "memory_alarm")
 
     def provider_kill(self) -> None:
         def body() -> None:
@@ -302,7 +314,7 @@ class Faults:
                 fault.seconds = fault.end - fault.start
                 self._record(fault)
 
-        self._in_thread(body)
+        self._in_thread(body, "provider_kill")
 
     def supervisor_kill(self, host: str) -> None:
         assert self.restart_host is not None
@@ -316,7 +328,7 @@ class Faults:
                 fault.seconds = fault.end - fault.start
                 self._record(fault)
 
-        self._in_thread(body)
+        self._in_thread(body, "supervisor_kill")
 
     # -- /healthz sampling -------------------------------------------------------------
 
@@ -335,6 +347,24 @@ class Faults:
 
         for name, url in self.hosts.items():
             threading.Thread(target=per_host, args=(name, url), daemon=True).start()
+
+    def finish(self, timeout: float) -> None:
+        """Start no more faults; wait until the one being made has healed."""
+        self._closing.set()
+        if self._one.acquire(timeout=timeout):
+            self._one.release()
+        else:
+            self.problems.append(f"a fault had not healed {timeout:.0f} s after the run's end")
+
+    def missing(self) -> list[str]:
+        """The REQUIRED groups of which no fault was made, as messages."""
+        made = {f.kind for f in self.made}
+        planned = {p.kind for p in self.planned}
+        return [
+            f"no {' or '.join(group)} made"
+            for group in REQUIRED
+            if planned & set(group) and not made & set(group)
+        ]
 
     def stop(self) -> None:
         self._stop.set()

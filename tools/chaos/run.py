@@ -750,6 +750,8 @@ class Run:
             time.sleep(0.2)
         say("stopping the workload and the killer")
         killer.halt()
+        if self.faults is not None:
+            self.faults.finish(timeout=180)  # no new fault; the one being made heals
         time.sleep(UP_WAIT)  # the last fault heals and is sampled back to 200
         if self.faults is not None:
             self.faults.stop()
@@ -790,8 +792,13 @@ class Run:
                          str(len(late_down))))  # fmt: skip
             rows.append(("/healthz 200 within 10 s of each heal", str(len(judged)),
                          str(len(late_up))))  # fmt: skip
+            unmade = self.faults.problems + self.faults.missing()
             rows.append(("dependency faults made as planned", str(len(self.faults.planned)),
-                         str(len(self.faults.problems))))  # fmt: skip
+                         str(len(unmade))))  # fmt: skip
+            for message in self.faults.missing():
+                say(f"faults: {message}")
+            if self.faults.skipped:
+                say(f"faults not made (their turn came after the end): {self.faults.skipped}")
             for late in late_down + late_up:
                 say(f"healthz: {late}")
             print(f"dependency faults {len(self.faults.made)}: {self.faults.counts()}")

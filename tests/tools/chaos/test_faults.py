@@ -35,6 +35,7 @@ def _faults(*, hosts=("a", "b"), rabbitmq=False, seed=1, **kwargs) -> Faults:
         redis_pid=lambda: None,
         rabbitmq=rabbitmq,
         restart_host=kwargs.pop("restart_host", lambda name: "restarted"),
+        gap=kwargs.pop("gap", 0.0),
         **kwargs,
     )
 
@@ -235,3 +236,33 @@ def test_a_process_a_fault_starts_again_outlives_the_faults_thread():
         for proc in started:
             proc.kill()
             proc.wait()
+
+
+def test_faults_are_made_one_at_a_time_and_none_starts_after_the_end():
+    """A fault that outlasts its slot (a supervisor restart under load) delays the next
+    one instead of overlapping it; finish() lets the current one heal and skips the rest."""
+    spans: list[tuple[str, float, float]] = []
+
+    class Postgres:
+        def pause(self) -> list[int]:
+            spans.append(("pause", time.monotonic(), 0.0))
+            return []
+
+        def resume(self, stopped: list[int]) -> None:
+            spans.append(("resume", time.monotonic(), 0.0))
+
+    faults = _faults(postgres=Postgres(), gap=0.2)
+    faults.pg_hang(0.3)
+    time.sleep(0.05)
+    faults.pg_hang(0.3)  # due while the first is still being made
+    time.sleep(0.05)
+    faults.pg_hang(0.3)
+    time.sleep(0.5)
+    faults.finish(timeout=5)
+    names = [name for name, _, _ in spans]
+    assert names == ["pause", "resume", "pause", "resume"]  # the third was never made
+    assert spans[2][1] - spans[1][1] >= 0.2  # the second waited for the first's heal + gap
+    assert faults.skipped == ["pg_hang"] and len(faults.made) == 2
+    assert faults.missing() == []  # nothing was planned, so nothing required is missing
+    faults.planned = [faults_module.Planned("pg_crash", "*", 5.0)]
+    assert faults.missing() == ["no pg_crash made"]
