@@ -266,3 +266,20 @@ def test_faults_are_made_one_at_a_time_and_none_starts_after_the_end():
     assert faults.missing() == []  # nothing was planned, so nothing required is missing
     faults.planned = [faults_module.Planned("pg_crash", "*", 5.0)]
     assert faults.missing() == ["no pg_crash made"]
+
+
+def test_every_fault_kind_is_a_band_in_the_plot(tmp_path):
+    import json
+
+    from tools.chaos import plot
+
+    t0 = time.time()
+    (tmp_path / "answers.jsonl").write_text(json.dumps({"t": t0 + 1, "status": 201}) + "\n")
+    records = [{"t": t0, "type": "workload_start"}] + [
+        {"t": t0 + 2 * i, "type": "fault", "kind": kind, "host": "*", "end": t0 + 2 * i + 1}
+        for i, kind in enumerate(sorted(plot.FAULT_COLOURS))
+    ]
+    (tmp_path / "timeline.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    out = plot.plot(tmp_path, title="faults")
+    assert out.stat().st_size > 1000
+    assert set(plot.FAULT_COLOURS) >= {p.kind for p in _faults(rabbitmq=True).kinds(long=True)}
