@@ -20,8 +20,6 @@ from __future__ import annotations
 import ipaddress
 import os
 
-from django.db import connection
-from django.db.models import Count
 from django.http import HttpResponse
 from django.views.decorators.http import require_GET
 from prometheus_client import REGISTRY, CollectorRegistry
@@ -33,60 +31,22 @@ import core.instruments  # noqa: F401 - defines the per-process instruments
 from core.problems import problem_response
 from idempotency import metrics as duplicates
 from idempotency.deliveries import dead_letters_count
-from idempotency.models import OutboxMessage
-from inventory.models import Reservation
-from orders.models import Order
-from orders.states import OrderStatus
-from payments.models import Refund, RefundStatus
+from idempotency.selectors import outbox_backlog
+from inventory.selectors import reservations_held
+from orders.selectors import orders_by_status
+from payments.selectors import refunds_by_status
 
 from .needs_attention import needs_attention_counts
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 
-# --- The database's figures (each in one function) --------------------------------
-
-
-def outbox_backlog() -> tuple[int, float]:
-    """Return (rows not yet published, age in seconds of the oldest), by the database clock.
-
-    This is the one place that knows what "not yet published" means: an
-    outbox row (a due row) not yet done.
-    """
-    table = connection.ops.quote_name(OutboxMessage._meta.db_table)
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT count(*), coalesce(extract(epoch FROM now() - min(created_at)), 0) "
-            f"FROM {table} WHERE done_at IS NULL"
-        )
-        count, age = cursor.fetchone()
-    return int(count), max(0.0, float(age))
+# --- The database's figures (each read by the app that owns the rows) -------------
 
 
 def dead_letters() -> int:
     """Deliveries given up on (dead letters, waiting for staff to requeue them)."""
     return dead_letters_count()
-
-
-def reservations_held() -> int:
-    """Reservation flags currently held (their units counted in StockItem.reserved)."""
-    return Reservation.objects.filter(state=Reservation.State.HELD).count()
-
-
-def orders_by_status() -> dict[str, int]:
-    """Orders currently in each status (every status present, 0 when none)."""
-    counts = dict.fromkeys(OrderStatus.values, 0)
-    for row in Order.objects.values("status").annotate(n=Count("pk")).order_by():
-        counts[row["status"]] = row["n"]
-    return counts
-
-
-def refunds_by_status() -> dict[str, int]:
-    """Refunds currently in each status (every status present, 0 when none)."""
-    counts = dict.fromkeys(RefundStatus.values, 0)
-    for row in Refund.objects.values("status").annotate(n=Count("pk")).order_by():
-        counts[row["status"]] = row["n"]
-    return counts
 
 
 class DatabaseCollector:

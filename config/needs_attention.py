@@ -44,7 +44,7 @@ from orders import selectors as orders_selectors
 from payments import refund_decisions
 from payments import selectors as payments_selectors
 from payments import settlement as payments_settlement
-from payments.models import PaymentSettlement, RefundStatus
+from payments.states import RefundStatus
 
 _NOTE_SALT = "admin.needs_attention.note"
 
@@ -74,10 +74,8 @@ TITLES = {
 
 def _settlement_retry(pk: str, by) -> bool:
     # settlement_retry_now answers with the row; "changed" is only for the message.
-    waiting = PaymentSettlement.objects.filter(
-        pk=pk, needs_attention=True, done_at__isnull=True
-    ).exists()
-    if not PaymentSettlement.objects.filter(pk=pk).exists():
+    waiting = payments_selectors.settlement_waiting_for_staff(settlement_id=pk)
+    if waiting is None:
         return False  # no such row (a forged form): nothing to retry
     settlement = payments_settlement.settlement_retry_now(settlement_id=int(pk), by=by)
     return waiting and not settlement.needs_attention

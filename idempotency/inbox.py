@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from django.db import IntegrityError, connection, transaction
+from django.db.models import QuerySet
+from django.db.models.functions import Now
 
 from core.db import violated_constraint
 
@@ -71,3 +73,56 @@ def inbox_claim_many(*, consumer: str, message_ids: Iterable[str]) -> set[str]:
                 mechanism=metrics.INBOX_DUPLICATE, consumer=consumer, message_id=message_id
             )
     return claimed
+
+
+# --- A source's stored messages (the provider's webhooks): kept whole, with what
+# became of each (status, detail), for a recorder to meet later.
+
+
+def inbox_store(
+    *, consumer: str, message_id: str, message_type: str, payload: dict, status: str
+) -> InboxMessage:
+    """Insert one received message whole; its (consumer, message_id) constraint decides a
+    duplicate (IntegrityError on INBOX_CONSTRAINT, for the caller to treat)."""
+    return InboxMessage.objects.create(
+        consumer=consumer,
+        message_id=message_id,
+        message_type=message_type,
+        payload=payload,
+        status=status,
+    )
+
+
+def inbox_mark(*, row_id, status: str, detail: str, processed: bool | None = None) -> None:
+    """Record what became of a stored message; `processed` (when given) sets or clears
+    its processed time (now, by the database clock)."""
+    values: dict = {"status": status, "detail": detail}
+    if processed is not None:
+        values["processed_at"] = Now() if processed else None
+    InboxMessage.objects.filter(id=row_id).update(**values)
+
+
+def inbox_payload(*, consumer: str, message_id: str) -> dict | None:
+    """The payload stored under a message id, or None."""
+    return (
+        InboxMessage.objects.filter(consumer=consumer, message_id=message_id)
+        .values_list("payload", flat=True)
+        .first()
+    )
+
+
+def inbox_locked(
+    *, consumer: str, status: str, message_types, payload_lookup: dict
+) -> QuerySet[InboxMessage]:
+    """Stored messages of `consumer` in `status`, of `message_types`, matching
+    `payload_lookup` (lookups under `payload__`), oldest first, locked as read."""
+    return (
+        InboxMessage.objects.select_for_update()
+        .filter(
+            consumer=consumer,
+            status=status,
+            message_type__in=message_types,
+            **{f"payload__{key}": value for key, value in payload_lookup.items()},
+        )
+        .order_by("received_at", "id")
+    )

@@ -40,6 +40,9 @@ from core.errors import ApplicationError
 
 from . import keys
 from .keys import JSON_CONTENT_TYPE, UNSTORED_STATUSES, KeyRun
+
+# A run's recovery points, for the keyed operations of other apps to compare with.
+from .models import FINISHED as FINISHED
 from .models import STARTED
 
 

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from django.db import connection
 from django.db.models import QuerySet
 
 from core import attention
 
 from .deliveries import dead_letters_count
-from .models import Delivery
+from .models import Delivery, OutboxMessage
 
 
 def dead_letters() -> QuerySet[Delivery]:
@@ -37,3 +38,19 @@ def needs_attention_items(*, limit: int = attention.PAGE_LIMIT) -> list[attentio
             )
         )
     return items
+
+
+def outbox_backlog() -> tuple[int, float]:
+    """Return (rows not yet published, age in seconds of the oldest), by the database clock.
+
+    This is the one place that knows what "not yet published" means: an
+    outbox row (a due row) not yet done.
+    """
+    table = connection.ops.quote_name(OutboxMessage._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*), coalesce(extract(epoch FROM now() - min(created_at)), 0) "
+            f"FROM {table} WHERE done_at IS NULL"
+        )
+        count, age = cursor.fetchone()
+    return int(count), max(0.0, float(age))

@@ -46,3 +46,8 @@ def stock_drift() -> list[Mapping[str, Any]]:
         .values("id", "product__sku", "on_hand", "reserved", "held")
     )
     return list(rows)
+
+
+def reservations_held() -> int:
+    """Reservation flags currently held (their units counted in StockItem.reserved)."""
+    return Reservation.objects.filter(state=Reservation.State.HELD).count()

@@ -223,6 +223,12 @@ def reservations_release(
 
 
 @transaction.atomic(savepoint=False)
+def reservations_expire(*, reservation_ids: Iterable) -> int:
+    """Reset held flags whose order expired (`expired`): `reservations_release`'s other end."""
+    return reservations_release(reservation_ids=reservation_ids, state=Reservation.State.EXPIRED)
+
+
+@transaction.atomic(savepoint=False)
 def stock_restock(*, units: Mapping[uuid.UUID, int]) -> None:
     """Put sold units back on hand: {product id: units} (a received return, a cancelled order).
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import uuid
 from decimal import Decimal
+from typing import TYPE_CHECKING
 
 from django.conf import settings
 from django.db.models import F, Sum
@@ -20,10 +21,14 @@ from core.errors import ApplicationError
 from core.money import format_money
 from idempotency.failpoints import failpoint
 from payments import refunds as payment_refunds
-from payments.models import Payment, Refund, RefundOrigin, RefundStatus
+from payments import selectors as payment_selectors
+from payments.states import RefundOrigin, RefundStatus
 
 from .compensation_state import StepNeedsAttention, _finishing, _wait
 from .models import CompensationStep, Order, ReturnLine, ReturnRequest
+
+if TYPE_CHECKING:  # an annotation only: refunds are read through payments' selectors
+    from payments.models import Refund
 
 # Refund ids of compensation are derived from what they compensate, never random:
 # uuid5(NAMESPACE, "return:<return id>") and uuid5(NAMESPACE, "cancel:<order id>").
@@ -102,7 +107,7 @@ def _refund(step: CompensationStep) -> str:
     succeeded: list[Refund] = []
     for generation in range(MAX_REFUND_GENERATIONS):
         refund_id = step_refund_id(step, generation=generation)
-        refund = Refund.objects.filter(id=refund_id).first()
+        refund = payment_selectors.refund_get_or_none(refund_id=refund_id)
         if refund is None:
             break
         if refund.status == RefundStatus.FAILED:
@@ -125,7 +130,11 @@ def _refund(step: CompensationStep) -> str:
         return "waiting"
     else:
         raise StepNeedsAttention(f"more than {MAX_REFUND_GENERATIONS} refunds were asked for")
-    payment = Payment.objects.filter(id=order.payment_id).first() if order.payment_id else None
+    payment = (
+        payment_selectors.payment_get_or_none(payment_id=order.payment_id)
+        if order.payment_id
+        else None
+    )
     if is_return:
         at_most = _return_value(step.order_return_id)
         reason = f"return {step.order_return_id}"
@@ -134,7 +143,7 @@ def _refund(step: CompensationStep) -> str:
         if payment is not None and payment_refunds.refunds_in_progress(payment=payment) > 0:
             # Waits as due work (the row is due again later; no task sleeps), not an
             # attempt. A refund needing staff may take long: the sweeper looks again.
-            held = Refund.objects.filter(payment_id=payment.id, needs_attention=True).exists()
+            held = payment_selectors.payment_has_refund_needing_attention(payment_id=payment.id)
             _wait(
                 step_id=step.id,
                 seconds=(

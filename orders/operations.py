@@ -41,12 +41,11 @@ from decimal import Decimal
 from core.errors import ApplicationError, InvalidState
 from idempotency.failpoints import failpoint
 from idempotency.keys import KeyRun
-from idempotency.models import STARTED
-from idempotency.operations import Presenter, Result, close_run, refusals_presented
+from idempotency.operations import STARTED, Presenter, Result, close_run, refusals_presented
 from payments.capture import payment_capture, payment_lookup_once
 from payments.errors import RefundInvalidState
-from payments.models import RefundOrigin
 from payments.refunds import refund_request
+from payments.states import RefundOrigin
 
 from . import selectors, services, shipments
 from .models import Order

@@ -3,15 +3,25 @@
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
 from decimal import Decimal
 
-from django.db.models import Prefetch, Q, QuerySet
+from django.db.models import Count, F, Prefetch, Q, QuerySet, Sum
 
 from core import attention
 from core.errors import ApplicationError, NotFound
 from core.money import format_money
 
-from .models import CompensationStep, Order, OrderLine, Shipment, ShipmentLine
+from .models import (
+    CompensationStep,
+    Order,
+    OrderEvent,
+    OrderLine,
+    ReturnLine,
+    ReturnRequest,
+    Shipment,
+    ShipmentLine,
+)
 from .states import CompensationKind, OrderStatus, StepStatus
 
 # Orders read for an answer carry their lines, in position order, as this
@@ -230,3 +240,84 @@ def returns_of_refunds(*, refund_ids) -> dict:
         refund_id__in=list(refund_ids), order_return__isnull=False
     ).values_list("refund_id", "order_return_id")
     return dict(rows)
+
+
+def orders_by_status() -> dict[str, int]:
+    """Orders currently in each status (every status present, 0 when none)."""
+    counts = dict.fromkeys(OrderStatus.values, 0)
+    for row in Order.objects.values("status").annotate(n=Count("pk")).order_by():
+        counts[row["status"]] = row["n"]
+    return counts
+
+
+def paid_lines(*, start: datetime, end: datetime) -> QuerySet:
+    """(order id, sku, units, unit price) of the confirmed lines of orders paid in [start, end)."""
+    paid = OrderEvent.objects.filter(
+        kind="paid",
+        line__isnull=True,
+        to_status__in=(OrderStatus.CONFIRMED, OrderStatus.PARTIALLY_CONFIRMED),
+        created_at__gte=start,
+        created_at__lt=end,
+    ).values("order_id")
+    return (
+        OrderLine.objects.filter(order_id__in=paid, quantity_confirmed__gt=0)
+        .order_by("order_id", "position")
+        .values_list("order_id", "sku", "quantity_confirmed", "unit_price")
+    )
+
+
+def returned_lines_by_sku(*, start: datetime, end: datetime) -> QuerySet:
+    """Units and value received back in [start, end), per order and sku."""
+    return (
+        ReturnLine.objects.filter(
+            order_return__received_at__gte=start, order_return__received_at__lt=end
+        )
+        .values("order_return__order_id", "sku")
+        .annotate(units=Sum("quantity"), amount=Sum(F("quantity") * F("order_line__unit_price")))
+        .order_by("order_return__order_id", "sku")
+    )
+
+
+# The storefront order page's reads: its shipments, its returns' lines and steps.
+
+
+def shipments_of_order(*, order_id) -> list[Shipment]:
+    """The order's shipments, oldest first."""
+    return list(Shipment.objects.filter(order_id=order_id).order_by("created_at", "id"))
+
+
+def return_lines_of(*, return_ids: list) -> dict:
+    """{return id: [its lines, in order]} for the given returns."""
+    lines: dict = {}
+    for line in ReturnLine.objects.filter(order_return_id__in=return_ids).order_by("id"):
+        lines.setdefault(line.order_return_id, []).append(line)
+    return lines
+
+
+def return_steps_of(*, return_ids: list) -> dict:
+    """{return id: [its compensation steps, by position]} for the given returns."""
+    steps: dict = {}
+    for step in CompensationStep.objects.filter(order_return_id__in=return_ids).order_by(
+        "position"
+    ):
+        steps.setdefault(step.order_return_id, []).append(step)
+    return steps
+
+
+def returns_and_units_of(*, order_id) -> tuple[int, int]:
+    """(returns asked for, units in them) of one order: what changes when a return is asked."""
+    returns = ReturnRequest.objects.filter(order_id=order_id)
+    units = ReturnLine.objects.filter(order_return__order_id=order_id).aggregate(n=Sum("quantity"))
+    return returns.count(), units["n"] or 0
+
+
+def return_steps_open(*, order_return_id, names=None) -> QuerySet[CompensationStep]:
+    """A return's steps not done and not waiting for staff (those named, when `names`)."""
+    steps = CompensationStep.objects.filter(order_return_id=order_return_id, done_at__isnull=True)
+    steps = steps.filter(needs_attention=False)
+    return steps if names is None else steps.filter(name__in=names)
+
+
+def return_step(*, order_return_id, name: str) -> CompensationStep:
+    """One step of a return, by name."""
+    return CompensationStep.objects.get(order_return_id=order_return_id, name=name)

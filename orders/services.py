@@ -21,6 +21,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
+from typing import TYPE_CHECKING
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -32,10 +33,9 @@ from core.money import format_money, minor_units
 from idempotency.failpoints import failpoint
 from idempotency.outbox import outbox_write
 from inventory import services as inventory_services
-from inventory.models import Product, Reservation
 from payments.capture import payment_create
 from payments.gateway import Outcome
-from payments.models import Payment, PaymentStatus
+from payments.states import PaymentStatus
 
 from . import compensation, lock_objects, selectors
 from .event_types import OrderEventType
@@ -51,6 +51,10 @@ from .states import (
     check_transition,
 )
 from .transitions import order_event_payload, order_transition
+
+if TYPE_CHECKING:  # annotations only: other apps' rows are read through their selectors
+    from inventory.models import Product
+    from payments.models import Payment
 
 
 class InsufficientStock(ApplicationError):
@@ -456,9 +460,7 @@ def order_expire(*, order_id) -> bool:
     )
     if moved is None:
         return False
-    inventory_services.reservations_release(
-        reservation_ids=_reservation_ids(moved), state=Reservation.State.EXPIRED
-    )
+    inventory_services.reservations_expire(reservation_ids=_reservation_ids(moved))
     _publish(order=Order.objects.get(id=order_id), event_type=OrderEventType.EXPIRED)
     return True
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from django.db import connection
 
-from core.errors import ApplicationError
+from core.errors import ApplicationError, InvalidState
 
 
 class PaymentReferenceConflict(ApplicationError):
@@ -40,10 +40,9 @@ class RefundExceedsCaptured(ApplicationError):
     title = "Refund exceeds captured"
 
 
-class RefundInvalidState(ApplicationError):
-    status = 409
-    code = "invalid_state"
-    title = "Invalid state"
+class RefundInvalidState(InvalidState):
+    """The one `invalid_state` refusal (its answer is `InvalidState`'s), kept as its own
+    name so the refund path can catch its own refusals and not any other's."""
 
 
 class RefundConflict(ApplicationError):

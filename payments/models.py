@@ -9,6 +9,8 @@ from django.db.models.functions import Now
 
 from core.due import DuePolicy, DueWork, due_index
 
+from .states import PaymentStatus, RefundOrigin, RefundStatus
+
 
 def provider_calls_lease(calls: int) -> float:
     """Seconds an attempt making `calls` provider calls may run at worst: its attempt's lease.
@@ -38,15 +40,6 @@ class PaymentInstallation(models.Model):
 
     def __str__(self) -> str:
         return self.install_id
-
-
-class PaymentStatus(models.TextChoices):
-    NONE = "none"
-    PENDING = "pending"
-    CAPTURED = "captured"
-    PARTIALLY_REFUNDED = "partially_refunded"
-    REFUNDED = "refunded"
-    FAILED = "failed"
 
 
 # Allowed status changes; every change writes a PaymentEvent in its transaction.
@@ -238,19 +231,6 @@ class PaymentEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.payment_id} {self.kind} {self.from_status}->{self.to_status}"
-
-
-class RefundOrigin(models.TextChoices):
-    GOODWILL = "goodwill"  # a staff refund (API or admin)
-    RETURN = "return"  # a return's refund step
-    CANCELLATION = "cancellation"  # a cancelled order's refund
-
-
-class RefundStatus(models.TextChoices):
-    PENDING = "pending"  # reserved; the provider call is due (or its answer unknown)
-    SUCCEEDED = "succeeded"  # the money went back (amount_refunded moved)
-    FAILED = "failed"  # staff recorded that it will not happen; the reservation is released
-    NEEDS_ATTENTION = "needs_attention"  # refused by the provider, or budget spent: staff decide
 
 
 class Refund(DueWork):

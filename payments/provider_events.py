@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import logging
 from decimal import Decimal, InvalidOperation
+from typing import TYPE_CHECKING
 
-from django.db.models.functions import Now
-
-from idempotency.models import InboxMessage
+from idempotency.inbox import inbox_locked, inbox_mark
 
 from .gateway import Outcome, ProviderResult
 from .models import PaymentTransaction, Refund
+
+if TYPE_CHECKING:  # an annotation only: the inbox is written through idempotency.inbox
+    from idempotency.models import InboxMessage
 
 logger = logging.getLogger("payments.webhooks")
 
@@ -68,15 +70,11 @@ def _stored_event(
     caller's record rolls back, so does the mark); events with another
     amount or currency are marked `suspicious` and skipped.
     """
-    rows = (
-        InboxMessage.objects.select_for_update()
-        .filter(
-            consumer=SOURCE,
-            status=UNMATCHED,
-            message_type__in=types,
-            payload__data__provider_key=provider_key,
-        )
-        .order_by("received_at", "id")
+    rows = inbox_locked(
+        consumer=SOURCE,
+        status=UNMATCHED,
+        message_types=types,
+        payload_lookup={"data__provider_key": provider_key},
     )
     for row in rows:
         data = row.payload.get("data") or {}
@@ -85,15 +83,19 @@ def _stored_event(
         except (InvalidOperation, TypeError):
             same = False
         if not same:
-            InboxMessage.objects.filter(id=row.id).update(
+            inbox_mark(
+                row_id=row.id,
                 status=SUSPICIOUS,
                 detail=f"amount/currency differ from the shop's {what} {amount} "
                 f"{currency}: not applied",
             )
             logger.warning("stored webhook %s suspicious: other amount/currency", row.message_id)
             continue
-        InboxMessage.objects.filter(id=row.id).update(
-            status=APPLIED, detail=f"applied when the shop's {what} met it", processed_at=Now()
+        inbox_mark(
+            row_id=row.id,
+            status=APPLIED,
+            detail=f"applied when the shop's {what} met it",
+            processed=True,
         )
         return row
     return None

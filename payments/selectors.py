@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from django.db.models import Q, QuerySet
+from datetime import datetime
+
+from django.db.models import Count, Q, QuerySet, Sum
 
 from core import attention
 from core.errors import NotFound
@@ -43,6 +45,16 @@ def refunds_of_payment(*, payment_id) -> QuerySet[Refund]:
 def refund_get_or_none(*, refund_id) -> Refund | None:
     """One refund by its id, or None."""
     return Refund.objects.filter(id=refund_id).first()
+
+
+def payment_get_or_none(*, payment_id) -> Payment | None:
+    """One payment by its id, or None."""
+    return Payment.objects.filter(id=payment_id).first()
+
+
+def payment_has_refund_needing_attention(*, payment_id) -> bool:
+    """Whether a refund of the payment waits for staff (it may wait long)."""
+    return Refund.objects.filter(payment_id=payment_id, needs_attention=True).exists()
 
 
 def install_id_or_none() -> str | None:
@@ -112,3 +124,41 @@ def needs_attention_items(*, limit: int = attention.PAGE_LIMIT) -> list[attentio
             )
         )
     return items
+
+
+def refunds_by_status() -> dict[str, int]:
+    """Refunds currently in each status (every status present, 0 when none)."""
+    counts = dict.fromkeys(RefundStatus.values, 0)
+    for row in Refund.objects.values("status").annotate(n=Count("pk")).order_by():
+        counts[row["status"]] = row["n"]
+    return counts
+
+
+def settlement_waiting_for_staff(*, settlement_id) -> bool | None:
+    """Whether a settlement waits for staff (flagged and not done); None: no such row."""
+    row = PaymentSettlement.objects.filter(pk=settlement_id).values("needs_attention", "done_at")
+    found = row.first()
+    if found is None:
+        return None
+    return bool(found["needs_attention"] and found["done_at"] is None)
+
+
+def refunds_succeeded_by_order(*, start: datetime, end: datetime) -> QuerySet:
+    """{payment__order__id, total}: money that went back in [start, end), per order.
+
+    A refund counts on the day it succeeded: its terminal update (the money
+    moved, or staff recorded it as refunded outside the shop) sets
+    `updated_at`, and a succeeded refund is never updated again. The order is
+    reached through the reverse name of the order's payment (no import of orders).
+    """
+    return (
+        Refund.objects.filter(
+            status=RefundStatus.SUCCEEDED,
+            updated_at__gte=start,
+            updated_at__lt=end,
+            payment__order__isnull=False,
+        )
+        .values("payment__order__id")
+        .annotate(total=Sum("amount"))
+        .order_by("payment__order__id")
+    )

@@ -47,13 +47,11 @@ from decimal import Decimal, InvalidOperation
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models.functions import Now
 
 from core.db import violated_constraint
 from core.errors import ApplicationError, InvalidRequest
 from idempotency import metrics
-from idempotency.inbox import INBOX_CONSTRAINT
-from idempotency.models import InboxMessage
+from idempotency.inbox import INBOX_CONSTRAINT, inbox_mark, inbox_payload, inbox_store
 
 from .lock_objects import payment_lock
 from .models import (
@@ -251,11 +249,7 @@ def webhook_receive(*, body: bytes, signature: str | None) -> WebhookOutcome:
         # unique constraint means this event id was stored (and applied) before.
         if violated_constraint(exc) != INBOX_CONSTRAINT:
             raise
-        first = (
-            InboxMessage.objects.filter(consumer=SOURCE, message_id=event.id)
-            .values_list("payload", flat=True)
-            .first()
-        )
+        first = inbox_payload(consumer=SOURCE, message_id=event.id)
         # The same id with another payload is not a harmless redelivery: count it apart.
         metrics.duplicate_suppressed(
             mechanism=metrics.WEBHOOK_DUPLICATE,
@@ -270,7 +264,7 @@ def webhook_receive(*, body: bytes, signature: str | None) -> WebhookOutcome:
 def _store_and_apply(event: WebhookEvent) -> WebhookOutcome:
     # Insert first: a concurrent delivery of the same event waits here on our
     # uncommitted row and then fails on the constraint (or inserts, if we roll back).
-    message = InboxMessage.objects.create(
+    message = inbox_store(
         consumer=SOURCE,
         message_id=event.id,
         message_type=event.type,
@@ -284,11 +278,7 @@ def _store_and_apply(event: WebhookEvent) -> WebhookOutcome:
     else:
         status, detail = IGNORED, f"event type {event.type!r} is not handled by this shop"
         logger.info("webhook %s: %s", event.id, detail)
-    InboxMessage.objects.filter(id=message.id).update(
-        status=status,
-        detail=detail[:1000],
-        processed_at=Now() if status == APPLIED else None,
-    )
+    inbox_mark(row_id=message.id, status=status, detail=detail[:1000], processed=status == APPLIED)
     return WebhookOutcome(event_id=event.id, type=event.type, status=status, detail=detail)
 
 

@@ -20,14 +20,13 @@ from zoneinfo import ZoneInfo
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Count, F, Q, Sum
+from django.db.models import Count, Q, Sum
 
 from core.errors import ApplicationError
 from core.money import format_money
 from idempotency.failpoints import failpoint
-from orders.models import OrderEvent, OrderLine, ReturnLine
-from orders.states import OrderStatus
-from payments.models import Refund, RefundStatus
+from orders import selectors as order_selectors
+from payments import selectors as payment_selectors
 
 from .lock_objects import report_day_lock
 from .models import (
@@ -92,18 +91,7 @@ def check_closed(day: date) -> None:
 
 def _sales(start: datetime, end: datetime) -> Iterator[ReportExtractRow]:
     """Lines of orders paid (confirmed) in [start, end): their confirmed units and amounts."""
-    paid = OrderEvent.objects.filter(
-        kind="paid",
-        line__isnull=True,
-        to_status__in=(OrderStatus.CONFIRMED, OrderStatus.PARTIALLY_CONFIRMED),
-        created_at__gte=start,
-        created_at__lt=end,
-    ).values("order_id")
-    lines = (
-        OrderLine.objects.filter(order_id__in=paid, quantity_confirmed__gt=0)
-        .order_by("order_id", "position")
-        .values_list("order_id", "sku", "quantity_confirmed", "unit_price")
-    )
+    lines = order_selectors.paid_lines(start=start, end=end)
     for order_id, sku, units, unit_price in lines.iterator(chunk_size=2000):
         yield ReportExtractRow(
             source=ReportExtractRow.Source.SALE,
@@ -121,17 +109,7 @@ def _refunds(start: datetime, end: datetime) -> Iterator[ReportExtractRow]:
     moved, or staff recorded it as refunded outside the shop) sets
     `updated_at`, and a succeeded refund is never updated again.
     """
-    refunds = (
-        Refund.objects.filter(
-            status=RefundStatus.SUCCEEDED,
-            updated_at__gte=start,
-            updated_at__lt=end,
-            payment__order__isnull=False,
-        )
-        .values("payment__order__id")
-        .annotate(total=Sum("amount"))
-        .order_by("payment__order__id")
-    )
+    refunds = payment_selectors.refunds_succeeded_by_order(start=start, end=end)
     for row in refunds.iterator(chunk_size=2000):
         yield ReportExtractRow(
             source=ReportExtractRow.Source.REFUND,
@@ -144,14 +122,7 @@ def _refunds(start: datetime, end: datetime) -> Iterator[ReportExtractRow]:
 
 def _returns(start: datetime, end: datetime) -> Iterator[ReportExtractRow]:
     """Units received back in [start, end): lines of returns received that day, per sku."""
-    lines = (
-        ReturnLine.objects.filter(
-            order_return__received_at__gte=start, order_return__received_at__lt=end
-        )
-        .values("order_return__order_id", "sku")
-        .annotate(units=Sum("quantity"), amount=Sum(F("quantity") * F("order_line__unit_price")))
-        .order_by("order_return__order_id", "sku")
-    )
+    lines = order_selectors.returned_lines_by_sku(start=start, end=end)
     for row in lines.iterator(chunk_size=2000):
         yield ReportExtractRow(
             source=ReportExtractRow.Source.RETURN,

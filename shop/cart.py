@@ -12,6 +12,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from decimal import Decimal
+from typing import TYPE_CHECKING
 
 from django.db import IntegrityError, transaction
 from django.db.models import F
@@ -20,9 +21,11 @@ from django.db.models.functions import Now
 from core.errors import ApplicationError
 from idempotency.inbox import inbox_claim
 from inventory import selectors as inventory_selectors
-from inventory.models import Product
 
 from .models import Cart, CartLine
+
+if TYPE_CHECKING:  # an annotation only: the catalog is read through inventory's selectors
+    from inventory.models import Product
 
 MAX_QUANTITY = 1000
 # A session cart is kept in the session row: a bound on its size.

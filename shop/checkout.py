@@ -30,14 +30,19 @@ replay, the next page view) changes nothing:
 from __future__ import annotations
 
 import re
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from django.urls import reverse
 
 from idempotency.keys import key_lookup
-from idempotency.models import FINISHED, STARTED
-from idempotency.operations import Reply, Result, register_operation, single_phase_resume
-from inventory.models import Product
+from idempotency.operations import (
+    FINISHED,
+    STARTED,
+    Reply,
+    Result,
+    register_operation,
+    single_phase_resume,
+)
 from orders import operations as order_operations
 from orders import selectors as order_selectors
 from orders.services import LineRequest
@@ -55,6 +60,9 @@ _KEY = re.compile(r"^checkout:(?P<cart>\d+):(?P<version>\d+)$")
 KEPT = frozenset({OrderStatus.CONFIRMED, OrderStatus.PARTIALLY_CONFIRMED, OrderStatus.CANCELLING})
 ENDED = frozenset({OrderStatus.PAYMENT_FAILED, OrderStatus.EXPIRED, OrderStatus.CANCELLED})
 
+if TYPE_CHECKING:  # an annotation only: stock is read through inventory's selectors
+    from inventory.models import Product
+
 
 def checkout_key(cart: Cart) -> str:
     """The request key of checking out this version of the cart."""
@@ -71,7 +79,7 @@ def line_requests(items: list[carts.CartItem]) -> list[LineRequest]:
     """The order lines of the cart's items. A product is None only under a key past
     STARTED (the view refuses it otherwise), whose resumed run never reads the lines."""
     return [
-        LineRequest(product=cast(Product, item.product), quantity=item.quantity) for item in items
+        LineRequest(product=cast("Product", item.product), quantity=item.quantity) for item in items
     ]
 
 

@@ -36,6 +36,7 @@ from orders import services as order_services
 from orders import shipments, tracking
 from orders.services import LineRequest
 from orders.states import OrderStatus
+from payments import selectors as payment_selectors
 from payments.capture import payment_capture
 
 User = get_user_model()
@@ -283,35 +284,25 @@ def _drive(order_return, *, names=None, timeout: float = 30.0) -> None:
     """Play the worker here: run the return's due steps (and its refund) until none is."""
     import time
 
-    from django.db.models.functions import Now
-
-    from orders.compensation import step_run
-    from orders.models import CompensationStep
-    from payments.models import Refund, RefundStatus
-    from payments.refunds import refund_run
+    from orders.compensation import step_run_now
+    from payments.refunds import refund_run_now
+    from payments.states import RefundStatus
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        steps = CompensationStep.objects.filter(order_return=order_return, done_at__isnull=True)
-        steps = steps.filter(needs_attention=False)
-        if names is not None:
-            steps = steps.filter(name__in=names)
+        steps = order_selectors.return_steps_open(order_return_id=order_return.id, names=names)
         if not steps.exists():
             return
-        for refund in Refund.objects.filter(payment_id=order_return.order.payment_id).filter(
-            status=RefundStatus.PENDING
-        ):
-            Refund.objects.filter(id=refund.id).update(next_attempt_at=Now())
-            refund_run(refund_id=refund.id)
+        pending = payment_selectors.refunds_of_payment(payment_id=order_return.order.payment_id)
+        for refund in pending.filter(status=RefundStatus.PENDING):
+            refund_run_now(refund_id=refund.id)
         for step in steps.order_by("position"):
-            CompensationStep.objects.filter(id=step.id).update(next_attempt_at=Now())
-            step_run(step_id=step.id)
+            step_run_now(step_id=step.id)
 
 
 def _return_one(order, kind: str, *, staff) -> None:
     """A return of one unit of the order's first line, received, through the services."""
     from orders import returns
-    from orders.models import CompensationStep
 
     line = min(order.line_list, key=lambda line: line.id)
     order_return = returns.return_request(
@@ -327,7 +318,7 @@ def _return_one(order, kind: str, *, staff) -> None:
     _drive(order_return, names=["restock"])
     from orders.compensation_staff import step_flag_attention
 
-    refund_step = CompensationStep.objects.get(order_return=order_return, name="refund")
+    refund_step = order_selectors.return_step(order_return_id=order_return.id, name="refund")
     step_flag_attention(step_id=refund_step.id, reason=ATTENTION_REASON)
 
 

@@ -32,20 +32,18 @@ from __future__ import annotations
 import hashlib
 from urllib.parse import urlencode
 
-from django.db.models import Sum
 from django.urls import reverse
 
 from idempotency.operations import Reply, Result
-from orders.models import ReturnLine, ReturnRequest
+from orders import selectors as order_selectors
 
 CREATE = "shop.return.create"
 
 
 def return_form_key(order, *, after: str = "") -> str:
     """The return form's request key: the order and its returns as they are now (+ `after`)."""
-    returns = ReturnRequest.objects.filter(order_id=order.id)
-    units = ReturnLine.objects.filter(order_return__order_id=order.id).aggregate(n=Sum("quantity"))
-    seed = f"{order.id}:{returns.count()}:{units['n'] or 0}:{after}"
+    returns, units = order_selectors.returns_and_units_of(order_id=order.id)
+    seed = f"{order.id}:{returns}:{units}:{after}"
     return "return-" + hashlib.sha256(seed.encode()).hexdigest()[:32]
 
 

@@ -6,29 +6,30 @@ command, `manage.py` and the test suite start embedded servers and set them
 before Django loads (see docs/running.md); settings never start anything.
 """
 
-import sys
 import tomllib
-from pathlib import Path
 from typing import Any
 
-import environ
 from celery.schedules import crontab
-from kombu import Exchange, Queue
 
 from config.settings.renamed import renamed
 
+# Split by concern; every name they define is a setting of this module too.
+from .celery import *  # noqa: F403
+from .celery import (
+    CELERY_BEAT_SCHEDULE,
+    CELERY_TASK_TIME_LIMIT,
+    CELERY_UNACKED_RESTORE_INTERVAL,
+    CELERY_VISIBILITY_TIMEOUT,
+    DUE_ATTEMPT_MARGIN,
+    _beat_every,
+)
 from .email_url import email_settings
+from .environment import BASE_DIR, env
+from .servers import *  # noqa: F403
 
-BASE_DIR = Path(__file__).resolve().parent.parent.parent
 # The shop's one version, from pyproject.toml's [project] (the OpenAPI document shows it).
 SHOP_VERSION: str = tomllib.loads((BASE_DIR / "pyproject.toml").read_text())["project"]["version"]
 
-env = environ.Env()
-# A `.env` file in the checkout (or SHOP_ENV_FILE) fills in what the
-# environment does not set; `.env.example` lists the variables. The run
-# command, `manage.py` and the test plugin read the same file before they
-# decide which servers to embed (runner.load_env_file).
-environ.Env.read_env(env.str("SHOP_ENV_FILE", default="") or BASE_DIR / ".env")
 
 SECRET_KEY = env.str("SECRET_KEY", default="dev-insecure-change-me")
 DEBUG = env.bool("DEBUG", default=False)
@@ -89,229 +90,6 @@ TEMPLATES = [
     },
 ]
 
-# --- PostgreSQL -------------------------------------------------------------
-# Never SQLite: every guarantee of this shop rests on PostgreSQL's constraints
-# and row locks. Django's psycopg 3 pool keeps connections warm per process.
-DATABASE_URL = env.str("DATABASE_URL", default="postgres://postgres@127.0.0.1:5432/postgres")
-DATABASES = {"default": env.db_url_config(DATABASE_URL)}
-DATABASES["default"]["ENGINE"] = "django.db.backends.postgresql"
-# A Unix-socket URL (`?host=/folder`, the embedded server) leaves the folder in
-# OPTIONS, where `dbshell` does not look (psql gets HOST only): move it to HOST,
-# which psycopg takes as a socket folder as well.
-if not DATABASES["default"].get("HOST") and DATABASES["default"].get("OPTIONS", {}).get("host"):
-    DATABASES["default"]["HOST"] = DATABASES["default"]["OPTIONS"].pop("host")
-# Check a pooled connection before handing it out: after the database restarts
-# (the run command restarts a dead embedded server) the pool would otherwise
-# give each request a dead connection once.
-DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
-DB_POOL = env.bool("DB_POOL", default=True)
-if DB_POOL:
-    DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
-        "min_size": env.int("DB_POOL_MIN", default=1),
-        "max_size": env.int("DB_POOL_MAX", default=8),
-        "timeout": env.float("DB_POOL_TIMEOUT", default=10.0),
-    }
-DATABASES["default"]["CONN_MAX_AGE"] = 0
-# Bounded waits on every connection (docs/deployment.md, "Timeouts and
-# durability"): a database that stops answering fails a request in seconds
-# instead of holding it. connect_timeout bounds the connect (libpq's floor is
-# 2 s); statement_timeout and lock_timeout are server-side bounds on one
-# statement and on one lock wait (the claim's own shorter SET LOCAL wins);
-# tcp_user_timeout and keepalives end a connection whose peer vanished from
-# the network (a partition), which a server-side timeout cannot see.
-# Migrations and long maintenance commands get no statement or lock bound
-# (a migration on a big table may rewrite it for minutes): see
-# DB_UNBOUNDED_COMMANDS below.
-DB_CONNECT_TIMEOUT = env.int("DB_CONNECT_TIMEOUT", default=3)
-DB_STATEMENT_TIMEOUT = env.float("DB_STATEMENT_TIMEOUT", default=30.0)
-DB_LOCK_TIMEOUT = env.float("DB_LOCK_TIMEOUT", default=15.0)
-# A transaction left open by a client that is gone (a partitioned host, a hung
-# process) holds its row locks until the server ends it: the server does, after
-# this long idle inside a transaction (found by the chaos run's partitions:
-# loyalty rows locked for minutes by sessions whose worker had given up).
-DB_IDLE_IN_TRANSACTION_TIMEOUT = env.float("DB_IDLE_IN_TRANSACTION_TIMEOUT", default=60.0)
-DB_UNBOUNDED_COMMANDS = frozenset({"migrate", "dbshell", "sqlflush", "flush", "loaddata"})
-if sys.argv[1:2] and sys.argv[1] in DB_UNBOUNDED_COMMANDS and Path(sys.argv[0]).name == "manage.py":
-    DB_STATEMENT_TIMEOUT = DB_LOCK_TIMEOUT = DB_IDLE_IN_TRANSACTION_TIMEOUT = 0.0
-_db_options = DATABASES["default"].setdefault("OPTIONS", {})
-_db_options.setdefault("connect_timeout", DB_CONNECT_TIMEOUT)
-_db_options["options"] = (
-    f"{_db_options.get('options', '')}"
-    f" -c statement_timeout={int(DB_STATEMENT_TIMEOUT * 1000)}"
-    f" -c lock_timeout={int(DB_LOCK_TIMEOUT * 1000)}"
-    f" -c idle_in_transaction_session_timeout={int(DB_IDLE_IN_TRANSACTION_TIMEOUT * 1000)}"
-).strip()
-_db_options.setdefault("keepalives", 1)
-_db_options.setdefault("keepalives_idle", 10)
-_db_options.setdefault("keepalives_interval", 5)
-_db_options.setdefault("keepalives_count", 3)
-_db_options.setdefault("tcp_user_timeout", env.int("DB_TCP_USER_TIMEOUT_MS", default=20000))
-DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
-
-# --- Redis: cache and throttles (and the broker unless CELERY_BROKER_URL) ------
-REDIS_URL = env.str("REDIS_URL", default="redis://127.0.0.1:6379/0")
-CACHES = {
-    "default": {
-        # Throttle counters must be shared by every web process: Redis, not
-        # per-process memory.
-        "BACKEND": "django.core.cache.backends.redis.RedisCache",
-        "LOCATION": REDIS_URL,
-        "KEY_PREFIX": env.str("CACHE_KEY_PREFIX", default="shop"),
-        "TIMEOUT": 300,
-        # A Redis that hangs (SIGSTOP, partition) fails a throttle look-up in
-        # seconds instead of holding the request.
-        "OPTIONS": {
-            "socket_connect_timeout": env.float("REDIS_CONNECT_TIMEOUT", default=2.0),
-            "socket_timeout": env.float("REDIS_SOCKET_TIMEOUT", default=3.0),
-        },
-    }
-}
-
-# --- Celery (see docs/celery.md for why each value is what it is) -------------
-# The broker: Redis (REDIS_URL, the default) or RabbitMQ (`amqp://`, `amqps://`,
-# `pyamqp://`). Redis stays the cache and throttle store either way.
-CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default=REDIS_URL)
-BROKER_IS_REDIS = CELERY_BROKER_URL.startswith(("redis://", "rediss://"))
-BROKER_IS_AMQP = CELERY_BROKER_URL.startswith(("amqp://", "amqps://", "pyamqp://"))
-if not (BROKER_IS_REDIS or BROKER_IS_AMQP):
-    raise ValueError(
-        "CELERY_BROKER_URL must be redis://, rediss://, amqp://, amqps:// or pyamqp://,"
-        f" not {CELERY_BROKER_URL.split('://')[0]}://"
-    )
-CELERY_RESULT_BACKEND = None
-CELERY_TASK_IGNORE_RESULT = True
-CELERY_ACCEPT_CONTENT = ["json"]
-CELERY_TASK_SERIALIZER = "json"
-CELERY_RESULT_SERIALIZER = "json"
-CELERY_TASK_ACKS_LATE = True
-CELERY_TASK_REJECT_ON_WORKER_LOST = True
-CELERY_WORKER_PREFETCH_MULTIPLIER = 1
-CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
-# A lost broker: the worker reconnects by itself, however long the broker is
-# gone (retries every 2, 4, ... at most 30 s, forever).
-CELERY_BROKER_CONNECTION_RETRY = True
-CELERY_BROKER_CONNECTION_MAX_RETRIES = None
-# The redelivery window (seconds). On Redis it is the visibility timeout: an
-# unacked message older than this is handed to a second worker. RabbitMQ has
-# none (it redelivers when the holding channel closes), but the same number
-# bounds countdowns, time limits and leases there, so both brokers keep the
-# same timings (docs/celery.md, "RabbitMQ").
-CELERY_VISIBILITY_TIMEOUT = env.int("CELERY_VISIBILITY_TIMEOUT", default=60)
-CELERY_UNACKED_RESTORE_INTERVAL = env.int("CELERY_UNACKED_RESTORE_INTERVAL", default=5)
-CELERY_BROKER_TRANSPORT_OPTIONS: dict = {}
-if BROKER_IS_REDIS:
-    # kombu's Redis transport with the fix for its crash on a lost connection
-    # (config/redis_transport.py); ack emulation with a short visibility timeout.
-    CELERY_BROKER_TRANSPORT = "config.redis_transport:Transport"
-    CELERY_BROKER_TRANSPORT_OPTIONS = {
-        # A broker that hangs: a publish fails after this instead of blocking
-        # the request (the row stays due; the sweeper rings again). Above the
-        # worker's BRPOP timeout (1 s), so an idle worker's poll never trips it.
-        "socket_connect_timeout": env.float("REDIS_CONNECT_TIMEOUT", default=2.0),
-        "socket_timeout": env.float("REDIS_SOCKET_TIMEOUT", default=5.0),
-        "visibility_timeout": CELERY_VISIBILITY_TIMEOUT,
-        "unacked_restore_interval": CELERY_UNACKED_RESTORE_INTERVAL,
-        "unacked_restore_throttle": env.int("CELERY_UNACKED_RESTORE_THROTTLE", default=1),
-    }
-else:
-    CELERY_BROKER_TRANSPORT_OPTIONS = {
-        # Publisher confirms: every publish waits for the broker's ack, so a
-        # message the broker refused or lost before taking it raises in the
-        # publisher (the due row stays due and the sweeper rings again)
-        # instead of vanishing silently.
-        "confirm_publish": True,
-    }
-    # AMQP heartbeats: a half-open connection (a partitioned worker) is closed
-    # by the broker after about two missed beats, which redelivers its unacked
-    # messages; the worker notices and reconnects just as soon.
-    CELERY_BROKER_HEARTBEAT = env.int("CELERY_BROKER_HEARTBEAT", default=20)
-    CELERY_BROKER_CONNECTION_TIMEOUT = env.float("CELERY_BROKER_CONNECTION_TIMEOUT", default=4.0)
-    # A lost connection returns every unacked message to the queue at once;
-    # cancel the acks_late tasks still running on it rather than run them next
-    # to their redelivered copies (both would be safe; one is cheaper).
-    CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = True
-# Seconds a publish may wait for the broker (the socket write, and on RabbitMQ
-# the publisher confirm): a broker under a memory alarm blocks publishers
-# without closing the connection, and without this bound the request that
-# publishes would wait for the alarm to clear. The publish then raises; its
-# work is a due row, rung again by the sweeper (config/celery.py).
-BROKER_PUBLISH_TIMEOUT = env.float("BROKER_PUBLISH_TIMEOUT", default=3.0)
-# No Celery countdown, ETA or retry delay may reach the redelivery window;
-# longer waits are rows with next_attempt_at swept by beat.
-CELERY_MAX_COUNTDOWN = CELERY_VISIBILITY_TIMEOUT // 3
-# Nor may a task run into it (Redis would hand its message to a second
-# worker), even after the longest countdown: a message is unacked from
-# delivery (its countdown included) until the task ends. The soft limit
-# raises inside the task, the hard one kills its process; long work is batched
-# with a time budget below them (IDEMPOTENCY_COMPLETER_BUDGET). On RabbitMQ
-# the same limits keep every delivery far below its consumer_timeout (30 min).
-CELERY_TASK_TIME_LIMIT = CELERY_VISIBILITY_TIMEOUT - CELERY_MAX_COUNTDOWN - 5
-CELERY_TASK_SOFT_TIME_LIMIT = CELERY_TASK_TIME_LIMIT - 5
-# An attempt's lease (core.due, DuePolicy.attempt_lease) is its worst case, so that no
-# second attempt of a due row begins while the first can still be running; each kind
-# derives it from its calls' timeouts, plus this margin for the database around them.
-DUE_ATTEMPT_MARGIN = env.float("DUE_ATTEMPT_MARGIN", default=5.0)
-CELERY_BEAT_SCHEDULE: dict = {}
-
-
-def _beat_every(task: str, seconds: float) -> dict:
-    """Return a beat entry running `task` every `seconds`.
-
-    Every periodic task expires after one interval: after a worker outage the
-    queued ticks are dropped, not run back to back.
-    """
-    return {"task": task, "schedule": seconds, "options": {"expires": seconds}}
-
-
-CELERY_TIMEZONE = "UTC"
-
-# Queues by kind of work (docs/celery.md, "Queues"): a worker started with
-# `-Q <queue>` runs one kind only, so a slow nightly report or a burst of e-mails
-# never waits in line before a settlement. Every task is named here (a test
-# fails on one that is not); a worker started without `-Q` (make run, the tests)
-# consumes all of them.
-SHOP_QUEUES: dict[str, tuple[str, ...]] = {
-    # What a shopper's money waits for: settling a lost answer, a refund.
-    "checkout": ("payments.settle_payment", "payments.refund"),
-    # The outbox's consumers and the relay's fallbacks (publish, re-publish overdue).
-    "events": (
-        "shop.consume_loyalty",
-        "shop.consume_history",
-        "shop.consume_emails",
-        "idempotency.relay_outbox",
-        "idempotency.sweep_deliveries",
-    ),
-    # One step of a cancellation's or a return's compensation run.
-    "compensation": ("orders.compensation_step",),
-    # The nightly sales report chain.
-    "reports": (
-        "reports.daily_sales_previous_day",
-        "reports.extract",
-        "reports.aggregate",
-        "reports.publish",
-    ),
-    # Beat's sweeps and clean-ups: each finds due rows and rings their own queue
-    # (or finishes abandoned request keys within its time budget).
-    "maintenance": (
-        "payments.sweep_settlements",
-        "payments.sweep_refunds",
-        "orders.sweep_compensation",
-        "orders.expire_reservations",
-        "idempotency.complete_abandoned_keys",
-        "idempotency.purge_outbox",
-        "idempotency.purge_finished_keys",
-    ),
-}
-# Each queue is bound to its own direct exchange under its own name, as Celery's
-# default queue is: the same layout on Redis and RabbitMQ (durable there).
-CELERY_TASK_QUEUES = tuple(
-    Queue(name, Exchange(name, type="direct"), routing_key=name) for name in SHOP_QUEUES
-)
-CELERY_TASK_ROUTES = {
-    task: {"queue": queue} for queue, tasks in SHOP_QUEUES.items() for task in tasks
-}
-# A task someone forgets to route still lands on a queue every worker layout consumes.
-CELERY_TASK_DEFAULT_QUEUE = "maintenance"
 
 # --- Auth -------------------------------------------------------------------
 AUTH_PASSWORD_VALIDATORS = [

@@ -28,7 +28,7 @@ from orders.states import OrderStatus
 from payments import selectors as payment_selectors
 
 from .. import cart as carts
-from .. import checkout, selectors, words
+from .. import checkout, words
 from .. import returns as shop_returns
 from ..forms import PAYMENT_METHODS, ReturnForm
 from .common import form_refusal, problem_text
@@ -102,7 +102,7 @@ def _order_context(request: HttpRequest, order) -> dict:
     )
     payment = order_selectors.order_payment_summary(order=order)
     shipments = []
-    for shipment in selectors.shipments_of_order(order_id=order.id):
+    for shipment in order_selectors.shipments_of_order(order_id=order.id):
         shipments.append(
             {
                 "shipment": shipment,
@@ -143,9 +143,9 @@ def _order_returns(order, names: dict[str, str]) -> list[dict]:
     ids = [r.id for r in found]
     lines = {
         return_id: [(line, names.get(line.sku, line.sku)) for line in found_lines]
-        for return_id, found_lines in selectors.return_lines_of(return_ids=ids).items()
+        for return_id, found_lines in order_selectors.return_lines_of(return_ids=ids).items()
     }
-    steps = selectors.return_steps_of(return_ids=ids)
+    steps = order_selectors.return_steps_of(return_ids=ids)
     return [
         {"return": r, "lines": lines.get(r.id, []), "steps": steps.get(r.id, [])} for r in found
     ]

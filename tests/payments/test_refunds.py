@@ -15,6 +15,7 @@ import pytest
 from django.db import IntegrityError, connection, transaction
 from django.db.models.functions import Now
 
+from core.errors import InvalidState
 from idempotency.models import InboxMessage
 from payments import webhooks
 from payments.capture import payment_create
@@ -111,9 +112,17 @@ def test_refusals_reserve_nothing(provider):
     unpaid = payment_create(
         reference="order-unpaid", amount=Decimal("5"), currency="EUR", payment_method="pm_card_ok"
     )
-    with pytest.raises(RefundInvalidState):
+    with pytest.raises(InvalidState) as refused_state:
         ask(unpaid, "1.00")
+    assert isinstance(refused_state.value, RefundInvalidState)
     assert Refund.objects.filter(payment=unpaid).count() == 0
+
+
+def test_a_refund_in_the_wrong_state_is_the_one_invalid_state_refusal():
+    # One class answers `invalid_state`: the refund's refusal is that class, so
+    # its answer cannot drift from the order's or the return's.
+    assert issubclass(RefundInvalidState, InvalidState)
+    assert vars(RefundInvalidState).keys().isdisjoint({"status", "code", "title"})
 
 
 def test_the_database_refuses_reserving_more_than_captured(provider):
