@@ -1,11 +1,13 @@
 """Every class of API error is an RFC 9457 problem, never HTML, never a 500 for bad input."""
 
 import json
+import threading
 
 import pytest
-from django.db import transaction
+from django.db import connection, connections, transaction
 from django.test import override_settings
 
+from inventory.models import StockItem
 from tests.conftest import assert_problem
 
 pytestmark = pytest.mark.django_db
@@ -152,12 +154,6 @@ def test_a_lock_timeout_is_503_with_retry_after_and_the_same_request_then_succee
 ):
     """A bounded wait that runs out (lock_timeout) is the database being busy, not a 500:
     503 `service_unavailable` with Retry-After; sent again with the same key, it finishes."""
-    import threading
-
-    from django.db import connection, connections
-
-    from inventory.models import StockItem
-
     make_product("MUG", stock=1)
     stock_id = StockItem.objects.get(product__sku="MUG").pk
     held, release = threading.Event(), threading.Event()
