@@ -22,7 +22,7 @@ class ShopConfig(AppConfig):
 
         # Off in the test settings until the relay/consumer tests count a third consumer.
         if settings.SHOP_EMAILS:
-            # One transaction per mail: small rings spread a burst over every worker process.
+            # Batched like loyalty and history: it writes mail rows; shop.send_mail sends them.
             register_consumer(
                 "emails",
                 task="shop.consume_emails",

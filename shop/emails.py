@@ -1,41 +1,61 @@
 """Shopper e-mails: "order confirmed", "payment declined", "shipped", "refunded", one per event.
 
-`email_send` claims the message id in the inbox (consumer "emails") FIRST,
-then sends, in one transaction per message: a concurrent copy waits on the
-uncommitted claim and then skips; a copy after the commit is a counted
-duplicate. Never run inside a multi-message batch transaction: a rollback
-there would undo the claims of mails already sent and send them again (the
-task runs a ring's messages one after another, each in its own transaction:
-`deliveries_consume(apply_many=None)`). A crash between the send and the
-commit undoes the claim: the redelivery sends again (at least once, like
-`notify`).
+Two steps, so that no mail is sent while a delivery waits (docs/events.md,
+"Shopper e-mails"):
 
-Round trips per mail, since the task runs one transaction per message: the
-claim is one `INSERT ... ON CONFLICT DO NOTHING` (`inbox_claim_many`, no
-savepoint), and `email_send` joins the caller's transaction without a
-savepoint of its own (an exception rolls the whole per-message transaction
-back anyway).
+1. **write** (the consumer "emails", batched like loyalty and history):
+   `email_apply_many` runs in the batch's transaction. It reads every owner
+   in one query, claims every message id in the inbox in one statement
+   (`inbox_claim_many`, insert first) and writes one `Mail` row per claimed
+   event in one statement (`INSERT ... ON CONFLICT ON CONSTRAINT
+   shop_mail_message_uniq DO NOTHING`): a copy of the event can write no
+   second row. A poison message (unreadable payload, an owner who is no user
+   of the shop) raises: the batch rolls back whole and is applied one by one
+   (`email_apply`), the poison message alone becomes a dead letter. After the
+   commit one bell rings `shop.send_mail` for the rows written (on_commit:
+   only sooner; the sweeper `shop.sweep_mail` finds them anyway).
+2. **send** (due work, `core.due`): `mails_send` takes each row's attempt
+   (`attempt_begin`: one runner, leased for one send's worst case, judged by
+   the database clock), renders both parts, sends over one connection for
+   the task's rows and marks the row done. **At least once**: a crash
+   between the send and the mark leaves the row due once the attempt's lease
+   runs out, and it is sent again (the promise `notify` makes). A failing send
+   records its error and is due again after the backoff; past its budget the
+   row needs attention (the admin's "Needs attention" page, "Retry now").
 """
 
 from __future__ import annotations
 
 import enum
+import json
+import logging
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from celery import current_app
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.core.mail import EmailMultiAlternatives
-from django.db import transaction
+from django.core.mail import EmailMultiAlternatives, get_connection
+from django.db import connection, transaction
 from django.template.loader import render_to_string
 
+from core import due
+from idempotency.deliveries import Message
+from idempotency.failpoints import failpoint
 from idempotency.inbox import inbox_claim_many
 from orders.event_types import OrderEventType
 from payments.event_types import PaymentEventType
 
 from . import events
+from .models import Mail
+
+logger = logging.getLogger(__name__)
 
 CONSUMER = "emails"
+SEND_TASK = "shop.send_mail"  # Mail.due_policy().task
+MAIL_CONSTRAINT = "shop_mail_message_uniq"
 
 # event type → template name (shop/templates/shop/email/<name>.txt / .html) and subject.
 # The types are the producers' (orders/event_types.py, payments/event_types.py).
@@ -50,7 +70,9 @@ EVENT_TYPES = frozenset(MAILS)
 
 
 class Outcome(enum.StrEnum):
-    SENT = "sent"
+    """What the consumer did with one event (the mail itself is sent later, by `mails_send`)."""
+
+    QUEUED = "queued"  # a mail row written, to be sent
     DUPLICATE = "duplicate"
     IGNORED = "ignored"
     NO_ADDRESS = "no_address"
@@ -68,34 +90,208 @@ def _number(payload: dict) -> Any:
     return number
 
 
-@transaction.atomic(savepoint=False)
-def email_send(*, message_id: str, event_type: str, payload: dict) -> EmailResult:
-    """Send the shopper's mail for one event, once per message id (inbox claim first)."""
-    if event_type not in MAILS:
-        return EmailResult(Outcome.IGNORED)
+def _owner_id(message_id: Any, payload: Any) -> int | None:
+    """Return the event's owner id (None: no shopper); raise PoisonMessage when unreadable."""
     if not isinstance(payload, dict) or not isinstance(message_id, str) or not message_id:
         raise events.PoisonMessage(f"unreadable e-mail event {message_id!r}")
+    if len(message_id) > 255:
+        raise events.PoisonMessage(f"message id too long: {message_id[:40]!r}...")
     owner_id = payload.get("owner_id")
-    user = None if owner_id is None else get_user_model().objects.filter(pk=owner_id).first()
-    if owner_id is not None and user is None:
-        raise events.PoisonMessage(f"owner {owner_id} is not a user of this shop")
-    if message_id not in inbox_claim_many(consumer=CONSUMER, message_ids=[message_id]):
-        return EmailResult(Outcome.DUPLICATE)
-    address = (getattr(user, "email", "") or "").strip()
-    if not address:
-        # No shopper (a payment without owner) or an anonymised one: nothing to send.
-        return EmailResult(Outcome.NO_ADDRESS)
-    template, subject = MAILS[event_type]
-    context = {"user": user, "payload": payload, "number": _number(payload)}
+    # bool is an int in Python; never accept true/false for an id.
+    if owner_id is not None and (not isinstance(owner_id, int) or isinstance(owner_id, bool)):
+        raise events.PoisonMessage(f"owner_id is not an integer: {owner_id!r}")
+    return owner_id
+
+
+# One statement for the batch's rows; the constraint refuses a copy's (no savepoint).
+_WRITE = (
+    "INSERT INTO shop_mail (message_id, event_type, payload, user_id, address)"
+    " SELECT m, t, p::jsonb, u, a"
+    " FROM unnest(%s::text[], %s::text[], %s::text[], %s::bigint[], %s::text[])"
+    " AS x(m, t, p, u, a)"
+    f" ON CONFLICT ON CONSTRAINT {MAIL_CONSTRAINT} DO NOTHING RETURNING id, message_id"
+)
+
+
+def _write(items: Sequence[tuple[Any, str, Any]]) -> list[EmailResult]:
+    """Claim and write the mails of (message id, event type, payload) items, in the caller's
+    transaction; one result per item, in order."""
+    handled = [(i, m, t, p) for i, (m, t, p) in enumerate(items) if t in MAILS]
+    owners = {i: _owner_id(m, p) for i, m, _, p in handled}
+    wanted = {o for o in owners.values() if o is not None}
+    addresses = dict(
+        get_user_model().objects.filter(pk__in=wanted).values_list("pk", "email") if wanted else []
+    )
+    unknown = wanted - set(addresses)
+    if unknown:
+        # Shoppers are anonymised, never deleted: an unknown owner is a bad message.
+        raise events.PoisonMessage(f"owner {min(unknown)} is not a user of this shop")
+    claimed = inbox_claim_many(consumer=CONSUMER, message_ids=[m for _, m, _, _ in handled])
+    results = [EmailResult(Outcome.IGNORED) for _ in items]
+    rows = []
+    for i, message_id, event_type, payload in handled:
+        if message_id not in claimed:
+            results[i] = EmailResult(Outcome.DUPLICATE)
+            continue
+        owner = owners[i]
+        address = (addresses.get(owner, "") or "").strip() if owner is not None else ""
+        if not address:
+            # No shopper (a payment without owner) or an anonymised one: nothing to send.
+            results[i] = EmailResult(Outcome.NO_ADDRESS)
+            continue
+        rows.append((i, message_id, event_type, json.dumps(payload), owner, address))
+    written: list[int] = []
+    if rows:
+        with connection.cursor() as cursor:
+            cursor.execute(_WRITE, [[r[k] for r in rows] for k in range(1, 6)])
+            created = {message_id: pk for pk, message_id in cursor.fetchall()}
+        for i, message_id, *_ in rows:
+            # Not written: a mail row of this message exists already (its inbox row
+            # purged, say): the constraint decided, no second mail.
+            queued = message_id in created
+            results[i] = EmailResult(Outcome.QUEUED if queued else Outcome.DUPLICATE)
+        written = sorted(created.values())
+    if written:
+        transaction.on_commit(lambda: mails_ring(written))
+    return results
+
+
+def email_apply_many(messages: Sequence[Message]) -> list[EmailResult]:
+    """Write the mails of a batch of events in the caller's (the batch's) transaction.
+
+    One query for the owners, one inbox claim, one insert of the mail rows;
+    no savepoint: a poison message raises, the batch rolls back whole and the
+    caller (`idempotency.deliveries.deliveries_consume`) applies it one by one.
+    """
+    if not connection.in_atomic_block:
+        raise RuntimeError("email_apply_many must run inside the batch's transaction")
+    return _write([(m.message_id, m.event_type, m.payload) for m in messages])
+
+
+@transaction.atomic(savepoint=False)
+def email_apply(*, message_id: str, event_type: str, payload: dict) -> EmailResult:
+    """Write the shopper's mail for one event, once per message id (inbox claim first)."""
+    (result,) = _write([(message_id, event_type, payload)])
+    return result
+
+
+# -- sending -------------------------------------------------------------------------
+
+
+def mails_ring(mail_ids: Sequence[int]) -> None:
+    """Ring `shop.send_mail` for the rows, SHOP_MAIL_SEND_BATCH ids a message (best effort).
+
+    The rows are the truth: a lost or refused message costs time only; the
+    sweeper rings for every due row.
+    """
+    step = max(1, settings.SHOP_MAIL_SEND_BATCH)
+    ids = list(mail_ids)
+    name = SEND_TASK
+    try:
+        for start in range(0, len(ids), step):
+            current_app.send_task(name, args=[ids[start : start + step]], retry=False)
+    except Exception:  # noqa: BLE001 - a broker outage must not fail recorded work
+        logger.warning("could not ring %s for %d mails; the sweeper will", name, len(ids))
+
+
+def mails_sweep(*, limit: int) -> list[int]:
+    """Lease due mail rows (database clock) and ring for them in batches: the beat sweeper."""
+    ids = due.lease_due(Mail, limit=limit)
+    if ids:
+        mails_ring(ids)
+    return ids
+
+
+class Sent(enum.StrEnum):
+    SENT = "sent"
+    FAILED = "failed"  # recorded; due again after the backoff
+    ATTENTION = "needs_attention"  # the budget is spent: staff decide
+    SKIPPED = "skipped"  # not due, another runner's attempt, done, or no such row
+
+
+@dataclass
+class SendResult:
+    results: dict[int, Sent]
+
+    def summary(self) -> str:
+        counts = Counter(str(r) for r in self.results.values())
+        return ",".join(f"{name}:{n}" for name, n in sorted(counts.items()))
+
+
+def mail_message(mail: Mail, *, connection=None) -> EmailMultiAlternatives:
+    """Render the mail row's two parts (plain text and HTML) as a message to its address."""
+    template, subject = MAILS[mail.event_type]
+    payload = mail.payload if isinstance(mail.payload, dict) else {}
+    context = {"user": mail.user, "payload": payload, "number": _number(payload)}
     message = EmailMultiAlternatives(
         subject=subject.format(number=context["number"]),
         body=render_to_string(f"shop/email/{template}.txt", context),
         from_email=settings.DEFAULT_FROM_EMAIL,
-        to=[address],
+        to=[mail.address],
+        connection=connection,
     )
     message.attach_alternative(
         render_to_string(f"shop/email/{template}.html", context), "text/html"
     )
-    # Sent inside the transaction, after the claim: a failed send rolls the claim back.
-    message.send()
-    return EmailResult(Outcome.SENT)
+    return message
+
+
+def mails_send(*, mail_ids: Sequence[int]) -> SendResult:
+    """Send the mail rows `mail_ids` that are due, each one attempt, over one connection.
+
+    Per row: `attempt_begin` (committed before the send: one runner, leased
+    for the send's worst case), render, send, failpoint `mail.sent`, then
+    `mark_done` fenced by the attempt. A failed send records its error
+    (`attempt_failed`) and, past the budget, the row needs attention; the
+    connection is opened again for the next row.
+    """
+    result = SendResult(results={})
+    mail_connection = get_connection(fail_silently=False)
+    opened = False
+    try:
+        for mail_id in dict.fromkeys(mail_ids):
+            attempt = due.attempt_begin(Mail, pk=mail_id)
+            if attempt.budget_spent:
+                budget = Mail.due_policy().max_attempts
+                due.flag_attention(
+                    Mail,
+                    pk=mail_id,
+                    reason=f"not sent after {budget} attempts",
+                    only_if_attempts_at_least=budget,
+                )
+                result.results[mail_id] = Sent.ATTENTION
+                continue
+            if not attempt.taken:
+                result.results[mail_id] = Sent.SKIPPED
+                continue
+            mail = Mail.objects.select_related("user").get(pk=mail_id)
+            try:
+                message = mail_message(mail, connection=mail_connection)
+                if not opened:
+                    mail_connection.open()
+                    opened = True
+                message.send()
+            except Exception as exc:  # noqa: BLE001 - every failure ends in the row
+                if opened:
+                    mail_connection.close()  # a broken connection is not reused
+                    opened = False
+                ended = due.attempt_failed(
+                    Mail, pk=mail_id, error=f"{type(exc).__name__}: {exc}", attempt=attempt
+                )
+                logger.warning("mail %s not sent (%s): %s", mail_id, ended.value, exc)
+                result.results[mail_id] = Sent.ATTENTION if ended else Sent.FAILED
+                continue
+            # Sent: a crash from here to the mark's commit sends it again (at least once).
+            failpoint("mail.sent")
+            due.mark_done(Mail, pk=mail_id, attempt=attempt)
+            result.results[mail_id] = Sent.SENT
+    finally:
+        if opened:
+            mail_connection.close()
+    return result
+
+
+@transaction.atomic
+def mail_retry_now(*, mail_id: int) -> bool:
+    """Staff: give a mail that needs attention a fresh budget, due now; ring after commit."""
+    return due.retry_now(Mail, pk=mail_id)

@@ -6,6 +6,8 @@ from django.conf import settings
 from django.db import models
 from django.db.models.functions import Now
 
+from core.due import DuePolicy, DueWork, due_index
+
 
 class LoyaltyAccount(models.Model):
     """One shopper's points, changed only by versioned conditional UPDATEs (shop.loyalty).
@@ -139,3 +141,49 @@ class CartLine(models.Model):
 
     def __str__(self) -> str:
         return f"{self.sku} × {self.quantity}"
+
+
+class Mail(DueWork):
+    """One shopper e-mail, written by the e-mails consumer and sent later (due work, `core.due`).
+
+    The consumer writes it in the batch's transaction, with the inbox claim
+    and the delivery's `done_at`: the unique message id makes a copy of the
+    event unable to write a second one. `shop.send_mail` sends it (an attempt
+    leased by `core.due.attempt_begin`) and marks it done: `done_at` is when
+    it was sent. At least once: a send whose mark did not commit is sent
+    again after its attempt's lease. Past its budget it needs attention.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    # The outbox message it is the mail of (the consumer's inbox id).
+    message_id = models.CharField(max_length=255)
+    event_type = models.CharField(max_length=64)
+    # The event's payload as the consumer read it: the templates' data, kept with the
+    # row so that sending never needs the outbox message (purged after its retention).
+    payload = models.JSONField(default=dict)
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, related_name="+"
+    )
+    # The shopper's address when the event was applied.
+    address = models.CharField(max_length=254)
+    created_at = models.DateTimeField(db_default=Now())
+    updated_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["message_id"], name="shop_mail_message_uniq"),
+        ]
+        indexes = [due_index(name="shop_mail_due_idx")]
+
+    def __str__(self) -> str:
+        return f"mail {self.id} {self.event_type} to {self.address}"
+
+    @classmethod
+    def due_policy(cls) -> DuePolicy:
+        # One attempt is one send: EMAIL_TIMEOUT to connect and as long again for the
+        # answer, plus the margin for the database around it.
+        return DuePolicy.from_settings(
+            "SHOP_MAIL",
+            task="shop.send_mail",
+            attempt_lease=2 * float(settings.EMAIL_TIMEOUT) + settings.DUE_ATTEMPT_MARGIN,
+        )

@@ -7,8 +7,8 @@ LOCKED` in pk order, attempts counted first, every effect and every delivery's
 `done_at` in one transaction, one by one after any failure so that a poison
 message is a dead letter alone). A single id (text, as published before the
 batches, or by hand) takes the one-delivery path, `delivery_consume`. The
-e-mails consumer shares the claim and runs each message of its batch in its
-own transaction (`apply_many=None`): a mail sent cannot be rolled back.
+e-mails consumer is batched the same way: it writes mail rows, and
+`shop.send_mail` sends them later (due work; `shop.sweep_mail` re-rings).
 
 `acks_late` + `reject_on_worker_lost`: a worker killed mid-task gets the
 message back; the rows' attempt counts bound a message that keeps killing
@@ -21,7 +21,10 @@ from __future__ import annotations
 from typing import Any
 
 from celery import shared_task
+from django.conf import settings
+from django.db import InterfaceError, OperationalError
 
+from core.due import retry_countdown
 from idempotency.deliveries import deliveries_consume, delivery_consume
 
 from . import emails, history, loyalty
@@ -87,11 +90,35 @@ def consume_history(self, message_ids: str | list[str]) -> str:
 
 @shared_task(name="shop.consume_emails", **_OPTIONS)
 def consume_emails(self, message_ids: str | list[str]) -> str:
-    """Send the shopper e-mails of a ring: one claim, then each message in its own transaction.
-
-    Never one batch transaction: rolled back after some sends, it would undo
-    their inbox claims and send those mails again.
-    """
+    """Write the shopper mails of a ring (a batch in one transaction; one id: its own)."""
     return _consume(
-        emails.CONSUMER, message_ids, apply=emails.email_send, apply_many=None, atomic=True
+        emails.CONSUMER,
+        message_ids,
+        apply=emails.email_apply,
+        apply_many=emails.email_apply_many,
+        atomic=True,
     )
+
+
+MAIL_TASK_RETRIES = 3
+
+
+@shared_task(name=emails.SEND_TASK, bind=True, max_retries=MAIL_TASK_RETRIES, acks_late=True)
+def send_mail(self, mail_ids: int | list[int]) -> str:
+    """Send the due mail rows named (one id from the sweeper or staff, a list from the bell).
+
+    The rows decide (core.due.attempt_begin): a redelivered message, the bell
+    and the sweeper's ring make at most one attempt per row between them.
+    Celery retries only the database blinking; a failed send is the row's.
+    """
+    ids = [mail_ids] if isinstance(mail_ids, int) else [int(m) for m in mail_ids]
+    try:
+        return emails.mails_send(mail_ids=ids).summary()
+    except (OperationalError, InterfaceError) as exc:
+        raise self.retry(exc=exc, countdown=retry_countdown(self.request.retries)) from exc
+
+
+@shared_task(name="shop.sweep_mail", bind=True, max_retries=0)
+def sweep_mail(self) -> int:
+    """Ring for every due mail row (run by beat every SHOP_MAIL_SWEEP_INTERVAL seconds)."""
+    return len(emails.mails_sweep(limit=settings.SHOP_MAIL_SWEEP_BATCH))

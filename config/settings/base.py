@@ -352,8 +352,19 @@ CELERY_BEAT_SCHEDULE["orders.sweep_compensation"] = _beat_every(
 globals().update(email_settings(default="console://"))
 # The shopper e-mails consumer (shop/emails.py) is registered with the relay.
 SHOP_EMAILS = env.bool("SHOP_EMAILS", default=True)
-# Ids per e-mails ring (each mail is its own transaction; docs/events.md, "Shopper e-mails").
-SHOP_EMAILS_BATCH = env.int("SHOP_EMAILS_BATCH", default=50)
+# Ids per e-mails ring (docs/events.md, "Shopper e-mails"): the consumer writes one mail
+# row per event in the batch's transaction, like loyalty and history.
+SHOP_EMAILS_BATCH = env.int("SHOP_EMAILS_BATCH", default=200)
+# Sending a mail row (shop.send_mail) is due work (core.due): budget, backoff, lease.
+SHOP_MAIL_MAX_ATTEMPTS = env.int("SHOP_MAIL_MAX_ATTEMPTS", default=10)
+SHOP_MAIL_BACKOFF_BASE = env.float("SHOP_MAIL_BACKOFF_BASE", default=5.0)
+SHOP_MAIL_BACKOFF_MAX = env.float("SHOP_MAIL_BACKOFF_MAX", default=600.0)
+SHOP_MAIL_LEASE = env.float("SHOP_MAIL_LEASE", default=CELERY_VISIBILITY_TIMEOUT + 30)
+# Mails one task sends over one connection (the consumer's ring, the sweeper's batch).
+SHOP_MAIL_SEND_BATCH = env.int("SHOP_MAIL_SEND_BATCH", default=50)
+SHOP_MAIL_SWEEP_BATCH = env.int("SHOP_MAIL_SWEEP_BATCH", default=500)
+SHOP_MAIL_SWEEP_INTERVAL = env.float("SHOP_MAIL_SWEEP_INTERVAL", default=5.0)
+CELERY_BEAT_SCHEDULE["shop.sweep_mail"] = _beat_every("shop.sweep_mail", SHOP_MAIL_SWEEP_INTERVAL)
 DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="shop@example.com")
 # Settlement's outcome confirms or fails the order, in the transaction that records it.
 PAYMENTS_SETTLED_HANDLER = "orders.services.order_payment_settled"

@@ -123,8 +123,10 @@ SHOP_QUEUES: dict[str, tuple[str, ...]] = {
         "idempotency.relay_outbox",
         "idempotency.sweep_deliveries",
     ),
-    # One step of a cancellation's or a return's compensation run.
-    "compensation": ("orders.compensation_step",),
+    # Work after the fact that talks to a mail server: one step of a cancellation's or a
+    # return's compensation run (its notify step sends mail), and the shopper e-mails the
+    # "emails" consumer wrote (shop.send_mail): slow sends never queue before a delivery.
+    "compensation": ("orders.compensation_step", "shop.send_mail"),
     # The nightly sales report chain.
     "reports": (
         "reports.daily_sales_previous_day",
@@ -138,6 +140,7 @@ SHOP_QUEUES: dict[str, tuple[str, ...]] = {
         "payments.sweep_settlements",
         "payments.sweep_refunds",
         "orders.sweep_compensation",
+        "shop.sweep_mail",
         "orders.expire_reservations",
         "idempotency.complete_abandoned_keys",
         "idempotency.purge_outbox",

@@ -50,9 +50,16 @@ def test_each_kind_of_work_has_its_queue():
     consumers = ("shop.consume_loyalty", "shop.consume_history", "shop.consume_emails")
     assert {queue_of(n) for n in (*consumers, "idempotency.relay_outbox")} == {"events"}
     assert queue_of("orders.compensation_step") == "compensation"
+    # Sending a shopper mail never queues before a delivery.
+    assert queue_of("shop.send_mail") == "compensation"
     chain = ("daily_sales_previous_day", "extract", "aggregate", "publish")
     assert {queue_of(f"reports.{n}") for n in chain} == {"reports"}
-    sweeps = ("payments.sweep_settlements", "payments.sweep_refunds", "orders.sweep_compensation")
+    sweeps = (
+        "payments.sweep_settlements",
+        "payments.sweep_refunds",
+        "orders.sweep_compensation",
+        "shop.sweep_mail",
+    )
     assert {queue_of(n) for n in sweeps} == {"maintenance"}
     # No task is named twice (a second name would silently win in the routes).
     names = [task for tasks in settings.SHOP_QUEUES.values() for task in tasks]

@@ -1,4 +1,9 @@
-"""Shopper e-mails: both parts, the right recipient, once per event (inbox claim first)."""
+"""Shopper e-mails: a mail row once per event (inbox claim first), then sent as due work.
+
+The consumer's half (`email_apply`, `email_apply_many`) writes rows; the
+sender's half (`mails_send`) sends them, at least once. The batch path and
+its poison messages are in tests/shop/test_consumer_batches.py.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +13,26 @@ import uuid
 import pytest
 from django.core import mail
 from django.core.mail import EmailMultiAlternatives
+from django.core.mail.backends.locmem import EmailBackend
+from django.db import IntegrityError, connection, transaction
+from django.db.models.functions import Now
 
+from core.db import violated_constraint
+from idempotency import failpoints
 from shop import emails
+from shop.models import Mail
+from shop.tasks import send_mail
 from tests.concurrency import Workers, wait_for_lock_waiters
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def bells(monkeypatch) -> list[list[int]]:
+    """The rows each bell rang for, instead of publishing (read at call time by on_commit)."""
+    rung: list[list[int]] = []
+    monkeypatch.setattr(emails, "mails_ring", lambda ids: rung.append(list(ids)))
+    return rung
 
 
 def order_payload(user, **extra):
@@ -37,10 +57,21 @@ def order_payload(user, **extra):
     return payload
 
 
-def send(event_type, payload, message_id=None):
-    return emails.email_send(
+def apply(event_type, payload, message_id=None):
+    return emails.email_apply(
         message_id=message_id or str(uuid.uuid4()), event_type=event_type, payload=payload
     ).outcome
+
+
+def send_due() -> str:
+    return emails.mails_send(
+        mail_ids=list(Mail.objects.order_by("id").values_list("id", flat=True))
+    ).summary()
+
+
+def make_due_again(row: Mail) -> None:
+    """Time passes (database clock): the backoff and any lease are over."""
+    Mail.objects.filter(pk=row.pk).update(next_attempt_at=Now(), lease_expires_at=Now())
 
 
 @pytest.mark.parametrize(
@@ -58,7 +89,9 @@ def send(event_type, payload, message_id=None):
     ],
 )
 def test_each_mail_has_both_parts_the_recipient_and_its_content(shopper, event_type, extra, needle):
-    assert send(event_type, order_payload(shopper, **extra)) == "sent"
+    assert apply(event_type, order_payload(shopper, **extra)) == "queued"
+    assert mail.outbox == []  # written, not sent: sending is off the delivery path
+    assert send_due() == "sent:1"
     assert len(mail.outbox) == 1
     message = mail.outbox[0]
     assert isinstance(message, EmailMultiAlternatives)
@@ -68,52 +101,129 @@ def test_each_mail_has_both_parts_the_recipient_and_its_content(shopper, event_t
     (html, mimetype), *_ = message.alternatives
     assert mimetype == "text/html"
     assert needle in html
+    row = Mail.objects.get()
+    assert row.done_at is not None and row.attempts == 1 and not row.needs_attention
 
 
-def test_other_event_types_send_nothing(shopper):
-    assert send("order.cancelled", order_payload(shopper)) == "ignored"
-    assert mail.outbox == []
+def test_other_event_types_write_no_mail(shopper):
+    assert apply("order.cancelled", order_payload(shopper)) == "ignored"
+    assert not Mail.objects.exists()
 
 
-def test_the_same_event_twice_sends_one_mail(shopper):
+def test_the_same_event_twice_writes_one_mail_and_sends_it_once(shopper, bells):
     payload = order_payload(shopper)
-    assert send("order.confirmed", payload, message_id="m-1") == "sent"
-    assert send("order.confirmed", payload, message_id="m-1") == "duplicate"
+    assert apply("order.confirmed", payload, message_id="m-1") == "queued"
+    assert apply("order.confirmed", payload, message_id="m-1") == "duplicate"
+    assert Mail.objects.count() == 1
+    assert bells == [[Mail.objects.get().pk]]  # rung once, after the commit that wrote it
+    assert send_due() == "sent:1"
+    assert send_due() == "skipped:1"  # done: a second ring sends nothing
     assert len(mail.outbox) == 1
+
+
+def test_a_rolled_back_write_rings_no_bell_and_leaves_no_row(shopper, bells):
+    with pytest.raises(RuntimeError), transaction.atomic():
+        apply("order.confirmed", order_payload(shopper), message_id="m-back")
+        raise RuntimeError("the batch failed after the write")
+    assert bells == [] and not Mail.objects.exists()
 
 
 def test_a_shopper_without_address_gets_no_mail(shopper):
     shopper.email = ""
     shopper.save(update_fields=["email"])
-    assert send("order.confirmed", order_payload(shopper), message_id="m-2") == "no_address"
-    assert mail.outbox == []
+    assert apply("order.confirmed", order_payload(shopper), message_id="m-2") == "no_address"
+    assert not Mail.objects.exists()
 
 
-def test_a_failed_send_rolls_the_claim_back(shopper, monkeypatch):
+def test_one_connection_sends_a_ring_of_mails(make_user, monkeypatch):
+    shoppers = [make_user() for _ in range(3)]
+    for s in shoppers:
+        apply("order.confirmed", order_payload(s))
+    opened = []
+    real_open = EmailBackend.open
+    monkeypatch.setattr(EmailBackend, "open", lambda self: opened.append(self) or real_open(self))
+    assert send_mail(list(Mail.objects.values_list("id", flat=True))) == "sent:3"
+    assert len(opened) == 1
+    assert sorted(m.to[0] for m in mail.outbox) == sorted(s.email for s in shoppers)
+
+
+# --- sending: due work ------------------------------------------------------------------
+
+
+def test_a_failed_send_is_recorded_and_sent_once_when_due_again(shopper, monkeypatch):
     def boom(self, fail_silently=False):
         raise OSError("smtp down")
 
+    apply("order.confirmed", order_payload(shopper), message_id="m-3")
     monkeypatch.setattr(EmailMultiAlternatives, "send", boom)
-    with pytest.raises(OSError):
-        send("order.confirmed", order_payload(shopper), message_id="m-3")
+    assert send_due() == "failed:1"
+    row = Mail.objects.get()
+    assert "smtp down" in row.last_error and row.done_at is None and row.attempts == 1
+    assert not row.lease_owner  # freed: the next attempt waits only for the backoff
     monkeypatch.undo()
-    assert send("order.confirmed", order_payload(shopper), message_id="m-3") == "sent"
+    assert send_due() == "skipped:1"  # the backoff runs (database clock)
+    make_due_again(row)
+    assert send_due() == "sent:1"
     assert len(mail.outbox) == 1
+    assert Mail.objects.get().attempts == 2
+
+
+def test_a_mail_that_keeps_failing_needs_attention_and_staff_can_retry_it(
+    shopper, monkeypatch, settings, bells
+):
+    settings.SHOP_MAIL_MAX_ATTEMPTS = 2
+    monkeypatch.setattr(EmailMultiAlternatives, "send", lambda self, fail_silently=False: 1 / 0)
+    apply("order.confirmed", order_payload(shopper))
+    row = Mail.objects.get()
+    assert send_due() == "failed:1"
+    make_due_again(row)
+    assert send_due() == "needs_attention:1"
+    row.refresh_from_db()
+    assert row.needs_attention and row.done_at is None and "ZeroDivisionError" in row.last_error
+    make_due_again(row)
+    assert send_due() == "skipped:1"  # waits for staff, whatever rings
+    monkeypatch.undo()
+    with pytest.MonkeyPatch.context() as patch:
+        rang = []
+        patch.setattr("core.due.ring", lambda model, pk, delay=0.0: rang.append((model, pk)))
+        assert emails.mail_retry_now(mail_id=row.pk)
+    assert rang == [(Mail, row.pk)]
+    assert send_mail(row.pk) == "sent:1"  # the bell's one id
+    assert len(mail.outbox) == 1
+
+
+def test_a_sender_killed_after_the_send_before_the_mark_sends_again_after_the_lease(shopper, bells):
+    # At least once, as before: nothing makes an SMTP send and a commit atomic.
+    apply("order.confirmed", order_payload(shopper))
+    row = Mail.objects.get()
+
+    def killed(name):
+        raise SystemExit("worker killed")
+
+    with failpoints.hook("mail.sent", killed), pytest.raises(SystemExit):
+        emails.mails_send(mail_ids=[row.pk])
+    assert len(mail.outbox) == 1
+    row.refresh_from_db()
+    assert row.done_at is None and row.lease_owner.startswith("attempt ")
+    # While the attempt's lease runs, no second attempt (the first may still be sending).
+    Mail.objects.filter(pk=row.pk).update(next_attempt_at=Now())
+    assert emails.mails_send(mail_ids=[row.pk]).summary() == "skipped:1"
+    assert emails.mails_sweep(limit=10) == []
+    # The lease runs out (database clock): the sweeper finds the row and it is sent again.
+    Mail.objects.filter(pk=row.pk).update(lease_expires_at=Now())
+    assert emails.mails_sweep(limit=10) == [row.pk]
+    assert bells[-1] == [row.pk]
+    assert send_mail([row.pk]) == "sent:1"
+    assert len(mail.outbox) == 2
+    row.refresh_from_db()
+    assert row.done_at is not None and row.attempts == 2
 
 
 # --- two copies at once -----------------------------------------------------------
 
 
-def wrong_send(*, message_id, event_type, payload):
-    """Deliberately wrong twin: sends before claiming, so a racing copy sends too."""
-    from django.db import transaction
-
-    with transaction.atomic():
-        EmailMultiAlternatives("x", "y", to=["a@example.com"]).send()
-        emails.inbox_claim_many(consumer=emails.CONSUMER, message_ids=[message_id])
-
-
-def race(monkeypatch, apply):
+def race(monkeypatch, apply_copy):
+    """Two copies released together; the first holds its inbox claim until the second waits."""
     claimed, release = threading.Event(), threading.Event()
     real_claim = emails.inbox_claim_many
     first = threading.Lock()
@@ -130,7 +240,7 @@ def race(monkeypatch, apply):
 
     def deliver():
         barrier.wait(timeout=30)
-        return apply()
+        return apply_copy()
 
     workers = Workers()
     workers.start(deliver)
@@ -141,17 +251,48 @@ def race(monkeypatch, apply):
     return workers.join()
 
 
-def test_two_copies_at_once_send_one_mail(shopper, monkeypatch):
+def test_two_copies_at_once_write_one_mail(shopper, monkeypatch):
     payload = order_payload(shopper)
-    outcomes = race(monkeypatch, lambda: send("order.confirmed", payload, message_id="m-race"))
-    assert sorted(outcomes) == ["duplicate", "sent"]
+    outcomes = race(monkeypatch, lambda: apply("order.confirmed", payload, message_id="m-race"))
+    assert sorted(outcomes) == ["duplicate", "queued"]
+    assert Mail.objects.filter(message_id="m-race").count() == 1
+    assert send_due() == "sent:1"
     assert len(mail.outbox) == 1
 
 
-def test_the_wrong_twin_sends_twice(shopper, monkeypatch):
-    # The twin claims through emails.inbox_claim_many too, so race() holds its claim.
-    race(
-        monkeypatch,
-        lambda: wrong_send(message_id="m-wrong", event_type="order.confirmed", payload={}),
-    )
-    assert len(mail.outbox) == 2
+def wrong_write(*, message_id, shopper, checked: threading.Barrier, seen: list) -> str:
+    """Deliberately wrong twin: check for the row, then insert (no inbox claim first)."""
+    with transaction.atomic():
+        exists = Mail.objects.filter(message_id=message_id).exists()
+        checked.wait(timeout=30)  # both copies have looked before either writes
+        if exists:
+            return "duplicate"
+        seen.append(message_id)  # this copy decided to write
+        try:
+            with transaction.atomic():
+                Mail.objects.create(
+                    message_id=message_id,
+                    event_type="order.confirmed",
+                    payload={},
+                    user=shopper,
+                    address=shopper.email,
+                )
+        except IntegrityError as exc:
+            return violated_constraint(exc) or "?"
+    return "queued"
+
+
+def test_the_check_then_insert_twin_would_write_two_mails(shopper):
+    checked, seen = threading.Barrier(2), []
+    workers = Workers()
+    for _ in range(2):
+        workers.start(
+            wrong_write, message_id="m-wrong", shopper=shopper, checked=checked, seen=seen
+        )
+    outcomes = workers.join()
+    connection.close()
+    # Both copies saw no row and both wrote: only the unique constraint kept the second
+    # row out. Without the inbox claim first and the constraint, two mails would go out.
+    assert seen == ["m-wrong", "m-wrong"]
+    assert sorted(outcomes) == ["queued", emails.MAIL_CONSTRAINT]
+    assert Mail.objects.filter(message_id="m-wrong").count() == 1
