@@ -12,12 +12,15 @@ import uuid
 from datetime import timedelta
 
 import pytest
+from django.contrib.auth import get_user_model
 from django.db import connection
 from django.db.models.functions import Now
+from django.test.utils import CaptureQueriesContext
 
 from idempotency import deliveries, failpoints, metrics, relay
 from idempotency.models import Delivery, InboxMessage
 from shop import emails, events, history
+from shop.models import Mail
 from shop.tasks import consume_emails, consume_history, consume_loyalty
 from tests.shop.test_consumers import balance, history_quantity, write
 from tests.shop.test_history import order_payload, return_payload
@@ -334,18 +337,19 @@ def test_a_rolled_back_batch_observes_no_lag(shopper, rings, monkeypatch):
     assert _lag("purchase_history")[0] == before
 
 
-# -- the e-mails consumer: a ring of many ids, each message its own transaction --------------
+# -- the e-mails consumer: batched like the others, mail rows written, sent later --------------
 
 EMAILS_TASK = "shop.consume_emails"
 
 
 @pytest.fixture
 def emails_on(monkeypatch):
-    """Register the e-mails consumer (off in the test settings), rings of 2 ids."""
+    """Register the e-mails consumer (off in the test settings), rings of 2 ids; no bell."""
     monkeypatch.setattr(relay, "_consumers", dict(relay._consumers))
     relay.register_consumer(
         emails.CONSUMER, task=EMAILS_TASK, event_types=emails.EVENT_TYPES, batch=2
     )
+    monkeypatch.setattr(emails, "mails_ring", lambda ids: None)
 
 
 def _email_rings(sent) -> list[tuple[str, list[str]]]:
@@ -356,20 +360,15 @@ def _email_rows() -> dict[str, Delivery]:
     return {str(d.message_id): d for d in Delivery.objects.filter(consumer=emails.CONSUMER)}
 
 
-def _failing_send_to(monkeypatch, address: str) -> None:
-    from django.core.mail import EmailMultiAlternatives
-
-    real_send = EmailMultiAlternatives.send
-
-    def send(self, fail_silently=False):
-        if address in self.to:
-            raise OSError("smtp: mailbox busy")
-        return real_send(self, fail_silently)
-
-    monkeypatch.setattr(EmailMultiAlternatives, "send", send)
+def _mails() -> dict[str, Mail]:
+    return {m.message_id: m for m in Mail.objects.all()}
 
 
-def test_an_emails_ring_carries_many_ids_and_sends_each_mail_once(
+def _send_all() -> str:
+    return emails.mails_send(mail_ids=list(Mail.objects.values_list("id", flat=True))).summary()
+
+
+def test_an_emails_ring_carries_many_ids_and_writes_each_mail_once_in_one_transaction(
     make_user, rings, emails_on, settings
 ):
     from django.core import mail
@@ -383,16 +382,23 @@ def test_an_emails_ring_carries_many_ids_and_sends_each_mail_once(
     # The consumer's own ring size (2), the others' OUTBOX_CONSUMER_BATCH (4): 3 rings.
     assert [len(batch) for _, batch in _email_rings(rings)] == [2, 2, 1]
     assert [m for _, batch in _email_rings(rings) for m in batch] == ids
-    assert run(_email_rings(rings)) == ["applied:2", "applied:2", "applied:1"]
-    assert sorted(m.to[0] for m in mail.outbox) == sorted(shoppers[i % 3].email for i in range(5))
+    with CaptureQueriesContext(connection) as queries:
+        assert run(_email_rings(rings)[:1]) == ["applied:2"]
+    # The batch path: one owner query and one mail insert for the ring, not one per mail.
+    sql = [q["sql"] for q in queries.captured_queries]
+    assert sum("auth_user" in q for q in sql) == 1
+    assert sum(q.startswith("INSERT INTO shop_mail") for q in sql) == 1
+    assert run(_email_rings(rings)[1:]) == ["applied:2", "applied:1"]
+    assert mail.outbox == []  # no mail sent while a delivery waits
     rows = _email_rows()
     assert all(r.done_at is not None and r.attempts == 1 for r in rows.values())
     assert InboxMessage.objects.filter(consumer=emails.CONSUMER).count() == 5
+    assert sorted(_mails()) == sorted(ids)
+    assert _send_all() == "sent:5"
+    assert sorted(m.to[0] for m in mail.outbox) == sorted(shoppers[i % 3].email for i in range(5))
 
 
-def test_the_same_emails_ring_delivered_twice_sends_no_second_mail(make_user, rings, emails_on):
-    from django.core import mail
-
+def test_the_same_emails_ring_delivered_twice_writes_no_second_mail(make_user, rings, emails_on):
     shoppers = [make_user() for _ in range(2)]
     for i, s in enumerate(shoppers):
         write(events.ORDER_CONFIRMED, order_payload(s, number=i))
@@ -400,8 +406,8 @@ def test_the_same_emails_ring_delivered_twice_sends_no_second_mail(make_user, ri
     (ring,) = _email_rings(rings)
     assert run([ring]) == ["applied:2"]
     before = metrics.duplicate_totals()
-    assert run([ring]) == ["applied:2"]  # the copies: acknowledged, no mail
-    assert len(mail.outbox) == 2
+    assert run([ring]) == ["applied:2"]  # the copies: acknowledged, no second row
+    assert Mail.objects.count() == 2
     after = metrics.duplicate_totals()
     assert after[metrics.INBOX_DUPLICATE] - before[metrics.INBOX_DUPLICATE] == 2
     assert set(
@@ -409,73 +415,88 @@ def test_the_same_emails_ring_delivered_twice_sends_no_second_mail(make_user, ri
     ) == {1}
 
 
-def test_a_failing_send_in_an_emails_ring_is_retried_alone_and_its_neighbours_are_sent_once(
+def test_a_failing_send_holds_back_no_delivery_and_no_neighbour(
     make_user, rings, emails_on, monkeypatch
 ):
     from django.core import mail
+    from django.core.mail import EmailMultiAlternatives
 
     shoppers = [make_user() for _ in range(3)]
     ids = [
         write(events.ORDER_CONFIRMED, order_payload(s, number=i)) for i, s in enumerate(shoppers)
     ]
     relay.relay_once()
-    ring = [(EMAILS_TASK, ids)]  # one ring of three, the failing one in the middle
-    _failing_send_to(monkeypatch, shoppers[1].email)
-    assert run(ring) == ["applied:2,failed:1"]
-    # Each mail committed with its own claim: the neighbours went out once (a batch
-    # transaction rolled back by the failure would have sent them again one by one).
+    assert run([(EMAILS_TASK, ids)]) == ["applied:3"]  # every delivery done: the mail server
+    real_send = EmailMultiAlternatives.send  # is not on the delivery path any more
+
+    def send(self, fail_silently=False):
+        if shoppers[1].email in self.to:
+            raise OSError("smtp: mailbox busy")
+        return real_send(self, fail_silently)
+
+    monkeypatch.setattr(EmailMultiAlternatives, "send", send)
+    assert _send_all() == "failed:1,sent:2"
     assert sorted(m.to[0] for m in mail.outbox) == sorted([shoppers[0].email, shoppers[2].email])
-    rows = _email_rows()
-    assert "mailbox busy" in rows[ids[1]].last_error and rows[ids[1]].done_at is None
-    assert InboxMessage.objects.filter(consumer=emails.CONSUMER).count() == 2  # its rolled back
-    monkeypatch.undo()
-    Delivery.objects.filter(pk=rows[ids[1]].pk).update(next_attempt_at=Now())
-    assert run(ring) == ["applied:3"]  # the neighbours are copies; the failed one runs alone
-    assert [m.to[0] for m in mail.outbox][2:] == [shoppers[1].email]
-    rows = _email_rows()
-    assert [rows[i].attempts for i in ids] == [1, 2, 1]
-    assert all(rows[i].done_at is not None for i in ids)
+    failing = _mails()[ids[1]]
+    assert "mailbox busy" in failing.last_error and failing.done_at is None
+    assert all(r.done_at is not None and r.attempts == 1 for r in _email_rows().values())
 
 
 def test_a_poison_message_in_an_emails_ring_is_a_dead_letter_alone(make_user, rings, emails_on):
-    from django.core import mail
-
     a, b = make_user(), make_user()
     good_a = write(events.ORDER_CONFIRMED, order_payload(a, number=1))
     unknown_owner = {**order_payload(a, number=2), "owner_id": 10**9}  # no user of this shop
     poison = write(events.ORDER_CONFIRMED, unknown_owner)
-    good_b = write(events.ORDER_CONFIRMED, order_payload(b, number=3))
+    unreadable = write(events.ORDER_CONFIRMED, {**order_payload(b, number=3), "owner_id": "b"})
+    good_b = write(events.ORDER_CONFIRMED, order_payload(b, number=4))
     relay.relay_once()
-    ring = [(EMAILS_TASK, [good_a, poison, good_b])]
-    assert run(ring) == ["applied:2,dead_letter:1"]
-    assert sorted(m.to[0] for m in mail.outbox) == sorted([a.email, b.email])
+    ring = [(EMAILS_TASK, [good_a, poison, unreadable, good_b])]
+    # The batch rolls back whole, then one by one: each poison message alone is a dead letter.
+    assert run(ring) == ["applied:2,dead_letter:2"]
+    mails = _mails()
+    assert sorted(mails) == sorted([good_a, good_b])
+    assert sorted(m.address for m in mails.values()) == sorted([a.email, b.email])
     rows = _email_rows()
-    assert rows[poison].needs_attention and rows[poison].attempts == 1
-    assert "PoisonMessage" in rows[poison].last_error
+    for bad in (poison, unreadable):
+        assert rows[bad].needs_attention and rows[bad].attempts == 1
+        assert "PoisonMessage" in rows[bad].last_error
     assert [rows[m].done_at is not None and rows[m].attempts for m in (good_a, good_b)] == [1, 1]
-    # A copy of the ring: the dead letter does not run again, no second mail.
-    assert run(ring) == ["applied:2,skipped:1"]
-    assert len(mail.outbox) == 2
+    # A copy of the ring: the dead letters do not run again, no second row.
+    assert run(ring) == ["applied:2,skipped:2"]
+    assert Mail.objects.count() == 2
 
 
-def test_the_batch_transaction_twin_sends_the_neighbours_of_a_failing_mail_twice(
+def test_the_send_inside_the_batch_twin_sends_the_neighbours_of_a_failing_mail_twice(
     make_user, rings, emails_on, monkeypatch
 ):
-    # DELIBERATELY WRONG: the e-mails consumer on the batch path (one transaction for the
-    # ring, one by one after a failure). The failure rolls the neighbours' claims back
-    # after their mails went out, and the one-by-one pass sends them again.
+    # DELIBERATELY WRONG: sending inside the batch transaction (the reason sending is due
+    # work now). The failure rolls the neighbours' claims back after their mails went out,
+    # and the one-by-one pass sends them again.
     from django.core import mail
+    from django.core.mail import EmailMultiAlternatives
 
     shoppers = [make_user() for _ in range(3)]
     ids = [
         write(events.ORDER_CONFIRMED, order_payload(s, number=i)) for i, s in enumerate(shoppers)
     ]
     relay.relay_once()
-    _failing_send_to(monkeypatch, shoppers[1].email)
+    real_send = EmailMultiAlternatives.send
+
+    def send(self, fail_silently=False):
+        if shoppers[1].email in self.to:
+            raise OSError("smtp: mailbox busy")
+        return real_send(self, fail_silently)
+
+    monkeypatch.setattr(EmailMultiAlternatives, "send", send)
+
+    def send_one(*, message_id, event_type, payload):
+        emails.inbox_claim_many(consumer=emails.CONSUMER, message_ids=[message_id])
+        owner = get_user_model().objects.get(pk=payload["owner_id"])
+        EmailMultiAlternatives("x", "y", to=[owner.email]).send()
 
     def send_many(messages):
         return [
-            emails.email_send(message_id=m.message_id, event_type=m.event_type, payload=m.payload)
+            send_one(message_id=m.message_id, event_type=m.event_type, payload=m.payload)
             for m in messages
         ]
 
@@ -483,7 +504,7 @@ def test_the_batch_transaction_twin_sends_the_neighbours_of_a_failing_mail_twice
         consumer=emails.CONSUMER,
         message_ids=ids,
         apply_many=send_many,
-        apply=emails.email_send,
+        apply=send_one,
         atomic=True,
     )
     assert result.one_by_one
@@ -491,10 +512,8 @@ def test_the_batch_transaction_twin_sends_the_neighbours_of_a_failing_mail_twice
 
 
 def test_one_emails_id_alone_takes_the_one_delivery_path(shopper, rings, emails_on):
-    from django.core import mail
-
     one = write(events.ORDER_CONFIRMED, order_payload(shopper))
     relay.relay_once()
-    assert consume_emails(one) == "applied:sent"
+    assert consume_emails(one) == "applied:queued"
     assert consume_emails(one) == "applied:duplicate"
-    assert [m.to for m in mail.outbox] == [[shopper.email]]
+    assert list(_mails()) == [one]

@@ -3,9 +3,10 @@
 An order confirmed, another one's payment declined, the first one shipped with
 a tracking number and partly refunded: each writes its outbox message in its
 own transaction; the relay (in this process) writes the deliveries and rings
-the e-mail consumer, whose task body runs here. Each mail arrives once with a
-plain-text and an HTML part; the same message ids delivered again send nothing
-(the inbox), docs/events.md.
+the e-mail consumer, whose task body runs here and writes the mail rows; its
+bell rings the sender (`shop.send_mail`), whose body runs here too. Each mail
+arrives once with a plain-text and an HTML part; the same message ids
+delivered again write and send nothing (the inbox), docs/events.md.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from idempotency.models import Delivery
 from orders.models import Order
 from payments.refunds import refund_run
 from shop import emails
-from shop.tasks import consume_emails
+from shop.models import Mail
+from shop.tasks import consume_emails, send_mail
 from tests.orders.conftest import ADDRESS
 from tests.orders.shipping import ship
 
@@ -88,6 +90,14 @@ def test_the_four_mails_arrive_once_each_with_both_parts(
     ids = [i for name, args in rung if name == "shop.consume_emails" for i in args[0]]
     assert len(ids) == 4 == Delivery.objects.filter(consumer=emails.CONSUMER).count()
     consume_emails.apply(args=[ids])
+    assert mail.outbox == []  # the deliveries are done before any mail is sent
+    assert not Delivery.objects.filter(consumer=emails.CONSUMER, done_at__isnull=True).exists()
+    bells = [args[0] for name, args in rung if name == "shop.send_mail"]
+    assert sorted(i for bell in bells for i in bell) == sorted(
+        Mail.objects.values_list("id", flat=True)
+    )
+    for bell in bells:
+        send_mail.apply(args=[bell])
 
     failed = Order.objects.get(id=declined.json()["order_id"])
     assert sorted(message.subject for message in mail.outbox) == sorted(
@@ -107,7 +117,12 @@ def test_the_four_mails_arrive_once_each_with_both_parts(
     shipped = next(m for m in mail.outbox if "shipped" in m.subject)
     assert "TRK-4242" in shipped.body and "TRK-4242" in shipped.alternatives[0][0]
 
-    # The same message ids delivered again (a redelivery): the inbox sends nothing new.
+    # The same message ids delivered again (a redelivery): the inbox writes nothing new,
+    # and the bells rung again send nothing (the rows are done).
     consume_emails.apply(args=[ids])
+    assert Mail.objects.count() == 4
+    for bell in bells:
+        send_mail.apply(args=[bell])
     assert len(mail.outbox) == 4
+    assert not Mail.objects.filter(done_at__isnull=True).exists()
     assert not Delivery.objects.filter(consumer=emails.CONSUMER, done_at__isnull=True).exists()
