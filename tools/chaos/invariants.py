@@ -42,6 +42,8 @@ HANDLED_TYPES = (
     "return.completed",
 )
 CONSUMERS = ("loyalty", "purchase_history")
+# Checked apart (`_check_mails_once`): its deliveries exist only where SHOP_EMAILS is on.
+EMAILS_CONSUMER = "emails"
 WEBHOOK_CONSUMER = "payments.provider"
 MAX_SHOWN = 5
 # kombu's Redis transport keeps delivered, unacknowledged messages in this hash.
@@ -657,6 +659,37 @@ def _deliveries() -> dict[tuple[str, str], tuple[bool, bool]]:
     }
 
 
+def _check_mails_once(inv: Invariant, deliveries: dict) -> None:
+    """The e-mails consumer: a done delivery is in its inbox once, with at most one mail row.
+
+    Only where the consumer ran (its delivery rows exist; SHOP_EMAILS may be off). A
+    mail row needs its event's delivery done: it commits with the inbox row and
+    `done_at` (shop.emails); the unique message id keeps it to one.
+    """
+    inbox: dict[str, int] = defaultdict(int)
+    for message_id, n in rows(
+        "SELECT message_id, COUNT(*) FROM idempotency_inboxmessage WHERE consumer = %s "
+        "GROUP BY message_id",
+        [EMAILS_CONSUMER],
+    ):
+        inbox[message_id] = n
+    mails: dict[str, int] = defaultdict(int)
+    for message_id, n in rows("SELECT message_id, COUNT(*) FROM shop_mail GROUP BY message_id"):
+        mails[message_id] = n
+    for (consumer, message_id), (done, _attention) in sorted(deliveries.items()):
+        if consumer != EMAILS_CONSUMER:
+            continue
+        inv.checked += 1
+        claims, written = inbox.get(message_id, 0), mails.get(message_id, 0)
+        if done and (claims != 1 or written > 1):
+            inv.fail(f"emails: {message_id} delivered, inbox {claims}×, {written} mail rows")
+        elif not done and (claims or written):
+            inv.fail(f"emails: {message_id} not delivered, inbox {claims}×, {written} mail rows")
+    delivered = {m for (c, m) in deliveries if c == EMAILS_CONSUMER}
+    for message_id in sorted(set(mails) - delivered):
+        inv.fail(f"emails: mail row for {message_id}, which has no delivery")
+
+
 def check_events_once(*, ledger: LedgerFile) -> Invariant:
     """Each event applied exactly once per consumer (inbox, loyalty's applied ids, webhooks)."""
     inv = Invariant("events_applied_once")
@@ -699,6 +732,7 @@ def check_events_once(*, ledger: LedgerFile) -> Invariant:
     for (user_id, event_id), _n in sorted(applied.items()):
         if event_id not in known:
             inv.fail(f"loyalty: user {user_id} applied {event_id}, which is no outbox event")
+    _check_mails_once(inv, deliveries)
     # The provider's webhooks: every event it delivered (answered 2xx) is in the inbox once.
     if ledger.exists():
         stored = {
@@ -837,8 +871,9 @@ def _due_models() -> list[type[DueWork]]:
     from idempotency.models import Delivery, OutboxMessage
     from orders.models import CompensationStep
     from payments.models import PaymentSettlement, Refund
+    from shop.models import Mail
 
-    return [OutboxMessage, Delivery, PaymentSettlement, Refund, CompensationStep]
+    return [OutboxMessage, Delivery, PaymentSettlement, Refund, CompensationStep, Mail]
 
 
 def check_due_budget() -> Invariant:

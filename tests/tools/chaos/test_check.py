@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 from django.db import connection, transaction
 from django.db.models import F
+from django.db.models.functions import Now
 
 from idempotency import relay
 from idempotency.models import InboxMessage, OutboxMessage
@@ -35,7 +36,7 @@ from inventory.models import Reservation, StockItem
 from orders.models import CompensationStep, Order, OrderLine, ReturnRequest
 from payments.models import Payment, PaymentSettlement, PaymentTransaction, Refund
 from payments.refunds import refund_run
-from shop.models import LoyaltyAccount, PurchaseHistoryLine
+from shop.models import LoyaltyAccount, Mail, PurchaseHistoryLine
 from shop.tasks import consume_history, consume_loyalty
 from tests.orders.compensation_support import drive
 from tests.orders.conftest import ADDRESS
@@ -415,6 +416,17 @@ def _effect_applied_twice(state: State, run_dir: Path) -> None:
     )
 
 
+def _mail_without_its_delivery(state: State, run_dir: Path) -> None:
+    # Sent (done: not pending work), but no e-mails delivery of its event was ever applied.
+    Mail.objects.create(
+        message_id=str(uuid.uuid4()),
+        event_type="order.confirmed",
+        payload={},
+        address="someone@example.com",
+        done_at=Now(),
+    )
+
+
 def _loyalty_not_sum(state: State, run_dir: Path) -> None:
     LoyaltyAccount.objects.filter(user_id=state.orders["paid"].owner_id).update(
         balance=F("balance") + 1
@@ -471,6 +483,7 @@ CORRUPTIONS: list[tuple[str, Callable, str]] = [
     ("a held reservation past expiry", _held_past_expiry, "no_held_reservation_past_expiry"),
     ("an inbox row missing", _inbox_row_missing, "events_applied_once"),
     ("an effect applied twice", _effect_applied_twice, "events_applied_once"),
+    ("a mail row without its delivery", _mail_without_its_delivery, "events_applied_once"),
     ("loyalty ≠ sum of the events", _loyalty_not_sum, "loyalty_equals_events"),
     ("history ≠ confirmed − returned − cancelled", _history_not_orders, "history_equals_orders"),
     (
