@@ -1,7 +1,7 @@
 """Due work: every piece of pending, retried work is a row (docs/architecture.md, "Due work").
 
 The broker is a doorbell, the database is the ledger. A kind of due work
-(settlements, outbox messages, refunds, compensation steps, webhook
+(settlements, outbox messages, refunds, compensation steps, shopper mails, webhook
 deliveries) is a concrete model inheriting `DueWork`, with a `due_policy()`
 naming its Celery task, attempt budget, backoff and lease. Everything below
 takes the model class and row ids, never instances, and judges time by the

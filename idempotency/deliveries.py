@@ -41,11 +41,12 @@ consumer.
    (`delivery_consume`, attempt counted first), so a message that kills the
    worker spends its own budget alone and never its neighbours'.
 
-**Per message** (`apply_many=None`, the e-mails consumer): step 1 as above,
-no step 2. Each claimed row goes through `apply` in its own transaction
-(the consumer's inbox claim, its effect, `done_at`, one commit), as in step
-3: a mail sent is never undone by a neighbour's rollback, and a failing or
-poison row records only its own error.
+**Per message** (`apply_many=None`, for a consumer whose effect cannot be
+undone; none is registered today: the e-mails consumer writes mail rows in a
+batch and sends them later): step 1 as above, no step 2. Each claimed row
+goes through `apply` in its own transaction (the consumer's inbox claim, its
+effect, `done_at`, one commit), as in step 3: an effect is never undone by a
+neighbour's rollback, and a failing or poison row records only its own error.
 
     dead_letters_count()   deliveries that are dead letters (the `shop_dead_letters` gauge)
 """
@@ -346,7 +347,7 @@ def deliveries_consume(
     one by one through `apply`, the single-message consumer, with `atomic` as
     for `delivery_consume`). With `apply_many=None` there is no batch
     transaction: after the one claim, each row goes through `apply` in its
-    own transaction (a consumer whose effect cannot be undone, e-mails).
+    own transaction (a consumer whose effect cannot be undone).
     """
     wanted = list(dict.fromkeys(str(m) for m in message_ids))
     result = BatchResult(results={}, outcomes={})
@@ -361,7 +362,7 @@ def deliveries_consume(
     result.results.update(claim.skipped)
     together = sorted([*claim.fresh, *claim.copies])
     if together and apply_many is None:
-        # No batch transaction: an effect that cannot be rolled back (a mail sent) must
+        # No batch transaction: an effect that cannot be rolled back (a call out) must
         # commit with its own inbox claim, never wait on (or be undone with) a neighbour's.
         _one_by_one(consumer, together, ids, apply=apply, atomic=atomic, into=result)
     elif together and apply_many is not None:

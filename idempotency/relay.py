@@ -61,8 +61,7 @@ def register_consumer(
     """Subscribe consumer `name` (Celery task `task`) to `event_types` (call in AppConfig.ready).
 
     `batch`: ids per ring for this consumer, when OUTBOX_CONSUMER_BATCH does not
-    suit it (the e-mails consumer runs one transaction per id: smaller rings
-    let every worker process take a share of a burst).
+    suit it (the e-mails consumer's SHOP_EMAILS_BATCH).
     """
     consumer = Consumer(name=name, task=task, event_types=frozenset(event_types), batch=batch)
     existing = _consumers.get(name)
