@@ -181,9 +181,11 @@ class Mail(DueWork):
     @classmethod
     def due_policy(cls) -> DuePolicy:
         # One attempt is one send: EMAIL_TIMEOUT to connect and as long again for the
-        # answer, plus the margin for the database around it.
+        # answer, plus the margin for the database around it. Without a timeout (None)
+        # the worker's hard time limit is what bounds a running send.
+        send = settings.EMAIL_TIMEOUT or settings.CELERY_TASK_TIME_LIMIT / 2
         return DuePolicy.from_settings(
             "SHOP_MAIL",
             task="shop.send_mail",
-            attempt_lease=2 * float(settings.EMAIL_TIMEOUT) + settings.DUE_ATTEMPT_MARGIN,
+            attempt_lease=2 * float(send) + settings.DUE_ATTEMPT_MARGIN,
         )
