@@ -29,12 +29,14 @@ from __future__ import annotations
 import enum
 import json
 import logging
+import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from celery import current_app
+from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.mail import EmailMultiAlternatives, get_connection
@@ -207,6 +209,7 @@ class Sent(enum.StrEnum):
     FAILED = "failed"  # recorded; due again after the backoff
     ATTENTION = "needs_attention"  # the budget is spent: staff decide
     SKIPPED = "skipped"  # not due, another runner's attempt, done, or no such row
+    LEFT = "left"  # not tried: the task's time budget ran out (still due; the sweeper rings)
 
 
 @dataclass
@@ -236,6 +239,16 @@ def mail_message(mail: Mail, *, connection=None) -> EmailMultiAlternatives:
     return message
 
 
+def send_budget() -> float:
+    """Seconds a sender task may keep beginning attempts: its soft time limit less one send.
+
+    A send begun before the budget ends finishes (or times out) before the soft
+    limit; the rows not begun stay due and the sweeper rings for them.
+    """
+    limit = float(settings.CELERY_TASK_SOFT_TIME_LIMIT)
+    return max(1.0, limit - Mail.due_policy().attempt_lease_seconds)
+
+
 def mails_send(*, mail_ids: Sequence[int]) -> SendResult:
     """Send the mail rows `mail_ids` that are due, each one attempt, over one connection.
 
@@ -243,13 +256,18 @@ def mails_send(*, mail_ids: Sequence[int]) -> SendResult:
     for the send's worst case), render, send, failpoint `mail.sent`, then
     `mark_done` fenced by the attempt. A failed send records its error
     (`attempt_failed`) and, past the budget, the row needs attention; the
-    connection is opened again for the next row.
+    connection is opened again for the next row. No attempt begins after
+    `send_budget()`: those rows are left due.
     """
     result = SendResult(results={})
     mail_connection = get_connection(fail_silently=False)
     opened = False
+    deadline = time.monotonic() + send_budget()
     try:
         for mail_id in dict.fromkeys(mail_ids):
+            if result.results and time.monotonic() > deadline:
+                result.results[mail_id] = Sent.LEFT
+                continue
             attempt = due.attempt_begin(Mail, pk=mail_id)
             if attempt.budget_spent:
                 budget = Mail.due_policy().max_attempts
@@ -271,6 +289,9 @@ def mails_send(*, mail_ids: Sequence[int]) -> SendResult:
                     mail_connection.open()
                     opened = True
                 message.send()
+            except SoftTimeLimitExceeded:
+                # The task must end now: the attempt's lease makes the row due again.
+                raise
             except Exception as exc:  # noqa: BLE001 - every failure ends in the row
                 if opened:
                     mail_connection.close()  # a broken connection is not reused

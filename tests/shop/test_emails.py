@@ -150,6 +150,16 @@ def test_one_connection_sends_a_ring_of_mails(make_user, monkeypatch):
 # --- sending: due work ------------------------------------------------------------------
 
 
+def test_a_sender_past_its_time_budget_leaves_the_rest_due(make_user, monkeypatch):
+    for _ in range(3):
+        apply("order.confirmed", order_payload(make_user()))
+    monkeypatch.setattr(emails, "send_budget", lambda: 0.0)
+    assert send_due() == "left:2,sent:1"  # one send always; then no attempt begins
+    left = Mail.objects.filter(done_at__isnull=True)
+    assert left.count() == 2 and set(left.values_list("attempts", flat=True)) == {0}
+    assert sorted(emails.mails_sweep(limit=10)) == sorted(left.values_list("id", flat=True))
+
+
 def test_a_failed_send_is_recorded_and_sent_once_when_due_again(shopper, monkeypatch):
     def boom(self, fail_silently=False):
         raise OSError("smtp down")
