@@ -316,3 +316,31 @@ def mails_send(*, mail_ids: Sequence[int]) -> SendResult:
 def mail_retry_now(*, mail_id: int) -> bool:
     """Staff: give a mail that needs attention a fresh budget, due now; ring after commit."""
     return due.retry_now(Mail, pk=mail_id)
+
+
+def mails_purge(*, batch: int | None = None, max_batches: int | None = None) -> int:
+    """Delete sent mails older than SHOP_MAIL_RETENTION, in bounded batches; return how many.
+
+    Only sent rows go (`done_at` set): a pending row is still work and a row that
+    needs attention waits for staff. Each batch is its own short transaction and
+    skips rows a sender holds. The retention is at least the outbox's: a copy of an
+    event can only arrive while its outbox message exists, and until then the
+    mail row's unique message id refuses it.
+    """
+    batch = batch or settings.SHOP_MAIL_PURGE_BATCH
+    max_batches = max_batches or settings.SHOP_MAIL_PURGE_MAX_BATCHES
+    total = 0
+    for _ in range(max_batches):
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(
+                "WITH old AS (SELECT id FROM shop_mail"
+                " WHERE done_at < now() - make_interval(secs => %s)"
+                " ORDER BY done_at LIMIT %s FOR UPDATE SKIP LOCKED)"
+                " DELETE FROM shop_mail m USING old WHERE m.id = old.id",
+                [float(settings.SHOP_MAIL_RETENTION), batch],
+            )
+            deleted = cursor.rowcount
+        total += deleted
+        if deleted < batch:
+            break
+    return total

@@ -122,3 +122,9 @@ def send_mail(self, mail_ids: int | list[int]) -> str:
 def sweep_mail(self) -> int:
     """Ring for every due mail row (run by beat every SHOP_MAIL_SWEEP_INTERVAL seconds)."""
     return len(emails.mails_sweep(limit=settings.SHOP_MAIL_SWEEP_BATCH))
+
+
+@shared_task(name="shop.purge_mail", bind=True, max_retries=0)
+def purge_mail(self) -> int:
+    """Delete sent mails past SHOP_MAIL_RETENTION (beat, every SHOP_MAIL_PURGE_EVERY seconds)."""
+    return emails.mails_purge()

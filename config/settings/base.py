@@ -365,6 +365,14 @@ SHOP_MAIL_SEND_BATCH = env.int("SHOP_MAIL_SEND_BATCH", default=50)
 SHOP_MAIL_SWEEP_BATCH = env.int("SHOP_MAIL_SWEEP_BATCH", default=500)
 SHOP_MAIL_SWEEP_INTERVAL = env.float("SHOP_MAIL_SWEEP_INTERVAL", default=5.0)
 CELERY_BEAT_SCHEDULE["shop.sweep_mail"] = _beat_every("shop.sweep_mail", SHOP_MAIL_SWEEP_INTERVAL)
+# Sent mails are kept this long (never shorter than OUTBOX_RETENTION), then purged.
+SHOP_MAIL_RETENTION = max(
+    env.float("SHOP_MAIL_RETENTION", default=30 * 24 * 3600.0), OUTBOX_RETENTION
+)
+SHOP_MAIL_PURGE_BATCH = env.int("SHOP_MAIL_PURGE_BATCH", default=1000)
+SHOP_MAIL_PURGE_MAX_BATCHES = env.int("SHOP_MAIL_PURGE_MAX_BATCHES", default=50)
+SHOP_MAIL_PURGE_EVERY = env.float("SHOP_MAIL_PURGE_EVERY", default=3600.0)
+CELERY_BEAT_SCHEDULE["shop.purge_mail"] = _beat_every("shop.purge_mail", SHOP_MAIL_PURGE_EVERY)
 DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="shop@example.com")
 # Settlement's outcome confirms or fails the order, in the transaction that records it.
 PAYMENTS_SETTLED_HANDLER = "orders.services.order_payment_settled"

@@ -141,6 +141,7 @@ SHOP_QUEUES: dict[str, tuple[str, ...]] = {
         "payments.sweep_refunds",
         "orders.sweep_compensation",
         "shop.sweep_mail",
+        "shop.purge_mail",
         "orders.expire_reservations",
         "idempotency.complete_abandoned_keys",
         "idempotency.purge_outbox",

@@ -7,6 +7,7 @@ its poison messages are in tests/shop/test_consumer_batches.py.
 
 from __future__ import annotations
 
+import datetime
 import threading
 import uuid
 
@@ -306,3 +307,24 @@ def test_the_check_then_insert_twin_would_write_two_mails(shopper):
     assert seen == ["m-wrong", "m-wrong"]
     assert sorted(outcomes) == ["queued", emails.MAIL_CONSTRAINT]
     assert Mail.objects.filter(message_id="m-wrong").count() == 1
+
+
+def test_the_purge_deletes_sent_mails_past_the_retention_and_keeps_the_rest(make_user, settings):
+    settings.SHOP_MAIL_RETENTION = 3600.0
+    user = make_user()
+    for name in ("old-sent", "new-sent", "old-pending", "old-flagged"):
+        apply("order.confirmed", order_payload(user), message_id=name)
+    assert send_due() == "sent:4"
+    # Age the rows by the database clock; one is not sent yet, one needs a person.
+    aged = Now() - datetime.timedelta(hours=2)
+    Mail.objects.exclude(message_id="new-sent").update(done_at=aged, created_at=aged)
+    Mail.objects.filter(message_id="old-pending").update(done_at=None)
+    Mail.objects.filter(message_id="old-flagged").update(done_at=None, needs_attention=True)
+
+    assert emails.mails_purge(batch=1) == 1  # batches of one: the loop ends on a short batch
+    assert sorted(Mail.objects.values_list("message_id", flat=True)) == [
+        "new-sent",
+        "old-flagged",
+        "old-pending",
+    ]
+    assert emails.mails_purge() == 0
