@@ -215,7 +215,12 @@ def _orders_series(scenarios: dict) -> dict[str, dict[int, float]]:
     for run in scenarios.get("peer", {}).get("runs", []):
         put(PEER_SERIES.get(run["label"], run["label"]), run)
     for run in scenarios.get("oscar", {}).get("runs", []):
-        put(f"Oscar: {run['label']}", run)
+        # "ours" / "ours 100k" are our side of the Oscar scenario; the rest Oscar's.
+        label = run["label"]
+        if label.startswith("ours"):
+            put(f"ours beside Oscar{label[len('ours') :]}", run)
+        else:
+            put(f"Oscar: {label.removeprefix('oscar ')}", run)
     return series
 
 
