@@ -7,6 +7,7 @@ import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from . import cpu
 from .loadgen import Request, Response, run_load
 from .server import Gunicorn
 
@@ -36,6 +37,9 @@ class BenchContext:
     rss_checkouts: int = 10_000
     # `--steady-seconds`: how long each steady phase of the relay scenario writes.
     steady_seconds: float = 300.0
+    # CPU sources sampled at the edges of every load run besides gunicorn's
+    # (bench/cpu.py: name -> cumulative CPU seconds); each run's `cpu_s` holds them.
+    cpu_sources: dict[str, Callable[[], float | None]] | None = None
 
     def concurrency_levels(self, levels: Iterable[int] | None = None) -> tuple[int, ...]:
         """Return the concurrency levels to run: all of them, or the middle one when quick."""
@@ -60,12 +64,16 @@ class BenchContext:
         Arguments are those of `bench.loadgen.run_load`; duration and warm-up
         default to the context's. The returned dict is what goes into the
         scenario's `runs` list (it also carries gunicorn's CPU seconds in the
-        measured window, `server_cpu_s`).
+        measured window, `server_cpu_s`, and with `cpu_sources` each source's
+        CPU seconds in the same window, `cpu_s`).
         """
         cpu_before = [0.0]
+        sources = self.cpu_sources or {}
+        sources_before: dict[str, float | None] = {}
 
         def measure_start() -> None:
             cpu_before[0] = self.server.cpu_seconds()
+            sources_before.update(cpu.read(sources))
 
         result = run_load(
             self.base_url,
@@ -81,6 +89,8 @@ class BenchContext:
             label=label,
         )
         result.extra["server_cpu_s"] = round(self.server.cpu_seconds() - cpu_before[0], 3)
+        if sources:
+            result.extra["cpu_s"] = cpu.spent(sources_before, cpu.read(sources))
         self.log("  " + result.summary())
         return result.as_dict()
 

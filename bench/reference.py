@@ -15,6 +15,8 @@ import os
 import re
 import shutil
 import subprocess
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .dbs import PgTarget, RedisTarget, create_database, drop_database
@@ -26,6 +28,16 @@ REDIS_TESTS = ("set", "get", "incr", "lpush")
 REDIS_CLIENTS = 50
 # Without -r, redis-benchmark uses these literal keys: deleted after each run.
 REDIS_KEYS = ("key:__rand_int__", "counter:__rand_int__", "mylist")
+# Before each reference run the machine must be quiet: at most SETTLE_RUNNABLE
+# runnable tasks (/proc/loadavg's 4th field counts the reader itself) and no
+# autovacuum worker on the server, for SETTLE_QUIET_SAMPLES samples in a row,
+# SETTLE_INTERVAL_S apart; waited for at most SETTLE_MAX_S (a full run) or
+# SETTLE_QUICK_MAX_S (--quick), then measured anyway and recorded as unsettled.
+SETTLE_RUNNABLE = 1
+SETTLE_QUIET_SAMPLES = 3
+SETTLE_INTERVAL_S = 1.0
+SETTLE_MAX_S = 90.0
+SETTLE_QUICK_MAX_S = 10.0
 
 
 class ReferenceError(RuntimeError):
@@ -117,6 +129,81 @@ class Pgbench:
 
     def drop(self) -> None:
         drop_database(self.target)
+
+
+def runnable_tasks() -> int | None:
+    """Runnable scheduling entities now (/proc/loadavg's 4th field, before the "/")."""
+    try:
+        with open("/proc/loadavg") as f:
+            return int(f.read().split()[3].split("/")[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def autovacuum_workers(target: PgTarget) -> int:
+    """Autovacuum workers running on the server (any database)."""
+    import psycopg
+
+    with psycopg.connect(**target.maintenance_conninfo()) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'autovacuum worker'"
+        ).fetchone()
+    return int(row[0])
+
+
+def checkpoint(target: PgTarget) -> float:
+    """Run CHECKPOINT on the server; return the seconds it took."""
+    import psycopg
+
+    started = time.monotonic()
+    with psycopg.connect(**target.maintenance_conninfo()) as conn:
+        conn.execute("CHECKPOINT")
+    return round(time.monotonic() - started, 2)
+
+
+def settle(
+    target: PgTarget,
+    *,
+    max_wait: float,
+    log: Callable[[str], None],
+    interval: float = SETTLE_INTERVAL_S,
+    quiet_samples: int = SETTLE_QUIET_SAMPLES,
+    runnable: Callable[[], int | None] = runnable_tasks,
+    autovacuum: Callable[[PgTarget], int] | None = None,
+) -> dict:
+    """Wait (at most `max_wait` s) until the machine is quiet; return what was waited for.
+
+    Quiet: `runnable()` <= SETTLE_RUNNABLE and no autovacuum worker, for
+    `quiet_samples` samples in a row. Progress is logged every ten samples.
+    """
+    autovacuum = autovacuum or autovacuum_workers
+    started = time.monotonic()
+    quiet = samples = 0
+    last: dict = {}
+    while True:
+        samples += 1
+        last = {"runnable": runnable(), "autovacuum_workers": autovacuum(target)}
+        calm = (last["runnable"] is None or last["runnable"] <= SETTLE_RUNNABLE) and not last[
+            "autovacuum_workers"
+        ]
+        quiet = quiet + 1 if calm else 0
+        waited = time.monotonic() - started
+        if quiet >= quiet_samples or waited >= max_wait:
+            break
+        if samples % 10 == 0:
+            log(
+                f"  settling: {waited:.0f} s, runnable {last['runnable']}, autovacuum workers "
+                f"{last['autovacuum_workers']} (quiet {quiet}/{quiet_samples})"
+            )
+        time.sleep(interval)
+    return {
+        "settled": quiet >= quiet_samples,
+        "waited_s": round(time.monotonic() - started, 1),
+        "max_wait_s": max_wait,
+        "samples": samples,
+        "last": last,
+        "loadavg": [round(x, 2) for x in os.getloadavg()],
+    }
 
 
 def redis_benchmark(target: RedisTarget, *, requests: int) -> dict:

@@ -47,6 +47,116 @@ def add_ratios(scenarios: dict, reference: dict | None) -> None:
             run["rps_per_redis_ops"] = round(run["rps"] / ops, 6) if ops else None
 
 
+# The keyed checkout's statements and round trips: pg_stat_statements is not loaded on the
+# bench's server (it needs shared_preload_libraries and a restart), so the model takes the
+# figures tests/orders/test_checkout_statements.py pins (docs/performance.md).
+CHECKOUT_STATEMENTS, CHECKOUT_ROUND_TRIPS = 27, 37
+STATEMENTS_SOURCE = (
+    "tests/orders/test_checkout_statements.py (pinned; pg_stat_statements not loaded on the server)"
+)
+
+
+def capacity(scenarios: dict, cores: int | None) -> dict | None:
+    """The capacity model's inputs and what they say, from the checkout and relay scenarios.
+
+    Per order: gunicorn (web) and PostgreSQL CPU ms from the keyed checkout at
+    its best level (`checkout.capacity`); per delivery: Celery worker, relay
+    and PostgreSQL CPU ms from the end-to-end burst; an order makes `fanout`
+    deliveries, so its pipeline share is fanout x per delivery. Orders/s a
+    budget of `cores` sustains = cores x 1000 / CPU ms per order of that part.
+    """
+    per_level = (scenarios.get("checkout") or {}).get("capacity") or {}
+    burst = _find(scenarios.get("relay") or {}, "end to end burst")
+    if not per_level and not burst:
+        return None
+    level, checkout = max(
+        per_level.items(), key=lambda item: item[1].get("orders_per_s") or 0, default=(None, {})
+    )
+    per_delivery = (burst or {}).get("cpu_ms_per_delivery") or {}
+    fanout = (scenarios.get("relay") or {}).get("fanout")
+    profile = (scenarios.get("checkout") or {}).get("profile") or {}
+
+    def times(value: float | None) -> float | None:
+        return round(value * fanout, 3) if value is not None and fanout else None
+
+    order = {
+        "web_ms": checkout.get("web_ms"),
+        "postgres_checkout_ms": checkout.get("postgres_ms"),
+        "worker_ms": times(per_delivery.get("worker")),
+        "relay_ms": times(per_delivery.get("relay")),
+        "postgres_pipeline_ms": times(per_delivery.get("postgres")),
+    }
+    parts = list(order.values())
+    order["postgres_ms"] = (
+        round(order["postgres_checkout_ms"] + order["postgres_pipeline_ms"], 3)
+        if order["postgres_checkout_ms"] is not None and order["postgres_pipeline_ms"] is not None
+        else None
+    )
+    order["total_ms"] = round(sum(parts), 3) if all(v is not None for v in parts) else None
+    budgets = {
+        "web": order["web_ms"],
+        "worker": order["worker_ms"],
+        "relay": order["relay_ms"],
+        "postgres": order["postgres_ms"],
+        "all_on_one_machine": order["total_ms"],
+    }
+    sustained = {
+        name: round(cores * 1000 / ms, 1) if cores and ms else None for name, ms in budgets.items()
+    }
+    parts_only = {k: v for k, v in sustained.items() if k != "all_on_one_machine" and v}
+    return {
+        "cores": cores,
+        "checkout_level": int(level) if level is not None else None,
+        "checkout_orders_per_s": checkout.get("orders_per_s"),
+        "deliveries_per_order": fanout,
+        "per_delivery_ms": {
+            "worker": per_delivery.get("worker"),
+            "relay": per_delivery.get("relay"),
+            "postgres": per_delivery.get("postgres"),
+        },
+        "per_order_ms": order,
+        "statements_per_order": CHECKOUT_STATEMENTS,
+        "round_trips_per_order": CHECKOUT_ROUND_TRIPS,
+        "statements_source": STATEMENTS_SOURCE,
+        "profile_statements_per_order": profile.get("sql_statements"),
+        "orders_per_s_per_core": {
+            name: round(1000 / ms, 1) if ms else None for name, ms in budgets.items()
+        },
+        "orders_per_s_sustained_by_all_cores": sustained,
+        "saturates_first": min(parts_only, key=parts_only.get) if parts_only else None,
+    }
+
+
+def capacity_text(model: dict | None) -> str:
+    """The capacity model as the run prints it (the JSON's `capacity`)."""
+    if not model:
+        return "Capacity model: not measured (needs the checkout and relay scenarios)."
+    order, sustained = model["per_order_ms"], model["orders_per_s_sustained_by_all_cores"]
+
+    def ms(value: float | None) -> str:
+        return "n/a" if value is None else f"{value:.2f} ms"
+
+    lines = [
+        f"Capacity model (checkout at {model['checkout_level']} in flight, "
+        f"{model['checkout_orders_per_s']} orders/s; {model['deliveries_per_order']} deliveries "
+        "per order from the end-to-end burst):",
+        f"  per delivery: worker {ms(model['per_delivery_ms']['worker'])}, relay "
+        f"{ms(model['per_delivery_ms']['relay'])}, PostgreSQL "
+        f"{ms(model['per_delivery_ms']['postgres'])}",
+        f"  per order: web {ms(order['web_ms'])}, worker {ms(order['worker_ms'])}, relay "
+        f"{ms(order['relay_ms'])}, PostgreSQL {ms(order['postgres_ms'])} (checkout "
+        f"{ms(order['postgres_checkout_ms'])} + pipeline {ms(order['postgres_pipeline_ms'])}); "
+        f"total {ms(order['total_ms'])}",
+        f"  statements / round trips per order: {model['statements_per_order']} / "
+        f"{model['round_trips_per_order']} ({model['statements_source']}; this run's profile "
+        f"counted {model['profile_statements_per_order']})",
+        f"  orders/s that {model['cores']} cores sustain if given wholly to: "
+        + ", ".join(f"{name} {value}" for name, value in sustained.items())
+        + f"; saturates first: {model['saturates_first']}",
+    ]
+    return "\n".join(lines)
+
+
 def write_json(path: Path, data: dict) -> None:
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
@@ -105,7 +215,12 @@ def _orders_series(scenarios: dict) -> dict[str, dict[int, float]]:
     for run in scenarios.get("peer", {}).get("runs", []):
         put(PEER_SERIES.get(run["label"], run["label"]), run)
     for run in scenarios.get("oscar", {}).get("runs", []):
-        put(f"Oscar: {run['label']}", run)
+        # "ours" / "ours 100k" are our side of the Oscar scenario; the rest Oscar's.
+        label = run["label"]
+        if label.startswith("ours"):
+            put(f"ours beside Oscar{label[len('ours') :]}", run)
+        else:
+            put(f"Oscar: {label.removeprefix('oscar ')}", run)
     return series
 
 
@@ -119,7 +234,14 @@ def _plot_orders(ax, scenarios: dict) -> None:
     width = 0.8 / len(series)
     for i, (name, values) in enumerate(series.items()):
         xs = [j + (i - (len(series) - 1) / 2) * width for j in range(len(levels))]
-        bars = ax.bar(xs, [values.get(level, 0) for level in levels], width=width, label=name)
+        # The round with 100k orders in both databases: hatched, beside its fresh twin.
+        bars = ax.bar(
+            xs,
+            [values.get(level, 0) for level in levels],
+            width=width,
+            label=name,
+            hatch="//" if name.endswith("100k") else None,
+        )
         _label_bars(ax, bars)
     ax.set_xticks(range(len(levels)), [f"{level} in flight" for level in levels])
     ax.set_ylabel("orders/s")

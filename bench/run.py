@@ -14,7 +14,11 @@ Steps (each printed as it happens):
 4. gunicorn stopped and the reference measured again (not with --quick), so
    the noise of a shared machine shows as the spread of the two; when
    pgbench moved more than 10 % between them, every figure of the run is
-   marked "noisy" (the JSON's `noisy`, the targets table, the plot);
+   marked "noisy" (the JSON's `noisy`, the targets table, the plot). Both
+   reference runs start from the same state: the bench database dropped (the
+   results are in memory by then), pgbench's database initialised afresh,
+   a CHECKPOINT, and a bounded wait for a quiet machine (`reference.settle`);
+   each run's `conditions` in the JSON records them;
 5. bench/results/<UTC timestamp>.json and .png (`-quick` appended for --quick).
 
 `<db>` is the database name of DATABASE_URL (BENCH_DATABASE_URL overrides the
@@ -83,6 +87,50 @@ class Bench:
         print(f"[{time.monotonic() - self.t0:6.1f}s] {message}", flush=True)
 
     # --- reference ----------------------------------------------------------------
+    def reference_under_same_conditions(self, when: str) -> dict:
+        """Bring the server to the state of the first reference run, then measure.
+
+        "after" first drops the bench database (the scenarios are done; their
+        results are in memory) so its autovacuum and dirty buffers are gone.
+        Both runs: pgbench's database initialised afresh (tables not bloated
+        by the run before, pgbench runs with -n), a CHECKPOINT, and a wait of
+        at most SETTLE_MAX_S (--quick: SETTLE_QUICK_MAX_S) for the machine to
+        settle (`reference.settle`).
+        """
+        conditions: dict = {}
+        started = time.monotonic()
+        if when == "after":
+            if self.django_ready:
+                from django.db import connections
+
+                connections.close_all()
+            if self.args.keep_db:
+                conditions["bench_database"] = "kept (--keep-db)"
+            else:
+                self.log(f"dropping {self.bench_db.dbname} before the reference ...")
+                drop_database(self.bench_db)
+                conditions["bench_database"] = "dropped"
+        self.log(f"pgbench scratch database {self.pgbench.target.dbname}: initialise ...")
+        self.pgbench.init()
+        if self.pgbench.target not in self.created:
+            self.created.append(self.pgbench.target)
+        conditions["pgbench_initialised"] = True
+        try:
+            conditions["checkpoint_s"] = reference.checkpoint(self.pgbench.target)
+        except Exception as exc:  # noqa: BLE001 - recorded; the reference still runs
+            conditions["checkpoint_error"] = repr(exc)
+        limit = reference.SETTLE_QUICK_MAX_S if self.args.quick else reference.SETTLE_MAX_S
+        self.log(f"waiting (at most {limit:.0f} s) for the machine to settle ...")
+        conditions["settle"] = reference.settle(self.pgbench.target, max_wait=limit, log=self.log)
+        conditions["prepare_s"] = round(time.monotonic() - started, 1)
+        self.log(
+            f"  {'settled' if conditions['settle']['settled'] else 'NOT settled'} after "
+            f"{conditions['settle']['waited_s']} s ({conditions['settle']['last']})"
+        )
+        measured = self.measure_reference(when)
+        measured["conditions"] = conditions
+        return measured
+
     def measure_reference(self, when: str) -> dict:
         quick = self.args.quick
         seconds = 3 if quick else 10
@@ -196,16 +244,13 @@ class Bench:
         machine = _machine()
         before = after = None
         if not args.no_reference:
-            self.log(f"pgbench scratch database {self.pgbench.target.dbname}: initialise ...")
-            self.pgbench.init()
-            self.created.append(self.pgbench.target)
-            before = self.measure_reference("before")
+            before = self.reference_under_same_conditions("before")
         skus = self.prepare_database()
         self.start_server()
         scenarios, ok = self.run_scenarios(skus)
         self.server.stop()
         if not args.no_reference and not args.quick:
-            after = self.measure_reference("after")
+            after = self.reference_under_same_conditions("after")
         reference_data = report.reference_summary(before, after)
         report.add_ratios(scenarios, reference_data)
         machine["loadavg_at_end"] = _loadavg()
@@ -230,6 +275,7 @@ class Bench:
             },
             "reference": reference_data,
             "scenarios": scenarios,
+            "capacity": report.capacity(scenarios, os.cpu_count()),
         }
         data["targets"] = report.targets(data)
         stem = self.started.strftime("%Y%m%dT%H%M%SZ") + ("-quick" if args.quick else "")
@@ -264,6 +310,7 @@ class Bench:
                     + (f" = {ratio:.3f} × pgbench TPS" if ratio is not None else "")
                     + f", p50 {run['latency_ms']['p50']} ms, p99 {run['latency_ms']['p99']} ms"
                 )
+        print("\n" + report.capacity_text(data.get("capacity")), flush=True)
         print("\nTargets (value in this run, target, verdict):", flush=True)
         print(report.targets_table(data.get("targets", [])), flush=True)
 

@@ -24,6 +24,13 @@ the end whatever happens.
 - `profile`: orders placed one at a time in the harness process, their SQL
   statements and the provider call timed, then one under cProfile: where
   the time of one request goes.
+
+Every load run also carries `cpu_s` (bench/cpu.py): the CPU seconds of the
+whole PostgreSQL server (the postmaster's process tree) in its measured
+window, beside gunicorn's `server_cpu_s`; `capacity` holds, per level of
+`order`, the web and PostgreSQL CPU milliseconds per order (the capacity
+model, docs/performance.md). No Celery worker or relay runs here: the
+pipeline's share of an order is measured per delivery by the relay scenario.
 """
 
 from __future__ import annotations
@@ -45,6 +52,8 @@ from pathlib import Path
 
 import requests as http
 
+from bench import cpu
+from bench.dbs import PgTarget
 from bench.loadgen import Request
 from bench.server import ROOT, Gunicorn
 
@@ -72,6 +81,29 @@ ADDRESS = {
     "postal_code": "12700",
     "country": "DE",
 }
+
+
+def postgres_cpu_source(ctx):
+    """The PostgreSQL server's CPU source (its postmaster's process tree), found from ctx."""
+    target = PgTarget.from_url(ctx.server.env["DATABASE_URL"])
+    return cpu.tree_source(cpu.postmaster_pid(target.maintenance_conninfo()))
+
+
+def capacity(runs: list[dict], label: str = "order") -> dict:
+    """Web (gunicorn) and PostgreSQL CPU ms per order of every `label` run, by level."""
+    figures = {}
+    for run in runs:
+        if run["label"] != label or not run.get("requests"):
+            continue
+        per_order = cpu.per_unit_ms(
+            {"web": run["server_cpu_s"], **run.get("cpu_s", {})}, run["requests"]
+        )
+        figures[str(run["concurrency"])] = {
+            "orders_per_s": run["rps"],
+            "web_ms": per_order.get("web"),
+            "postgres_ms": per_order.get("postgres"),
+        }
+    return figures
 
 
 def _shop_with_provider(stack: contextlib.ExitStack, ctx, *, prefix: str):
@@ -234,7 +266,12 @@ def run(ctx) -> dict:
     with contextlib.ExitStack() as stack:
         # The bench's settings mount the unkeyed baseline (the same checkout, no key).
         workdir, provider_url, server = _shop_with_provider(stack, ctx, prefix="bench-checkout-")
-        shop = dataclasses.replace(ctx, base_url=server.base_url, server=server)
+        shop = dataclasses.replace(
+            ctx,
+            base_url=server.base_url,
+            server=server,
+            cpu_sources={"postgres": postgres_cpu_source(ctx)},
+        )
         ctx.log(f"  provider {provider_url}; checkout gunicorn on {server.base_url}")
 
         def order(worker: int, seq: int) -> Request:
@@ -348,10 +385,13 @@ def run(ctx) -> dict:
             "  one order: {wall_ms} ms = SQL {sql_ms} ms ({sql_statements} statements) + "
             "provider {provider_ms} ms + Python {python_ms} ms".format(**profile)
         )
+    per_order = capacity(runs)
+    ctx.log(f"  CPU ms per order (web, PostgreSQL) by level: {per_order}")
     return {
         "runs": runs,
         "ratios": ratios,
         "hot": hot_result,
         "profile": profile,
+        "capacity": per_order,
         "targets": dict(TARGETS),
     }

@@ -69,18 +69,30 @@ def _clone(cursor, table: str, where: str, n: int, overrides: dict, params: list
     return cursor.rowcount
 
 
-def _preload(ctx, owners: list[int], orders: int, keys: int, purgeable: int) -> dict:
+def _ids(prefix: str) -> tuple[str, str, str]:
+    """SQL for the ids of copy g: order, payment, reservation (md5 of `prefix` and g)."""
+    return (
+        f"md5('{prefix}-order-' || g)::uuid",
+        f"md5('{prefix}-payment-' || g)::uuid",
+        f"md5('{prefix}-reservation-' || g)::uuid",
+    )
+
+
+def _preload(
+    ctx, owners: list[int], orders: int, keys: int, purgeable: int, *, prefix: str = "growth"
+) -> dict:
+    """Copy one confirmed order `orders` times and its key `keys` times (module docstring).
+
+    `prefix` makes the copies' ids and keys (two preloads with different
+    prefixes never collide; `unload` removes one preload's rows).
+    """
     from django.db import connection, transaction
 
     from orders.models import Order
 
     template = Order.objects.filter(status="confirmed", payment__isnull=False).latest("number")
     owner = f"(%s::int[])[1 + g %% {len(owners)}]"
-    oid, pid, rid = (
-        "md5('growth-order-' || g)::uuid",
-        "md5('growth-payment-' || g)::uuid",
-        "md5('growth-reservation-' || g)::uuid",
-    )
+    oid, pid, rid = _ids(prefix)
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT reservation_id FROM orders_orderline WHERE order_id = %s", [template.id]
@@ -155,7 +167,7 @@ def _preload(ctx, owners: list[int], orders: int, keys: int, purgeable: int) -> 
             "src.id = %s",
             keys,
             {
-                "key": "'growth-' || g",
+                "key": f"'{prefix}-' || g",
                 "owner_id": owner,
                 # The first `purgeable` finished two days ago (past the retention), the rest lately.
                 "finished_at": f"CASE WHEN g <= {int(purgeable)}"
@@ -178,6 +190,32 @@ def _preload(ctx, owners: list[int], orders: int, keys: int, purgeable: int) -> 
             cursor.execute(f"ANALYZE {table}")
     ctx.log(f"  ANALYZE of the loaded tables: {time.monotonic() - started:.1f} s")
     return counts
+
+
+def unload(ctx, orders: int, *, prefix: str) -> dict:
+    """Delete the rows `_preload(..., prefix=prefix)` added (children first, one transaction)."""
+    from django.db import connection, transaction
+
+    oid, pid, rid = _ids(prefix)
+    series = f"FROM generate_series(1, {int(orders)}) AS g"
+    steps = [
+        ("orders_orderevent", f"order_id IN (SELECT {oid} {series})"),
+        ("orders_orderline", f"order_id IN (SELECT {oid} {series})"),
+        ("orders_order", f"id IN (SELECT {oid} {series})"),
+        ("inventory_reservation", f"id IN (SELECT {rid} {series})"),
+        ("payments_paymentevent", f"payment_id IN (SELECT {pid} {series})"),
+        ("payments_paymenttransaction", f"payment_id IN (SELECT {pid} {series})"),
+        ("payments_payment", f"id IN (SELECT {pid} {series})"),
+        ("idempotency_idempotencykey", f"key LIKE '{prefix}-%'"),
+    ]
+    deleted = {}
+    started = time.monotonic()
+    with transaction.atomic(), connection.cursor() as cursor:
+        for table, where in steps:
+            cursor.execute(f"DELETE FROM {table} WHERE {where}")
+            deleted[table] = cursor.rowcount
+    ctx.log(f"  unloaded the {prefix} copies in {time.monotonic() - started:.1f} s: {deleted}")
+    return deleted
 
 
 def _explain(owner_id: int) -> dict:

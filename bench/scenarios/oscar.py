@@ -62,6 +62,7 @@ import requests as http
 
 from bench.dbs import PgTarget, create_database, drop_database
 from bench.loadgen import LoadResult, Request
+from bench.scenarios import growth
 from bench.scenarios.checkout import _order_request, _shop_with_provider
 from bench.server import ROOT, Gunicorn
 
@@ -79,6 +80,9 @@ PRODUCT, HOT = "BENCH-0001", "HOT"
 HOT_UNITS, HOT_ATTEMPTS, HOT_CONCURRENCY = 100, 150, 16
 QUICK_HOT_UNITS, QUICK_HOT_ATTEMPTS = 20, 40
 PREPARE_THREADS = 8
+# The second round: this many orders preloaded into both databases (quick: fewer).
+FULL_ORDERS, QUICK_FULL_ORDERS = 100_000, 5_000
+FULL_PREFIX, FULL_TAG = "oscar100k", " 100k"
 TARGETS = {"ours_vs_oscar_place_order": 2.0, "ours_vs_oscar_checkout": 8.0}
 ADDRESS = {
     "first_name": "Bench",
@@ -459,6 +463,21 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return round(a / b, 3) if a and b else None
 
 
+def _ratios(ours_run: dict, whole: dict, final: dict) -> dict:
+    return {
+        "ours_orders_per_s": ours_run["rps"],
+        "oscar_place_order_orders_per_s": final["rps"],
+        "oscar_checkout_orders_per_s": whole["rps"],
+        "ours_vs_oscar_place_order": _ratio(ours_run["rps"], final["rps"]),
+        "ours_vs_oscar_checkout": _ratio(ours_run["rps"], whole["rps"]),
+        "ours_cpu_ms_per_order": _cpu_ms(ours_run),
+        "oscar_place_order_cpu_ms_per_order": _cpu_ms(final),
+        "oscar_checkout_cpu_ms_per_order": _cpu_ms(whole),
+        "ours_vs_oscar_cpu_per_order_place_order": _ratio(_cpu_ms(ours_run), _cpu_ms(final)),
+        "ours_vs_oscar_cpu_per_order_checkout": _ratio(_cpu_ms(ours_run), _cpu_ms(whole)),
+    }
+
+
 def _hot(python: Path, env: dict, server: Gunicorn, product: dict, quick: bool) -> dict:
     attempts = QUICK_HOT_ATTEMPTS if quick else HOT_ATTEMPTS
     browsers = _prepared(server.base_url, product, attempts)
@@ -475,14 +494,29 @@ def _hot(python: Path, env: dict, server: Gunicorn, product: dict, quick: bool) 
     }
 
 
-def _target_rows(ratios: dict, hot: dict) -> list[dict]:
+def _target_rows(
+    ratios: dict, hot: dict, full_ratios: dict | None = None, full_orders: int = FULL_ORDERS
+) -> list[dict]:
     rows = []
-    for key, name in (
-        ("ours_vs_oscar_place_order", "ours ÷ django-oscar place-order POST, orders/s"),
-        ("ours_vs_oscar_checkout", "ours ÷ django-oscar whole checkout, orders/s"),
+    full = f", {full_orders:,} orders in both databases"
+    for key, name, by_level in (
+        ("ours_vs_oscar_place_order", "ours ÷ django-oscar place-order POST, orders/s", ratios),
+        ("ours_vs_oscar_checkout", "ours ÷ django-oscar whole checkout, orders/s", ratios),
+        (
+            "ours_vs_oscar_place_order",
+            "ours ÷ django-oscar place-order POST, orders/s" + full,
+            full_ratios,
+        ),
+        (
+            "ours_vs_oscar_checkout",
+            "ours ÷ django-oscar whole checkout, orders/s" + full,
+            full_ratios,
+        ),
     ):
+        if by_level is None:
+            continue
         goal = TARGETS[key]
-        levels = [(level, values.get(key)) for level, values in ratios.items()]
+        levels = [(level, values.get(key)) for level, values in by_level.items()]
         measured = [(level, value) for level, value in levels if value is not None]
         rows.append(
             {
@@ -510,7 +544,10 @@ def _target_rows(ratios: dict, hot: dict) -> list[dict]:
 def run(ctx) -> dict:
     python = ensure_venv(ctx.log)
     database = PgTarget.from_url(ctx.server.env["DATABASE_URL"]).sibling("oscar")
+    from rest_framework.authtoken.models import Token
+
     tokens = ctx.tokens(16)
+    owners = list(Token.objects.filter(key__in=tokens).values_list("user_id", flat=True))
     headers = [ctx.auth_headers(token) for token in tokens]
     skus = list(ctx.skus)
     with contextlib.ExitStack() as stack:
@@ -560,52 +597,87 @@ def run(ctx) -> dict:
             if answer.status_code != 201:
                 raise AssertionError(f"warming ours answered {answer.status_code}")
 
-        runs, ratios = [], {}
-        for concurrency in ctx.concurrency_levels(LEVELS):
-            ours_run = shop.load(
-                label="ours", concurrency=concurrency, factory=ours, expected=(201,)
+        def measure(tag: str) -> tuple[list[dict], dict]:
+            """Ours, Oscar's whole checkout and its final POST at every level; runs, ratios."""
+            runs, ratios = [], {}
+            for concurrency in ctx.concurrency_levels(LEVELS):
+                ours_run = shop.load(
+                    label=f"ours{tag}", concurrency=concurrency, factory=ours, expected=(201,)
+                )
+                meter = Meter(oscar, warmup=ctx.warmup, duration=ctx.duration)
+                whole_checkouts(oscar, products[PRODUCT], concurrency=concurrency, meter=meter)
+                whole = meter.figures(f"oscar checkout{tag}", concurrency)
+                ctx.log(f"  {_summary(whole)}")
+                # Enough baskets for the window if the final POST alone runs at a third of
+                # the whole checkout's request rate (it is the costliest of its requests).
+                per_s = whole["http_requests"] / whole["elapsed_s"] if whole["elapsed_s"] else 0
+                count = max(3 * concurrency, round(per_s / 3 * (ctx.warmup + ctx.duration)))
+                ctx.log(f"  preparing {count} Oscar baskets at the preview page ...")
+                browsers = _prepared(oscar.base_url, products[PRODUCT], count)
+                meter = Meter(oscar, warmup=ctx.warmup, duration=ctx.duration)
+                final_posts(browsers, concurrency=concurrency, meter=meter)
+                final = meter.figures(f"oscar place order{tag}", concurrency)
+                ctx.log(f"  {_summary(final)}")
+                runs += [ours_run, whole, final]
+                for run in (whole, final):
+                    if run["unexpected"] or run["errors"]:
+                        raise AssertionError(
+                            f"{run['label']}: {run['status']} {run['errors']}\n{oscar.log_tail()}"
+                        )
+                ratios[str(concurrency)] = _ratios(ours_run, whole, final)
+                ctx.log(f"  c={concurrency}{tag}: {ratios[str(concurrency)]}")
+            return runs, ratios
+
+        runs, ratios = measure("")
+        # The same again with FULL_ORDERS orders in both databases (issue 21, goal 3).
+        full_orders = QUICK_FULL_ORDERS if ctx.quick else FULL_ORDERS
+        ctx.log(f"  preloading {full_orders:,} orders into ours and into Oscar's database ...")
+        full_runs: list[dict] = []
+        full_ratios: dict = {}
+        ours_preload: dict = {}
+        oscar_preload: dict = {}
+        full_error = None
+        started = time.monotonic()
+        try:
+            ours_preload = growth._preload(
+                ctx, owners, full_orders, full_orders, 0, prefix=FULL_PREFIX
             )
-            meter = Meter(oscar, warmup=ctx.warmup, duration=ctx.duration)
-            whole_checkouts(oscar, products[PRODUCT], concurrency=concurrency, meter=meter)
-            whole = meter.figures("oscar checkout", concurrency)
-            ctx.log(f"  {_summary(whole)}")
-            # Enough baskets for the window if the final POST alone runs at a third of
-            # the whole checkout's request rate (it is the costliest of its requests).
-            per_s = whole["http_requests"] / whole["elapsed_s"] if whole["elapsed_s"] else 0
-            count = max(3 * concurrency, round(per_s / 3 * (ctx.warmup + ctx.duration)))
-            ctx.log(f"  preparing {count} Oscar baskets at the preview page ...")
-            browsers = _prepared(oscar.base_url, products[PRODUCT], count)
-            meter = Meter(oscar, warmup=ctx.warmup, duration=ctx.duration)
-            final_posts(browsers, concurrency=concurrency, meter=meter)
-            final = meter.figures("oscar place order", concurrency)
-            ctx.log(f"  {_summary(final)}")
-            runs += [ours_run, whole, final]
-            for run in (whole, final):
-                if run["unexpected"] or run["errors"]:
-                    raise AssertionError(
-                        f"{run['label']}: {run['status']} {run['errors']}\n{oscar.log_tail()}"
-                    )
-            ratios[str(concurrency)] = {
-                "ours_orders_per_s": ours_run["rps"],
-                "oscar_place_order_orders_per_s": final["rps"],
-                "oscar_checkout_orders_per_s": whole["rps"],
-                "ours_vs_oscar_place_order": _ratio(ours_run["rps"], final["rps"]),
-                "ours_vs_oscar_checkout": _ratio(ours_run["rps"], whole["rps"]),
-                "ours_cpu_ms_per_order": _cpu_ms(ours_run),
-                "oscar_place_order_cpu_ms_per_order": _cpu_ms(final),
-                "oscar_checkout_cpu_ms_per_order": _cpu_ms(whole),
-                "ours_vs_oscar_cpu_per_order_place_order": _ratio(
-                    _cpu_ms(ours_run), _cpu_ms(final)
-                ),
-                "ours_vs_oscar_cpu_per_order_checkout": _ratio(_cpu_ms(ours_run), _cpu_ms(whole)),
-            }
-            ctx.log(f"  c={concurrency}: {ratios[str(concurrency)]}")
+            ctx.log(f"  ours preloaded in {time.monotonic() - started:.1f} s")
+            started = time.monotonic()
+            oscar_preload = _prepare(python, env, "orders", str(full_orders))
+            ctx.log(
+                f"  Oscar preloaded in {time.monotonic() - started:.1f} s: "
+                f"{oscar_preload['rows_added']}; its ORM counts "
+                f"{oscar_preload['orm_preloaded_orders']:,} copies, "
+                f"{oscar_preload['orm_orders']:,} orders in all"
+            )
+            if oscar_preload["orm_preloaded_orders"] != full_orders:
+                raise AssertionError(f"Oscar's preload: {oscar_preload}")
+            full_runs, full_ratios = measure(FULL_TAG)
+        except Exception as exc:  # noqa: BLE001 - the fresh round's figures still count
+            full_error = repr(exc)
+            ctx.log(f"  the {full_orders:,}-order round FAILED: {full_error}")
+        finally:
+            # Later scenarios (relay, growth: its "fresh") find our database as it was.
+            growth.unload(ctx, full_orders, prefix=FULL_PREFIX)
+        runs += full_runs
         hot = _hot(python, env, oscar, products[HOT], ctx.quick)
         ctx.log(f"  Oscar hot product: {hot}")
         oscar.stop()
     return {
         "runs": runs,
         "ratios": ratios,
+        "ratios_full": full_ratios,
+        "full": {
+            "orders_preloaded_in_each": full_orders,
+            "ours_rows_added": ours_preload,
+            "oscar": oscar_preload,
+            "error": full_error,
+            "note": "ours: copies of one confirmed order with its line, reservation, payment, "
+            "events, transactions and a finished request key each (bench/scenarios/growth.py, "
+            "removed again after the runs); Oscar: copies of its last placed order with every "
+            "row hanging from it (bench/oscar/prepare.py orders)",
+        },
         "hot": hot,
         "oscar": {
             "version": "django-oscar 4.2.1 (bench/oscar/requirements.txt)",
@@ -616,5 +688,5 @@ def run(ctx) -> dict:
             "preview, place order, thank-you",
         },
         "targets": dict(TARGETS),
-        "target_rows": _target_rows(ratios, hot),
+        "target_rows": _target_rows(ratios, hot, full_ratios, full_orders),
     }

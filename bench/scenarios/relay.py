@@ -24,6 +24,13 @@
 
 The queued messages are on the bench's broker (REDIS_URL): the publish-only
 run deletes its own queue afterwards.
+
+For the capacity model (docs/performance.md) the burst and each steady phase
+carry `cpu_s` and `cpu_ms_per_delivery` (bench/cpu.py): the CPU of the Celery
+worker's process tree, the relay process's and the whole PostgreSQL server's
+(its postmaster's tree), from the first row written (the burst: right after
+its rows were written in one go) to the last delivery done. The harness's
+own polls of the deliveries (one count every 0.2 s) are in PostgreSQL's figure.
 """
 
 from __future__ import annotations
@@ -34,6 +41,9 @@ import sys
 import time
 import uuid
 from pathlib import Path
+
+from bench import cpu
+from bench.scenarios.checkout import postgres_cpu_source
 
 NAME = "relay"
 DESCRIPTION = "outbox relay: rows -> broker events/s (batched), end to end events/s and lag"
@@ -171,8 +181,18 @@ def lag_figures(points: list[tuple[float, float]], seconds: float) -> dict:
     }
 
 
-def _steady(owners: list[int], *, rate: float, seconds: float, start: int) -> dict:
+def _with_cpu(figures: dict, sources: dict, before: dict, deliveries: int) -> dict:
+    """`figures` plus the CPU the sources spent since `before`, in all and per delivery."""
+    spent = cpu.spent(before, cpu.read(sources))
+    return {**figures, "cpu_s": spent, "cpu_ms_per_delivery": cpu.per_unit_ms(spent, deliveries)}
+
+
+def _steady(
+    owners: list[int], *, rate: float, seconds: float, start: int, sources: dict | None = None
+) -> dict:
     """Write messages for `rate` deliveries/s (`fanout()` each) for `seconds`; return the lags."""
+    sources = sources or {}
+    cpu_before = cpu.read(sources)
     written: list = []
     started = time.perf_counter()
     tick = 0
@@ -189,6 +209,7 @@ def _steady(owners: list[int], *, rate: float, seconds: float, start: int) -> di
             time.sleep(pause)
     elapsed = time.perf_counter() - started
     drained = _drain(written, timeout=max(300.0, seconds))
+    spent = cpu.spent(cpu_before, cpu.read(sources))
     figures = lag_figures(_lags(written), elapsed)
     return {
         "target_events_per_s": round(rate, 1),
@@ -197,6 +218,8 @@ def _steady(owners: list[int], *, rate: float, seconds: float, start: int) -> di
         "messages": len(written),
         "drained": drained,
         **figures,
+        "cpu_s": spent,
+        "cpu_ms_per_delivery": cpu.per_unit_ms(spent, fanout() * len(written)),
     }
 
 
@@ -289,31 +312,47 @@ def run(ctx) -> dict:
         [sys.executable, "manage.py", "relay_outbox"], env, logs / "bench-relay.log"
     )
     steady: dict = {}
+    sources = {
+        "worker": cpu.tree_source(worker.pid),
+        "relay": cpu.tree_source(relay_proc.pid),
+        "postgres": postgres_cpu_source(ctx),
+    }
     try:
         time.sleep(5)  # both up
         burst = _write(owners, n, start=n)
+        cpu_before = cpu.read(sources)
         started = time.perf_counter()
         if not _drain(burst, timeout=600):
             left = fanout() * n - _done(burst)
             raise RuntimeError(f"end to end burst did not drain: {left} left")
         elapsed = time.perf_counter() - started
         e2e_rps = fanout() * n / elapsed
-        runs.append(
+        burst_run = _with_cpu(
             {
                 "label": "end to end burst",
                 "concurrency": 2,
                 "rps": round(e2e_rps, 1),
                 "latency_ms": {"p50": None, "p99": None},
                 "messages": n,
+                "deliveries": fanout() * n,
                 "seconds": round(elapsed, 3),
-            }
+            },
+            sources,
+            cpu_before,
+            fanout() * n,
         )
-        ctx.log(f"  end to end burst: {e2e_rps:.0f} events/s")
+        runs.append(burst_run)
+        ctx.log(
+            f"  end to end burst: {e2e_rps:.0f} events/s; CPU ms per delivery "
+            f"{burst_run['cpu_ms_per_delivery']}"
+        )
 
         # Steady load at a fixed rate, then at half of what this run's burst reached.
         start = 2 * n
         for name, rate in (("fixed", STEADY_RATE), ("half_burst", e2e_rps / 2)):
-            figures = _steady(owners, rate=rate, seconds=ctx.steady_seconds, start=start)
+            figures = _steady(
+                owners, rate=rate, seconds=ctx.steady_seconds, start=start, sources=sources
+            )
             start += figures["messages"]
             steady[name] = figures
             ctx.log(
@@ -321,7 +360,8 @@ def run(ctx) -> dict:
                 f"{figures['seconds']:.0f} s: lag p50 {figures['lag_p50_s']} s, p99 "
                 f"{figures['lag_p99_s']} s (target < {TARGETS['steady_lag_p99_s']} s); p99 "
                 f"first {figures['window_s']:.0f} s {figures['first_window_p99_s']} s, last "
-                f"{figures['last_window_p99_s']} s"
+                f"{figures['last_window_p99_s']} s; CPU ms per delivery "
+                f"{figures['cpu_ms_per_delivery']}"
             )
             runs.append(
                 {
@@ -332,6 +372,8 @@ def run(ctx) -> dict:
                         "p50": round(figures["lag_p50_s"] * 1000, 1),
                         "p99": round(figures["lag_p99_s"] * 1000, 1),
                     },
+                    "cpu_s": figures["cpu_s"],
+                    "cpu_ms_per_delivery": figures["cpu_ms_per_delivery"],
                 }
             )
     finally:
@@ -341,6 +383,7 @@ def run(ctx) -> dict:
     return {
         "runs": runs,
         "steady": steady,
+        "fanout": fanout(),
         "targets": dict(TARGETS),
         "met": {
             "publish": publish_rps >= TARGETS["publish_events_per_s"],

@@ -48,6 +48,23 @@ def test_the_scenario_rows_join_the_run_targets():
     assert oversold["value"].startswith("3 of 100") and oversold["met"] is None
 
 
+def test_the_rows_with_orders_preloaded_in_both_stand_beside_the_fresh_ones():
+    fresh = {"4": {"ours_vs_oscar_place_order": 2.5, "ours_vs_oscar_checkout": 9.0}}
+    full = {"4": {"ours_vs_oscar_place_order": 1.5, "ours_vs_oscar_checkout": 8.5}}
+    hot = {"oversold_units": 0, "num_in_stock": 100, "placed": 100, "attempts": 150}
+
+    rows = {row["target"]: row for row in scenario._target_rows(fresh, hot, full, 100_000)}
+
+    assert rows["ours ÷ django-oscar place-order POST, orders/s"]["met"] is True
+    in_both = rows[
+        "ours ÷ django-oscar place-order POST, orders/s, 100,000 orders in both databases"
+    ]
+    assert (in_both["value"], in_both["met"]) == ("c4: 1.50", False)
+    assert rows["ours ÷ django-oscar whole checkout, orders/s, 100,000 orders in both databases"][
+        "met"
+    ]
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_quick_run_measures_oscar_beside_ours_and_drops_its_database(tmp_path):
@@ -72,11 +89,20 @@ def test_quick_run_measures_oscar_beside_ours_and_drops_its_database(tmp_path):
     [result_file] = tmp_path.glob("*-quick.json")
     result = json.loads(result_file.read_text())["scenarios"]["oscar"]
     labels = {run["label"] for run in result["runs"]}
-    assert labels == {"ours", "oscar checkout", "oscar place order"}
+    base_labels = {"ours", "oscar checkout", "oscar place order"}
+    assert labels == base_labels | {label + scenario.FULL_TAG for label in base_labels}
     for run in result["runs"]:
         assert run["rps"] > 0 and run["errors"] == {} and run["unexpected"] == 0
     whole = next(run for run in result["runs"] if run["label"] == "oscar checkout")
     assert whole["http_requests_per_order"] > 10  # the browser's walk, not one POST
+    # The second round ran with the preloaded orders in both databases, Oscar's read by its ORM.
+    full = result["full"]
+    assert full["orders_preloaded_in_each"] == scenario.QUICK_FULL_ORDERS
+    assert full["oscar"]["orm_preloaded_orders"] == scenario.QUICK_FULL_ORDERS
+    assert full["oscar"]["orm_last_copy"]["lines"] >= 1
+    assert full["ours_rows_added"]["orders_order"] == scenario.QUICK_FULL_ORDERS
+    [full_figures] = result["ratios_full"].values()
+    assert full_figures["ours_vs_oscar_place_order"] > 0
     [figures] = result["ratios"].values()
     assert figures["ours_vs_oscar_place_order"] > 0
     assert figures["ours_vs_oscar_checkout"] > figures["ours_vs_oscar_place_order"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from bench import report
+from bench.scenarios import checkout as checkout_scenario
 
 
 def _reference(tps: float, ops: float) -> dict:
@@ -221,3 +222,32 @@ def test_cpu_per_checkout_target_is_five_product_reads():
         "gunicorn CPU per keyed checkout ÷ per product read"
     ]
     assert cpu["met"] is False
+
+
+def test_the_capacity_model_adds_the_pipeline_share_of_an_order_to_the_checkout():
+    order = _run("order", 50.0) | {"concurrency": 16, "requests": 500, "server_cpu_s": 10.0}
+    order["cpu_s"] = {"postgres": 5.0}  # 20 ms web, 10 ms PostgreSQL per order
+    slower = _run("order", 40.0) | {"concurrency": 4, "requests": 400, "server_cpu_s": 9.0}
+    burst = _run("end to end burst", 500.0)
+    burst["cpu_ms_per_delivery"] = {"worker": 2.0, "relay": 0.1, "postgres": 1.0}
+    scenarios = {
+        "checkout": {
+            "capacity": checkout_scenario.capacity([order, slower]),
+            "profile": {"sql_statements": 29.0},
+        },
+        "relay": {"runs": [burst], "fanout": 3},
+    }
+
+    model = report.capacity(scenarios, cores=2)
+
+    assert model["checkout_level"] == 16  # the level with the most orders/s
+    per_order = model["per_order_ms"]
+    assert (per_order["web_ms"], per_order["worker_ms"], per_order["relay_ms"]) == (20.0, 6.0, 0.3)
+    assert per_order["postgres_ms"] == 13.0  # 10 in the checkout + 3 x 1 per delivery
+    assert per_order["total_ms"] == 39.3
+    sustained = model["orders_per_s_sustained_by_all_cores"]
+    assert sustained["web"] == 100.0 and sustained["postgres"] == round(2000 / 13, 1)
+    assert model["saturates_first"] == "web"
+    assert (model["statements_per_order"], model["round_trips_per_order"]) == (27, 37)
+    assert "per order: web 20.00 ms" in report.capacity_text(model)
+    assert report.capacity({}, cores=2) is None
