@@ -51,7 +51,7 @@ class Program:
     """One long-running process: a name, its argv and extra environment.
 
     Both may use the placeholders {python}, {host}, {port}, {var} (data
-    folder), {run} (short runtime folder for sockets), {web_workers},
+    folder), {run} (short runtime folder for sockets), {web_workers}, {web_threads},
     {worker_concurrency}, {host_name} and, in a worker, {worker} (its name,
     worker-N); add more to `context()` when a program needs them.
     """
@@ -69,6 +69,11 @@ PROGRAMS: list[Program] = [
         (
             "{python}", "-m", "gunicorn", "config.wsgi:application",
             "--bind", "{host}:{port}", "--workers", "{web_workers}",
+            # Threads (gunicorn's gthread worker): a request waiting on a hung
+            # dependency holds one thread, not the worker, so /healthz still
+            # gets a thread and answers 503 in time (docs/failure-model.md,
+            # "Dependency faults"; tests/config/test_healthz_busy.py).
+            "--threads", "{web_threads}",
             "--graceful-timeout", "10", "--access-logfile", "-",
             "--control-socket", "{run}/gunicorn.ctl",
         ),
@@ -148,6 +153,7 @@ def context() -> dict[str, str]:
         "var": str(var_dir()),
         "run": str(run_dir_for(var_dir())),
         "web_workers": os.environ.get("WEB_CONCURRENCY", "2"),
+        "web_threads": os.environ.get("WEB_THREADS", "8"),
         "worker_concurrency": os.environ.get("WORKER_CONCURRENCY", "2"),
         "host_name": host_name(),
         "sim_port": os.environ.get("SIMULATOR_PORT", "8470"),
