@@ -8,8 +8,8 @@ docs/deployment.md): a child that exits is restarted with
 backoff, and so is an embedded server that dies. Ctrl-C or SIGTERM stops
 every child (and its process group), then the embedded servers, and exits.
 A supervisor killed with SIGKILL takes its children with it (the kernel's
-parent-death signal), and the next start clears whatever is still left from
-the state file in the runtime folder.
+parent-death signal, SIGKILL: see `Supervisor.spawn`), and the next start
+clears whatever is still left from the state file in the runtime folder.
 """
 
 from __future__ import annotations
@@ -307,7 +307,17 @@ class Supervisor:
             # Its own process group: Ctrl-C reaches only us, and we can stop
             # the child together with its workers.
             process_group=0,
-            preexec_fn=die_with_parent(signal.SIGTERM),
+            # SIGKILL when the supervisor dies, not SIGTERM: SIGTERM is a warm
+            # shutdown for Celery, which waits for running tasks with no time
+            # bound, and a worker SIGKILLed supervisor left behind kept its
+            # work (the chaos run's supervisor_kill). Every program is built
+            # to be SIGKILLed at any moment (late acks redeliver, leases are
+            # fenced, keys are taken over), and the orderly stop, whose SIGTERM
+            # stop_all sends, is not what a killed supervisor can give anyway.
+            # Their own children follow: Celery's pool children have
+            # SIGKILL as their parent-death signal, gunicorn's workers stop
+            # when their master is gone (docs/running.md, "Nothing left running").
+            preexec_fn=die_with_parent(signal.SIGKILL),
         )
         child.started_at = time.monotonic()
         child.restart_at = None

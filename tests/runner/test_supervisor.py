@@ -140,3 +140,54 @@ def test_run_refuses_a_taken_port_and_stops_the_embedded_servers(short_tmp, mark
     assert f"port {port} is in use" in result.stderr
     assert leftovers(marker=marker, under=var) == []
     assert sockets_under(run_dir_for(var)) == []
+
+
+def test_a_killed_supervisor_leaves_no_celery_worker_running_a_task(short_tmp, marker):
+    # A supervisor SIGKILLed while a Celery worker runs a long task. With
+    # SIGTERM as the parent-death signal the worker began a warm shutdown that
+    # waits for the task (no time bound), so it outlived the supervisor still
+    # holding its work: the chaos run's supervisor_kill found it 15 s later.
+    # With SIGKILL the worker dies at once, its pool child with it (Celery's
+    # own parent-death signal), and the task's message, acknowledged late, is
+    # delivered again (docs/failure-model.md, "Dependency faults").
+    from config.celery import app
+    from tests.support.redis_server import redis_server
+    from tests.support.servers import server_env
+
+    var = short_tmp / "var"
+    started = short_tmp / "task-started"
+    log_path = short_tmp / "run.log"
+    with redis_server() as broker:
+        env = server_env(
+            SHOP_PROGRAMS="worker",
+            SHOP_SETUP="none",
+            SHOP_VAR_DIR=str(var),
+            SHOP_TEST_MARKER=marker,
+            SIMULATOR_PORT=str(free_port()),
+            CELERY_BROKER_URL=broker.url(1),
+            WORKER_CONCURRENCY="1",
+        )
+        with open(log_path, "wb") as log:
+            supervisor = start_run(env, log)
+        try:
+            wait_for(
+                lambda: " ready." in log_path.read_text(errors="replace"),
+                timeout=60,
+                message=f"the worker never got ready:\n{log_path.read_text()[-3000:]}",
+            )
+            with app.connection_for_write(broker.url(1)) as conn:
+                app.send_task(
+                    "testsupport.linger", args=[str(started), 300], connection=conn, expires=60
+                )
+            wait_for(started.exists, timeout=30, message="the task never started")
+            family = psutil.Process(supervisor.pid).children(recursive=True)
+            assert len(family) >= 2  # the worker's main process and its pool child
+            supervisor.kill()
+            supervisor.wait()
+            _, alive = psutil.wait_procs(family, timeout=5)
+            left = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+            assert left == [], [" ".join(p.cmdline())[:100] for p in left]
+        finally:
+            if supervisor.poll() is None:
+                supervisor.kill()
+                supervisor.wait()

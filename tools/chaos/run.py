@@ -333,8 +333,9 @@ class Host:
     def kill_supervisor(self) -> list[str]:
         """SIGKILL the supervisor; return its descendants still alive ORPHAN_DEADLINE s later.
 
-        runner/ gives every child a parent-death signal (SIGTERM), so each
-        program must stop by itself; an orphan is killed here (the run goes
+        runner/ gives every program SIGKILL as its parent-death signal (and
+        Celery's pool children and gunicorn's workers follow their parent), so
+        each must be gone by itself; an orphan is killed here (the run goes
         on) and returned, so the run reports it as a problem.
         """
         assert self.proc is not None
