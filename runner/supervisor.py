@@ -314,9 +314,9 @@ class Supervisor:
             # to be SIGKILLed at any moment (late acks redeliver, leases are
             # fenced, keys are taken over), and the orderly stop, whose SIGTERM
             # stop_all sends, is not what a killed supervisor can give anyway.
-            # Their own children follow: Celery's pool children have
-            # SIGKILL as their parent-death signal, gunicorn's workers stop
-            # when their master is gone (docs/running.md, "Nothing left running").
+            # Their own children follow: Celery's pool children and
+            # gunicorn's workers (gunicorn.conf.py) have SIGKILL as their
+            # parent-death signal (docs/running.md, "Nothing left running").
             preexec_fn=die_with_parent(signal.SIGKILL),
         )
         child.started_at = time.monotonic()
