@@ -16,6 +16,7 @@ from django.conf import settings
 from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from psycopg import pq
+from psycopg.pq.abc import PGconn
 from psycopg.conninfo import make_conninfo
 
 from core.problems import problem_response
@@ -29,7 +30,7 @@ CHECK_TIMEOUT = 1.0
 HEALTH_DEADLINE = 1.2
 
 
-def _wait_socket(pgconn: pq.PGconn, *, write: bool, end: float) -> bool:
+def _wait_socket(pgconn: PGconn, *, write: bool, end: float) -> bool:
     """Wait until the connection's socket is ready (for writing or reading); False at `end`."""
     remaining = end - time.monotonic()
     if remaining <= 0:
@@ -61,7 +62,7 @@ def _database_ok(timeout: float = CHECK_TIMEOUT) -> tuple[bool, str]:
         for key, value in connection.get_connection_params().items()
         if key not in ("cursor_factory", "context", "prepare_threshold", "connect_timeout")
     }
-    pgconn: pq.PGconn | None = None
+    pgconn: PGconn | None = None
     try:
         pgconn = pq.PGconn.connect_start(make_conninfo(**params).encode())
         while True:
