@@ -16,8 +16,8 @@ from django.conf import settings
 from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from psycopg import pq
-from psycopg.pq.abc import PGconn
 from psycopg.conninfo import make_conninfo
+from psycopg.pq.abc import PGconn
 
 from core.problems import problem_response
 
