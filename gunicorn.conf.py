@@ -4,7 +4,8 @@ Every gunicorn started from the checkout (the run command's `web`, the
 tests' servers, a deployment run from here) loads this file, so command-line
 options keep their meaning and only what must hold everywhere lives here.
 
-The one thing here: gunicorn's own error answers are problem+json, like
+What is here: a worker dies with its master (the end of this file), and
+gunicorn's own error answers are problem+json, like
 every other error of the shop (docs/errors.md). gunicorn refuses some
 requests before Django sees them (a request line longer than
 `limit_request_line`: 414; a header longer than `limit_request_field_size`
@@ -16,6 +17,8 @@ the page. It is looked up at call time by every worker class.
 
 import json
 import os
+import signal
+import sys
 
 from gunicorn import util
 
@@ -115,3 +118,25 @@ def post_worker_init(worker):
     gc.collect()
     gc.freeze()
     gc.collect()
+
+
+# --- A worker dies with its master ----------------------------------------------
+# A master SIGKILLed (its supervisor killed: runner/supervisor.py gives the
+# master SIGKILL as its parent-death signal) leaves its workers to notice
+# within a second, finish their requests in flight for up to the graceful
+# timeout and exit only when every thread has, so a request waiting on a hung
+# database kept a worker running: the chaos run's supervisor_kill found two
+# such orphans 15 s later. A worker gets SIGKILL when its master dies; its
+# requests are cut as a SIGKILLed host's are, and every one is built for that.
+# A graceful stop is unchanged: the master outlives its workers.
+_PR_SET_PDEATHSIG = 1
+
+
+def post_fork(server, worker):
+    if not sys.platform.startswith("linux") or os.environ.get("SHOP_NO_PDEATHSIG") == "1":
+        return
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != server.pid:  # the master died before the signal was asked for
+        os._exit(1)

@@ -4,6 +4,7 @@ import os
 
 from celery import Celery
 from celery.app.amqp import AMQP
+from celery.signals import celeryd_init
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.base")
 
@@ -44,3 +45,22 @@ class BoundedPublishAMQP(AMQP):
 app = Celery("shop", amqp=BoundedPublishAMQP)
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+
+
+@celeryd_init.connect
+def _worker_broker_socket_timeout(conf, **kwargs) -> None:
+    """Give a worker's Redis broker connections a socket timeout above its BRPOP poll.
+
+    The settings' broker options are for publishers, so that a hung broker
+    holds a web request about a second: a 1 s socket timeout and no connect
+    retries. A worker's consumer waits in BRPOP one second at a time (at 1 s
+    its idle poll would time out and reconnect), and keeps kombu's retries.
+    """
+    from django.conf import settings
+
+    if settings.BROKER_IS_REDIS:
+        options = {k: v for k, v in conf.broker_transport_options.items() if k != "max_retries"}
+        conf.broker_transport_options = {
+            **options,
+            "socket_timeout": settings.BROKER_WORKER_SOCKET_TIMEOUT,
+        }

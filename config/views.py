@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import select
 import threading
 import time
 from collections.abc import Callable
@@ -10,11 +11,13 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 
 import kombu
-import psycopg
 import redis
 from django.conf import settings
 from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from psycopg import pq
+from psycopg.conninfo import make_conninfo
+from psycopg.pq.abc import PGconn
 
 from core.problems import problem_response
 
@@ -27,33 +30,77 @@ CHECK_TIMEOUT = 1.0
 HEALTH_DEADLINE = 1.2
 
 
-def _database_ok() -> tuple[bool, str]:
-    """Connect afresh (never through the pool, whose wait is long) and run SELECT 1.
+def _wait_socket(pgconn: PGconn, *, write: bool, end: float) -> bool:
+    """Wait until the connection's socket is ready (for writing or reading); False at `end`."""
+    remaining = end - time.monotonic()
+    if remaining <= 0:
+        return False
+    sock = pgconn.socket
+    ready = (
+        select.select([], [sock], [], remaining)
+        if write
+        else select.select([sock], [], [], remaining)
+    )
+    return bool(ready[0] or ready[1])
 
-    `connect_timeout` bounds the connection; a server that accepts and then
-    stops answering (SIGSTOP, a blackholed network) is bounded by the
-    caller's deadline instead.
+
+def _database_ok(timeout: float = CHECK_TIMEOUT) -> tuple[bool, str]:
+    """Connect afresh (never through the pool, whose wait is long) and run SELECT 1,
+    all of it within `timeout` seconds by this check's own clock.
+
+    libpq's non-blocking calls, each wait a select() on the socket until the
+    deadline: libpq's `connect_timeout` cannot go below 2 s, and nothing
+    bounds a query on a server that accepted and then stopped answering
+    (SIGSTOP, a blackholed network: the kernel or a proxy still acknowledges
+    every packet, so no TCP timeout fires). A check that outlived its health
+    check kept reporting "timeout" after the heal (one check per dependency in
+    flight): it now always ends by its deadline, and the connection with it.
     """
+    end = time.monotonic() + timeout
     params = {
         key: value
         for key, value in connection.get_connection_params().items()
-        # connect_timeout: the settings' own (DB_CONNECT_TIMEOUT) is replaced by the check's.
         if key not in ("cursor_factory", "context", "prepare_threshold", "connect_timeout")
     }
+    pgconn: PGconn | None = None
     try:
-        with psycopg.connect(
-            **params, connect_timeout=max(1, int(CHECK_TIMEOUT)), autocommit=True
-        ) as conn:
-            conn.execute("SELECT 1").fetchone()
+        pgconn = pq.PGconn.connect_start(make_conninfo(**params).encode())
+        while True:
+            status = pgconn.connect_poll()
+            if status == pq.PollingStatus.OK:
+                break
+            if status == pq.PollingStatus.FAILED:
+                return False, "OperationalError"
+            if not _wait_socket(pgconn, write=status == pq.PollingStatus.WRITING, end=end):
+                return False, "timeout"
+        pgconn.nonblocking = 1
+        pgconn.send_query(b"SELECT 1")  # raises when it cannot be sent
+        while pgconn.flush() == 1:
+            if not _wait_socket(pgconn, write=True, end=end):
+                return False, "timeout"
+        while True:
+            pgconn.consume_input()
+            if not pgconn.is_busy():
+                break
+            if not _wait_socket(pgconn, write=False, end=end):
+                return False, "timeout"
+        result = pgconn.get_result()
+        if result is None or result.status != pq.ExecStatus.TUPLES_OK:
+            return False, "OperationalError"
         return True, "ok"
     except Exception as exc:  # noqa: BLE001 - any failure means unhealthy
         return False, type(exc).__name__
+    finally:
+        if pgconn is not None:
+            pgconn.finish()
 
 
 def _redis_ok(url: str) -> tuple[bool, str]:
     try:
+        # Half the check's time each for the connect and the PING: the whole
+        # check ends within CHECK_TIMEOUT, so none outlives its health check.
         client = redis.Redis.from_url(
-            url, socket_connect_timeout=CHECK_TIMEOUT, socket_timeout=CHECK_TIMEOUT
+            url, socket_connect_timeout=CHECK_TIMEOUT / 2, socket_timeout=CHECK_TIMEOUT / 2
         )
         try:
             client.ping()

@@ -2,7 +2,20 @@
 
 from __future__ import annotations
 
-from django.db import IntegrityError
+from django.db import IntegrityError, connection
+
+
+def database_now() -> float:
+    """Return the database clock's time as Unix seconds.
+
+    For a decision a host must not make on its own clock (a host whose clock
+    runs ahead would decide differently from the others): the database clock
+    is the one clock every host shares (docs/failure-model.md, "Dependency faults").
+    """
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT EXTRACT(EPOCH FROM statement_timestamp())::float")
+        (now,) = cursor.fetchone()
+    return float(now)
 
 
 def violated_constraint(exc: IntegrityError) -> str | None:

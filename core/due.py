@@ -36,6 +36,7 @@ import logging
 import os
 import random
 import socket
+import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -494,21 +495,42 @@ def _task(name: str):
     return current_app.tasks.get(name)
 
 
+# Until when (this process's monotonic clock) rings are skipped: set when a ring
+# fails. A local pause of a local call, not a decision on shared time, so the
+# monotonic clock is the right one here (the database clock judges the rows).
+_rings_paused_until = 0.0
+
+
 def ring(model: type[DueWork], pk, *, delay: float = 0.0) -> None:
     """Enqueue the kind's task for row `pk` in `delay` seconds (capped), best effort.
 
     The row is the truth: a broker that is down or loses the message costs
-    only time, because the sweeper finds the row when it is due.
+    only time, because the sweeper finds the row when it is due. So a ring
+    never waits long: a failed one (a hung broker waits its socket timeout,
+    1 s) pauses this process's rings for BROKER_RING_PAUSE seconds, and every
+    request meanwhile goes on without one, instead of each waiting in turn
+    (the chaos run's hung Redis held every web thread that way).
     """
+    global _rings_paused_until
     name = model.due_policy().task
     if name is None:
         return
+    if time.monotonic() < _rings_paused_until:
+        return  # the broker failed a moment ago; the sweeper finds the row when due
     try:
         current_app.send_task(
             name, args=[_wire(pk)], countdown=countdown(delay) or None, retry=False
         )
     except Exception:  # noqa: BLE001 - a broker outage must not fail recorded work
-        logger.warning("could not ring %s for %s %s; the sweeper will", name, model.__name__, pk)
+        _rings_paused_until = time.monotonic() + settings.BROKER_RING_PAUSE
+        logger.warning(
+            "could not ring %s for %s %s; the sweeper will, and this process rings"
+            " no more for %.0f s",
+            name,
+            model.__name__,
+            pk,
+            settings.BROKER_RING_PAUSE,
+        )
 
 
 def ring_after_commit(model: type[DueWork], pk, *, delay: float = 0.0) -> None:

@@ -8,8 +8,8 @@ docs/deployment.md): a child that exits is restarted with
 backoff, and so is an embedded server that dies. Ctrl-C or SIGTERM stops
 every child (and its process group), then the embedded servers, and exits.
 A supervisor killed with SIGKILL takes its children with it (the kernel's
-parent-death signal), and the next start clears whatever is still left from
-the state file in the runtime folder.
+parent-death signal, SIGKILL: see `Supervisor.spawn`), and the next start
+clears whatever is still left from the state file in the runtime folder.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ class Program:
     """One long-running process: a name, its argv and extra environment.
 
     Both may use the placeholders {python}, {host}, {port}, {var} (data
-    folder), {run} (short runtime folder for sockets), {web_workers},
+    folder), {run} (short runtime folder for sockets), {web_workers}, {web_threads},
     {worker_concurrency}, {host_name} and, in a worker, {worker} (its name,
     worker-N); add more to `context()` when a program needs them.
     """
@@ -69,6 +69,11 @@ PROGRAMS: list[Program] = [
         (
             "{python}", "-m", "gunicorn", "config.wsgi:application",
             "--bind", "{host}:{port}", "--workers", "{web_workers}",
+            # Threads (gunicorn's gthread worker): a request waiting on a hung
+            # dependency holds one thread, not the worker, so /healthz still
+            # gets a thread and answers 503 in time (docs/failure-model.md,
+            # "Dependency faults"; tests/config/test_healthz_busy.py).
+            "--threads", "{web_threads}",
             "--graceful-timeout", "10", "--access-logfile", "-",
             "--control-socket", "{run}/gunicorn.ctl",
         ),
@@ -148,6 +153,7 @@ def context() -> dict[str, str]:
         "var": str(var_dir()),
         "run": str(run_dir_for(var_dir())),
         "web_workers": os.environ.get("WEB_CONCURRENCY", "2"),
+        "web_threads": os.environ.get("WEB_THREADS", "8"),
         "worker_concurrency": os.environ.get("WORKER_CONCURRENCY", "2"),
         "host_name": host_name(),
         "sim_port": os.environ.get("SIMULATOR_PORT", "8470"),
@@ -301,7 +307,17 @@ class Supervisor:
             # Its own process group: Ctrl-C reaches only us, and we can stop
             # the child together with its workers.
             process_group=0,
-            preexec_fn=die_with_parent(signal.SIGTERM),
+            # SIGKILL when the supervisor dies, not SIGTERM: SIGTERM is a warm
+            # shutdown for Celery, which waits for running tasks with no time
+            # bound, and a worker SIGKILLed supervisor left behind kept its
+            # work (the chaos run's supervisor_kill). Every program is built
+            # to be SIGKILLed at any moment (late acks redeliver, leases are
+            # fenced, keys are taken over), and the orderly stop, whose SIGTERM
+            # stop_all sends, is not what a killed supervisor can give anyway.
+            # Their own children follow: Celery's pool children and
+            # gunicorn's workers (gunicorn.conf.py) have SIGKILL as their
+            # parent-death signal (docs/running.md, "Nothing left running").
+            preexec_fn=die_with_parent(signal.SIGKILL),
         )
         child.started_at = time.monotonic()
         child.restart_at = None

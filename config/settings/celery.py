@@ -46,11 +46,19 @@ if BROKER_IS_REDIS:
     # (config/redis_transport.py); ack emulation with a short visibility timeout.
     CELERY_BROKER_TRANSPORT = "config.redis_transport:Transport"
     CELERY_BROKER_TRANSPORT_OPTIONS = {
-        # A broker that hangs: a publish fails after this instead of blocking
-        # the request (the row stays due; the sweeper rings again). Above the
-        # worker's BRPOP timeout (1 s), so an idle worker's poll never trips it.
-        "socket_connect_timeout": env.float("REDIS_CONNECT_TIMEOUT", default=2.0),
-        "socket_timeout": env.float("REDIS_SOCKET_TIMEOUT", default=5.0),
+        # A broker that hangs (SIGSTOP, a partition): a publish fails after
+        # this instead of holding the request that rings (the row stays due;
+        # the sweeper rings again). 1 s: a request makes a publish or two,
+        # and the chaos run's hung Redis held every web thread at 5 s each.
+        # A worker raises it (BROKER_WORKER_SOCKET_TIMEOUT, config/celery.py):
+        # its consumer waits in BRPOP 1 s at a time, which 1 s would trip.
+        "socket_connect_timeout": env.float("REDIS_CONNECT_TIMEOUT", default=1.0),
+        "socket_timeout": env.float("BROKER_SOCKET_TIMEOUT", default=1.0),
+        # A publisher's channel is opened once, with no reconnect loop (kombu's
+        # default retries for the broker connection timeout, 4 s): the ring
+        # fails and the sweeper rings again. A worker keeps its retries
+        # (config/celery.py; its consumer reconnects forever by itself).
+        "max_retries": 0,
         "visibility_timeout": CELERY_VISIBILITY_TIMEOUT,
         "unacked_restore_interval": CELERY_UNACKED_RESTORE_INTERVAL,
         "unacked_restore_throttle": env.int("CELERY_UNACKED_RESTORE_THROTTLE", default=1),
@@ -72,6 +80,13 @@ else:
     # cancel the acks_late tasks still running on it rather than run them next
     # to their redelivered copies (both would be safe; one is cheaper).
     CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = True
+# A worker's broker socket timeout (Redis): above its BRPOP poll (1 s), so an
+# idle worker's poll never trips it.
+BROKER_WORKER_SOCKET_TIMEOUT = env.float("BROKER_WORKER_SOCKET_TIMEOUT", default=5.0)
+# Seconds a process stops ringing after a ring failed (core.due.ring): a hung
+# broker costs one request one socket timeout, not every request each one.
+# The rows rung for meanwhile are found by their sweepers when due.
+BROKER_RING_PAUSE = env.float("BROKER_RING_PAUSE", default=10.0)
 # Seconds a publish may wait for the broker (the socket write, and on RabbitMQ
 # the publisher confirm): a broker under a memory alarm blocks publishers
 # without closing the connection, and without this bound the request that

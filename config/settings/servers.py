@@ -79,10 +79,10 @@ CACHES = {
         "KEY_PREFIX": env.str("CACHE_KEY_PREFIX", default="shop"),
         "TIMEOUT": 300,
         # A Redis that hangs (SIGSTOP, partition) fails a throttle look-up in
-        # seconds instead of holding the request.
+        # a second instead of holding the request (and its web thread).
         "OPTIONS": {
-            "socket_connect_timeout": env.float("REDIS_CONNECT_TIMEOUT", default=2.0),
-            "socket_timeout": env.float("REDIS_SOCKET_TIMEOUT", default=3.0),
+            "socket_connect_timeout": env.float("REDIS_CONNECT_TIMEOUT", default=1.0),
+            "socket_timeout": env.float("REDIS_SOCKET_TIMEOUT", default=1.0),
         },
     }
 }

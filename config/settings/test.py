@@ -29,7 +29,11 @@ from tests.support.settings import TEST_SUPPORT_APPS  # noqa: E402
 
 INSTALLED_APPS = [*INSTALLED_APPS, *TEST_SUPPORT_APPS]
 # The test-only due-work kind's task (tests/support/tasks.py) runs beside the sweeps.
-CELERY_TASK_ROUTES = {**CELERY_TASK_ROUTES, "testsupport.work_chore": {"queue": "maintenance"}}
+CELERY_TASK_ROUTES = {
+    **CELERY_TASK_ROUTES,
+    "testsupport.work_chore": {"queue": "maintenance"},
+    "testsupport.linger": {"queue": "maintenance"},
+}
 
 # The relay/consumer tests count two consumers; tests/shop/test_emails.py calls the e-mail one.
 SHOP_EMAILS = False

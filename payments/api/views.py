@@ -68,7 +68,8 @@ class WebhookView(APIView):
                 required=True,
                 type=str,
                 description='`t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<raw body>">` '
-                "with the shared webhook secret; older than 300 s → 400 `invalid_signature`.",
+                "with the shared webhook secret; older than 300 s by the database clock → 400 "
+                "`invalid_signature`.",
             )
         ],
         responses={200: WebhookAckOut, 400: PROBLEM, 413: PROBLEM},

@@ -65,8 +65,16 @@ class EmbeddedPostgres:
         database: str = "shop",
         durable: bool = True,
         log_file: Path | None = None,
+        tcp_port: int | None = None,
+        settings: dict[str, str] | None = None,
     ) -> None:
         self.data_dir = Path(data_dir).resolve()
+        # The chaos run's own cluster also listens on loopback TCP, so that its
+        # hosts reach it through their fault proxies (tools/chaos/postgres.py).
+        self.tcp_port = tcp_port
+        if tcp_port is not None:
+            self.port = tcp_port
+        self.settings = dict(settings or {})  # more `-c name=value` for the server
         self.socket_dir = Path(socket_dir)
         self.database = database
         self.durable = durable
@@ -228,7 +236,7 @@ class EmbeddedPostgres:
 
     def _launch(self) -> None:
         options = {
-            "listen_addresses": "",
+            "listen_addresses": "127.0.0.1" if self.tcp_port is not None else "",
             "unix_socket_directories": str(self.socket_dir),
             "port": str(self.port),
         }
@@ -236,6 +244,7 @@ class EmbeddedPostgres:
             # Test databases are thrown away: skip the flushes that make
             # commits survive a power cut.
             options.update(fsync="off", synchronous_commit="off", full_page_writes="off")
+        options.update(self.settings)
         argv = [str(bin_dir() / "postgres"), "-D", str(self.data_dir)]
         for name, value in options.items():
             argv += ["-c", f"{name}={value}"]

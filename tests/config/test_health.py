@@ -5,7 +5,9 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -148,3 +150,68 @@ def test_livez_answers_without_any_dependency():
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert json.loads(out.stdout.strip().splitlines()[-1]) == [200, {"status": "ok"}]
+
+
+# -- back to 200 at once after the heal: no check outlives its health check -------------
+
+
+def _timed(client) -> tuple[int, float, dict]:
+    started = time.monotonic()
+    response = client.get("/healthz")
+    return response.status_code, time.monotonic() - started, response.json()
+
+
+@pytest.mark.django_db
+def test_the_database_check_ends_by_its_deadline_and_healthz_is_200_right_after_the_heal(
+    client, monkeypatch
+):
+    # A check still running keeps its dependency "timeout" (one check per
+    # dependency in flight): one that outlived its health check held /healthz
+    # at 503 after the heal. libpq's connect_timeout cannot go below 2 s and a
+    # query on a hung server had no bound at all; the check now ends by its
+    # own deadline (CHECK_TIMEOUT), whatever hangs.
+    from django.db import connection
+
+    from config import views
+    from tests.support.blackhole import blackhole
+
+    real = connection.get_connection_params()
+    views._running.clear()
+    with blackhole() as port:
+        hung = SimpleNamespace(get_connection_params=lambda: {**real, "host": "127.0.0.1",
+                                                                "port": port})  # fmt: skip
+        monkeypatch.setattr(views, "connection", hung)
+        started = time.monotonic()
+        assert views._database_ok() == (False, "timeout")
+        assert time.monotonic() - started < views.CHECK_TIMEOUT + 0.3
+        for _ in range(2):
+            status, took, body = _timed(client)
+            assert (status, body["errors"]["database"]) == (503, "timeout")
+            assert took < 2.0
+        # The database answers again (here: the real address).
+        monkeypatch.setattr(views, "connection", connection)
+        status, took, body = _timed(client)
+        assert status == 200, body
+
+
+@pytest.mark.django_db
+def test_healthz_503_while_the_broker_is_stopped_and_200_at_once_after_it_resumes(settings):
+    from django.test import Client
+
+    from config import views
+    from tests.support.redis_server import redis_server
+
+    views._running.clear()
+    with redis_server() as broker:
+        settings.CELERY_BROKER_URL = broker.url(1)
+        client = Client()
+        broker.hang()
+        try:
+            for _ in range(3):
+                status, took, body = _timed(client)
+                assert status == 503 and body["errors"]["broker"] != "ok"
+                assert took < 2.0
+        finally:
+            broker.resume()
+        status, took, body = _timed(client)
+        assert status == 200, body

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 from datetime import timedelta
 
 import pytest
@@ -173,6 +174,33 @@ def test_the_bell_rings_only_after_commit_and_a_broker_outage_loses_nothing(rang
     monkeypatch.setattr(current_app, "send_task", broker_down)
     due.ring(DueChore, chore.pk)  # logged, not raised: the row is still due
     assert due.lease_due(DueChore) == [chore.pk]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_failed_ring_pauses_this_processs_rings(monkeypatch, settings):
+    # A hung broker makes each ring wait its socket timeout; without the pause
+    # every request waited in turn and a host's web threads all filled (the
+    # chaos run's redis_hang). After one failure the rings stop for a while;
+    # the rows stay due for their sweepers.
+    settings.BROKER_RING_PAUSE = 30.0
+    chore = DueChore.objects.create(label="ok")
+    calls = []
+
+    def broker_hung(*args, **kwargs):
+        calls.append(args)
+        raise TimeoutError("the broker did not answer")
+
+    monkeypatch.setattr(current_app, "send_task", broker_hung)
+    for _ in range(5):
+        due.ring(DueChore, chore.pk)
+    assert len(calls) == 1  # one wait, then no more
+    assert due.lease_due(DueChore) == [chore.pk]  # the row is still there for the sweeper
+
+    # The pause ends: the next ring tries the broker again.
+    now = time.monotonic()
+    monkeypatch.setattr(due.time, "monotonic", lambda: now + 31)
+    due.ring(DueChore, chore.pk)
+    assert len(calls) == 2
 
 
 def test_every_due_work_kind_is_indexed_and_has_a_policy():

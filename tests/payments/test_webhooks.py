@@ -19,7 +19,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import requests
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.test import Client
 from rest_framework.authtoken.models import Token
 
@@ -148,6 +148,30 @@ def test_a_replayed_delivery_with_an_old_timestamp_is_rejected():
     response = post(body=body, header=header)
     assert response.status_code == 400 and response.json()["code"] == "invalid_signature"
     assert not InboxMessage.objects.exists()
+
+
+def database_time() -> float:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT EXTRACT(EPOCH FROM statement_timestamp())::float")
+        return float(cursor.fetchone()[0])
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("skew", [+360, -360])
+def test_the_window_is_judged_by_the_database_clock_not_the_hosts(monkeypatch, skew):
+    # A host whose clock is 6 minutes off (the chaos run's skewed host runs 5
+    # ahead) must accept what the database clock calls fresh and refuse what
+    # it calls stale, whatever its own clock says.
+    fresh_event = {"id": "evt_skew_fresh", "type": "customer.created", "created": 1, "data": {}}
+    stale_event = {"id": "evt_skew_stale", "type": "customer.created", "created": 1, "data": {}}
+    now = int(database_time())
+    true_time = time.time
+    monkeypatch.setattr(time, "time", lambda: true_time() + skew)
+    fresh = post(fresh_event, t=now)
+    assert fresh.status_code == 200, fresh.content
+    stale = post(stale_event, t=now - webhooks.TOLERANCE_SECONDS - 30)
+    assert stale.status_code == 400 and stale.json()["code"] == "invalid_signature"
+    assert list(InboxMessage.objects.values_list("message_id", flat=True)) == ["evt_skew_fresh"]
 
 
 @pytest.mark.django_db

@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 
 import psutil
 import pytest
@@ -140,3 +141,120 @@ def test_run_refuses_a_taken_port_and_stops_the_embedded_servers(short_tmp, mark
     assert f"port {port} is in use" in result.stderr
     assert leftovers(marker=marker, under=var) == []
     assert sockets_under(run_dir_for(var)) == []
+
+
+def test_a_killed_supervisor_leaves_no_celery_worker_running_a_task(short_tmp, marker):
+    # A supervisor SIGKILLed while a Celery worker runs a long task. With
+    # SIGTERM as the parent-death signal the worker began a warm shutdown that
+    # waits for the task (no time bound), so it outlived the supervisor still
+    # holding its work: the chaos run's supervisor_kill found it 15 s later.
+    # With SIGKILL the worker dies at once, its pool child with it (Celery's
+    # own parent-death signal), and the task's message, acknowledged late, is
+    # delivered again (docs/failure-model.md, "Dependency faults").
+    from config.celery import app
+    from tests.support.redis_server import redis_server
+    from tests.support.servers import server_env
+
+    var = short_tmp / "var"
+    started = short_tmp / "task-started"
+    log_path = short_tmp / "run.log"
+    with redis_server() as broker:
+        env = server_env(
+            SHOP_PROGRAMS="worker",
+            SHOP_SETUP="none",
+            SHOP_VAR_DIR=str(var),
+            SHOP_TEST_MARKER=marker,
+            SIMULATOR_PORT=str(free_port()),
+            CELERY_BROKER_URL=broker.url(1),
+            WORKER_CONCURRENCY="1",
+        )
+        with open(log_path, "wb") as log:
+            supervisor = start_run(env, log)
+        try:
+            wait_for(
+                lambda: " ready." in log_path.read_text(errors="replace"),
+                timeout=60,
+                message=f"the worker never got ready:\n{log_path.read_text()[-3000:]}",
+            )
+            with app.connection_for_write(broker.url(1)) as conn:
+                app.send_task(
+                    "testsupport.linger", args=[str(started), 300], connection=conn, expires=60
+                )
+            wait_for(started.exists, timeout=30, message="the task never started")
+            family = psutil.Process(supervisor.pid).children(recursive=True)
+            assert len(family) >= 2  # the worker's main process and its pool child
+            supervisor.kill()
+            supervisor.wait()
+            _, alive = psutil.wait_procs(family, timeout=5)
+            left = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+            assert left == [], [" ".join(p.cmdline())[:100] for p in left]
+        finally:
+            if supervisor.poll() is None:
+                supervisor.kill()
+                supervisor.wait()
+
+
+def test_a_killed_supervisor_leaves_no_gunicorn_worker_holding_a_request(short_tmp, marker):
+    # A supervisor SIGKILLed while a web request waits on a hung (partitioned)
+    # database. gunicorn's master dies of its parent-death signal; its worker
+    # noticed, then finished its request for up to the 10 s graceful timeout
+    # and exited only with its threads: the chaos run's supervisor_kill found
+    # such workers still running 15 s later. Each worker now dies with its
+    # master (gunicorn.conf.py's post_fork).
+    import threading
+    from urllib.parse import urlsplit
+
+    from tests.support.servers import server_env
+    from tools.chaos.faultproxy import FaultProxy
+
+    var = short_tmp / "var"
+    port = free_port()
+    log_path = short_tmp / "run.log"
+    env = server_env(
+        SHOP_PROGRAMS="web",
+        SHOP_SETUP="none",
+        SHOP_VAR_DIR=str(var),
+        SHOP_TEST_MARKER=marker,
+        SIMULATOR_PORT=str(free_port()),
+        PORT=str(port),
+        WEB_CONCURRENCY="1",
+    )
+    target = urlsplit(env["DATABASE_URL"])
+    proxy = FaultProxy(target=(target.hostname or "127.0.0.1", target.port or 5432)).start()
+    env["DATABASE_URL"] = target._replace(
+        netloc=target.netloc.replace(f"{target.hostname}:{target.port}", f"127.0.0.1:{proxy.port}")
+    ).geturl()
+    with open(log_path, "wb") as log:
+        supervisor = start_run(env, log)
+    try:
+        wait_for(
+            lambda: _answers(f"http://127.0.0.1:{port}/healthz"),
+            timeout=60,
+            message=f"the web never came up:\n{log_path.read_text()[-3000:]}",
+        )
+        proxy.drop()
+        threading.Thread(
+            target=_answers, args=(f"http://127.0.0.1:{port}/api/v1/products/", 30), daemon=True
+        ).start()
+        wait_for(lambda: proxy.open_connections > 0, timeout=10, message="no request hung")
+        time.sleep(1.0)  # the request is in the worker, waiting on the database
+        family = psutil.Process(supervisor.pid).children(recursive=True)
+        assert len(family) >= 2  # gunicorn's master and its worker
+        supervisor.kill()
+        supervisor.wait()
+        _, alive = psutil.wait_procs(family, timeout=5)
+        left = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        assert left == [], [" ".join(p.cmdline())[:100] for p in left]
+    finally:
+        if supervisor.poll() is None:
+            supervisor.kill()
+            supervisor.wait()
+        proxy.heal()
+        proxy.stop()
+
+
+def _answers(url: str, timeout: float = 2.0) -> bool:
+    try:
+        return requests.get(url, timeout=timeout).status_code == 200
+    except requests.RequestException:
+        return False

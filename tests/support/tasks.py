@@ -1,4 +1,7 @@
-"""The test-only due-work kind's task: one attempt at a chore, by id (core.due's shape)."""
+"""Test-only tasks: one attempt at a due chore (core.due's shape), and a long-running one."""
+
+import time
+from pathlib import Path
 
 from celery import shared_task
 
@@ -20,3 +23,11 @@ def work_chore(self, chore_id: int) -> str:
         return "failed"
     due.mark_done(DueChore, pk=chore_id)
     return "done"
+
+
+@shared_task(bind=True, name="testsupport.linger", max_retries=0)
+def linger(self, started_file: str, seconds: float) -> str:
+    """Write `started_file`, then run for `seconds`: a task a warm shutdown waits for."""
+    Path(started_file).write_text("started")
+    time.sleep(seconds)
+    return "lingered"

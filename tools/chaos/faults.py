@@ -2,21 +2,36 @@
 
 Each host reaches PostgreSQL and the broker through a FaultProxy of its own
 (tools/chaos/faultproxy.py), so one host can be partitioned while the other
-still works. The schedule (fractions of the run) is fixed so that the CI short
-form makes every kind at least once:
+still works. The kinds:
 
 - `db_partition`: one host's database link blackholed (drop) for 5-30 s, healed;
 - `broker_partition`: one host's broker link blackholed for 5-30 s, healed;
 - `db_reset`: every connection of one host to the database reset at once,
-  and new ones refused for a few seconds (a database crash as the host sees
-  it: its sessions gone, its uncommitted transactions rolled back);
+  and new ones refused for a few seconds (its sessions gone, its
+  uncommitted transactions rolled back);
+- `pg_crash`: the run's own PostgreSQL SIGKILLed, postmaster and backends
+  (tools/chaos/postgres.py), and started again: crash recovery;
+- `pg_hang`: the run's PostgreSQL SIGSTOPped, postmaster and backends, for
+  4-10 s, then SIGCONT;
 - `redis_hang`: the run's own redis-server SIGSTOPped for 5-10 s (the cache on
   both brokers, and the broker itself on Redis), then SIGCONT;
 - `memory_alarm` (RabbitMQ only): the shared broker's watermark set very low
-  for 3 s and ALWAYS restored (other users of that broker are blocked meanwhile).
+  for 3 s and ALWAYS restored (other users of that broker are blocked meanwhile);
+- `provider_kill`: the payment simulator SIGKILLed and started again on the
+  same ports with its ledger;
+- `supervisor_kill`: one host's supervisor SIGKILLed; its children must all
+  be gone within a deadline (parent-death signal), then the run starts the
+  host again (`restart_host`, which reports orphans itself).
+
+`schedule` lays the faults end to end, never two at once, each followed by
+a quiet GAP so that /healthz is judged for one fault at a time: the CI short
+form makes the REQUIRED kinds (a database crash, a partition, a hung broker)
+and as many others as fit; a run of LONG_FROM seconds or more repeats the
+whole cycle until its end, so every kind is made several times.
 
 The sampler asks every host's /healthz every 0.5 s; `judge` checks that each
-fault was answered 503 within 2 s of its start and 200 within 10 s of its heal.
+JUDGED fault was answered 503 within 2 s of its start and 200 within 10 s of
+its heal.
 """
 
 from __future__ import annotations
@@ -27,8 +42,11 @@ import signal
 import subprocess
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 import requests
 
@@ -37,6 +55,24 @@ from .faultproxy import FaultProxy
 SAMPLE_EVERY = 0.5
 DOWN_WITHIN = 2.0
 UP_WITHIN = 10.0
+# Quiet seconds after each fault's planned end: the heal is judged (UP_WITHIN)
+# before the next fault starts.
+GAP = UP_WITHIN + 2.0
+LONG_FROM = 600.0
+START_AT = 0.04  # fraction of the run before the first fault
+# The supervisor's children stopping (gunicorn's 10 s grace), then its setup
+# and programs starting again, until /healthz answers.
+SUPERVISOR_SLOT = 30.0
+# Faults /healthz must see: a dependency of every request stops answering.
+# Not judged: memory_alarm (the broker still accepts connections and
+# consumers go on; a blocked publish is bounded by the publish confirm timeout
+# instead), provider_kill (the provider is no dependency of /healthz) and
+# supervisor_kill (the host itself is gone and comes back).
+JUDGED = frozenset(
+    {"db_partition", "broker_partition", "db_reset", "pg_crash", "pg_hang", "redis_hang"}
+)
+# At least one of each group in every run, the CI short form included.
+REQUIRED = (("pg_crash",), ("db_partition", "broker_partition"), ("redis_hang", "memory_alarm"))
 
 
 @dataclass
@@ -46,6 +82,16 @@ class Fault:
     start: float = 0.0
     end: float = 0.0
     seconds: float = 0.0
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Planned:
+    """One fault of the schedule: its kind, its host ("*": shared), its planned seconds."""
+
+    kind: str
+    host: str
+    seconds: float
 
 
 @dataclass
@@ -56,35 +102,121 @@ class Faults:
     rng: random.Random
     redis_pid: Callable[[], int | None]
     rabbitmq: bool = False
+    postgres: Any = None  # tools.chaos.postgres.ChaosPostgres: crash(), pause(), resume()
+    simulator: Any = None  # run.Simulator: kill_and_restart()
+    restart_host: Callable[[str], str] | None = None  # SIGKILL its supervisor, start it again
+    planned: list[Planned] = field(default_factory=list)
     made: list[Fault] = field(default_factory=list)
     samples: list[dict] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
+    # PR_SET_PDEATHSIG (runner.processes.die_with_parent) fires when the THREAD
+    # that forked the child ends, not its process: a server started again from
+    # a fault's own short-lived thread got its parent-death signal the moment
+    # that thread ended (the first runs lost PostgreSQL 0.6 s after its crash
+    # recovery). So whatever a fault starts again is started from this one
+    # thread, which lives as long as the run.
+    skipped: list[str] = field(default_factory=list)
+    gap: float = GAP  # quiet seconds after each fault heals
+    # One fault at a time, each followed by GAP quiet seconds, even when one
+    # outlasts its slot (a supervisor's restart under load took 57 s of its
+    # 30): a fault that comes due meanwhile waits its turn.
+    _one: threading.Lock = field(default_factory=threading.Lock)
+    _closing: threading.Event = field(default_factory=threading.Event)
+    _spawner: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(max_workers=1, thread_name_prefix="respawn")
+    )
 
-    def schedule(self, duration: float) -> list[tuple[float, Callable[[], None]]]:
+    # -- the schedule ------------------------------------------------------------------
+
+    def kinds(self, *, long: bool) -> list[Planned]:
+        """One cycle: every kind this run can make, hosts alternating, lengths drawn."""
         names = sorted(self.hosts)
-        last = names[-1]
-        short = max(5.0, min(30.0, duration / 12))
-        plan = [
-            (0.15, lambda: self.partition("db", names[0], self.rng.uniform(5, short))),
-            (0.3, lambda: self.partition("broker", last, self.rng.uniform(5, short))),
-            (0.5, lambda: self.db_reset(names[0], 3.0)),
-            (0.7, lambda: self.redis_hang(self.rng.uniform(5, 10))),
+        first, last = names[0], names[-1]
+        longest = 30.0 if long else 10.0
+        cycle = [
+            Planned("pg_crash", "*", 5.0),
+            Planned("db_partition", first, self.rng.uniform(5, longest)),
+            Planned("redis_hang", "*", self.rng.uniform(5, 10)),
+            Planned("broker_partition", last, self.rng.uniform(5, longest)),
+            Planned("pg_hang", "*", self.rng.uniform(4, 10)),
+            Planned("supervisor_kill", self.rng.choice(names), SUPERVISOR_SLOT),
+            Planned("db_reset", last, 3.0),
+            Planned("provider_kill", "*", 2.0),
         ]
         if self.rabbitmq:
-            plan.append((0.8, lambda: self.memory_alarm(3.0)))
-        if duration >= 600:  # the long form repeats every kind
-            plan += [(f + 0.02, fn) for f, fn in plan[:4]]
-        return sorted(((f * duration, fn) for f, fn in plan), key=lambda item: item[0])
+            cycle.insert(3, Planned("memory_alarm", "*", 3.0))
+        if self.restart_host is None:
+            cycle = [p for p in cycle if p.kind != "supervisor_kill"]
+        return cycle
+
+    def plan(self, duration: float) -> list[tuple[float, Planned]]:
+        """[(seconds from the start, fault)]: end to end, GAP after each, all within the run."""
+        long = duration >= LONG_FROM
+        at = START_AT * duration
+        plan: list[tuple[float, Planned]] = []
+        while True:
+            cycle = self.kinds(long=long)
+            if not long:
+                cycle = _fit(cycle, duration - at)
+            added = False
+            for fault in cycle:
+                if at + fault.seconds + GAP > duration:
+                    break
+                plan.append((at, fault))
+                at += fault.seconds + GAP
+                added = True
+            if not long or not added:
+                return plan
+
+    def schedule(self, duration: float) -> list[tuple[float, Callable[[], None]]]:
+        plan = self.plan(duration)
+        self.planned = [fault for _, fault in plan]
+        return [(at, self._action(fault)) for at, fault in plan]
+
+    def _action(self, fault: Planned) -> Callable[[], None]:
+        if fault.kind in ("db_partition", "broker_partition"):
+            link = fault.kind.split("_")[0]
+            return lambda: self.partition(link, fault.host, fault.seconds)
+        if fault.kind == "db_reset":
+            return lambda: self.db_reset(fault.host, fault.seconds)
+        if fault.kind == "redis_hang":
+            return lambda: self.redis_hang(fault.seconds)
+        if fault.kind == "memory_alarm":
+            return lambda: self.memory_alarm(fault.seconds)
+        if fault.kind == "pg_crash":
+            return self.pg_crash
+        if fault.kind == "pg_hang":
+            return lambda: self.pg_hang(fault.seconds)
+        if fault.kind == "provider_kill":
+            return self.provider_kill
+        if fault.kind == "supervisor_kill":
+            return lambda: self.supervisor_kill(fault.host)
+        raise ValueError(f"unknown fault kind {fault.kind!r}")
+
+    def counts(self) -> dict[str, int]:
+        return dict(sorted(Counter(f.kind for f in self.made).items()))
 
     # -- faults (each blocks the calling thread for its length; run from a thread) ---
 
     def _record(self, fault: Fault) -> None:
         self.made.append(fault)
         self.timeline({"t": fault.start, "type": "fault", "kind": fault.kind,
-                       "host": fault.host, "end": fault.end})  # fmt: skip
+                       "host": fault.host, "end": fault.end, "note": fault.note})  # fmt: skip
 
-    def _in_thread(self, body: Callable[[], None]) -> None:
-        threading.Thread(target=body, daemon=True).start()
+    def _in_thread(self, body: Callable[[], None], kind: str = "") -> None:
+        def guarded() -> None:
+            with self._one:
+                if self._closing.is_set():
+                    self.skipped.append(kind)  # its turn came after the run's end
+                    return
+                try:
+                    body()
+                except Exception as exc:  # noqa: BLE001 - a fault that could not be made is reported
+                    self.problems.append(f"a fault failed: {type(exc).__name__}: {exc}")
+                self._closing.wait(self.gap)
+
+        threading.Thread(target=guarded, daemon=True).start()
 
     def partition(self, link: str, host: str, seconds: float) -> None:
         def body() -> None:
@@ -98,7 +230,7 @@ class Faults:
                 fault.end = time.time()
                 self._record(fault)
 
-        self._in_thread(body)
+        self._in_thread(body, f"{link}_partition")
 
     def db_reset(self, host: str, seconds: float) -> None:
         def body() -> None:
@@ -112,7 +244,34 @@ class Faults:
                 fault.end = time.time()
                 self._record(fault)
 
-        self._in_thread(body)
+        self._in_thread(body, "db_reset")
+
+    def pg_crash(self) -> None:
+        def body() -> None:
+            fault = Fault("pg_crash", "*", time.time())
+            try:
+                took = self._spawner.submit(self.postgres.crash).result()
+                fault.note = f"accepting again after {took:.1f} s (crash recovery)"
+            finally:
+                fault.end = time.time()
+                fault.seconds = fault.end - fault.start
+                self._record(fault)
+
+        self._in_thread(body, "pg_crash")
+
+    def pg_hang(self, seconds: float) -> None:
+        def body() -> None:
+            fault = Fault("pg_hang", "*", time.time(), seconds=seconds)
+            stopped = self.postgres.pause()
+            try:
+                time.sleep(seconds)
+            finally:
+                self.postgres.resume(stopped)
+                fault.end = time.time()
+                fault.note = f"{len(stopped)} processes stopped"
+                self._record(fault)
+
+        self._in_thread(body, "pg_hang")
 
     def redis_hang(self, seconds: float) -> None:
         def body() -> None:
@@ -128,7 +287,7 @@ class Faults:
                 fault.end = time.time()
                 self._record(fault)
 
-        self._in_thread(body)
+        self._in_thread(body, "redis_hang")
 
     def memory_alarm(self, seconds: float) -> None:
         def body() -> None:
@@ -143,7 +302,33 @@ class Faults:
                 fault.end = time.time()
                 self._record(fault)
 
-        self._in_thread(body)
+        self._in_thread(body, "memory_alarm")
+
+    def provider_kill(self) -> None:
+        def body() -> None:
+            fault = Fault("provider_kill", "*", time.time())
+            try:
+                self._spawner.submit(self.simulator.kill_and_restart).result()
+            finally:
+                fault.end = time.time()
+                fault.seconds = fault.end - fault.start
+                self._record(fault)
+
+        self._in_thread(body, "provider_kill")
+
+    def supervisor_kill(self, host: str) -> None:
+        assert self.restart_host is not None
+
+        def body() -> None:
+            fault = Fault("supervisor_kill", host, time.time())
+            try:
+                fault.note = self._spawner.submit(self.restart_host, host).result()
+            finally:
+                fault.end = time.time()
+                fault.seconds = fault.end - fault.start
+                self._record(fault)
+
+        self._in_thread(body, "supervisor_kill")
 
     # -- /healthz sampling -------------------------------------------------------------
 
@@ -163,6 +348,24 @@ class Faults:
         for name, url in self.hosts.items():
             threading.Thread(target=per_host, args=(name, url), daemon=True).start()
 
+    def finish(self, timeout: float) -> None:
+        """Start no more faults; wait until the one being made has healed."""
+        self._closing.set()
+        if self._one.acquire(timeout=timeout):
+            self._one.release()
+        else:
+            self.problems.append(f"a fault had not healed {timeout:.0f} s after the run's end")
+
+    def missing(self) -> list[str]:
+        """The REQUIRED groups of which no fault was made, as messages."""
+        made = {f.kind for f in self.made}
+        planned = {p.kind for p in self.planned}
+        return [
+            f"no {' or '.join(group)} made"
+            for group in REQUIRED
+            if planned & set(group) and not made & set(group)
+        ]
+
     def stop(self) -> None:
         self._stop.set()
 
@@ -178,6 +381,8 @@ def judge(made: list[Fault], samples: list[dict]) -> tuple[list[str], list[str]]
     host counts only when the host checks that link (always: /healthz checks both)."""
     late_down, late_up = [], []
     for fault in made:
+        if fault.kind not in JUDGED:
+            continue
         touched = [s for s in samples if fault.host in ("*", s["host"])]
         down = [
             s for s in touched
@@ -196,3 +401,77 @@ def judge(made: list[Fault], samples: list[dict]) -> tuple[list[str], list[str]]
             if not up:
                 late_up.append(f"{fault.kind} on {host} healed at {fault.end:.1f}: no 200 in time")
     return late_down, late_up
+
+
+def _fit(cycle: list[Planned], room: float) -> list[Planned]:
+    """The cycle cut to `room` seconds: every REQUIRED group first (its first kind
+    in the cycle), then the others in cycle order while they fit."""
+    required: list[Planned] = []
+    for group in REQUIRED:
+        found = [p for p in cycle if p.kind in group]
+        if found:
+            required.append(found[0])
+    used = sum(p.seconds + GAP for p in required)
+    chosen = set(map(id, required))
+    for fault in cycle:
+        if id(fault) not in chosen and used + fault.seconds + GAP <= room:
+            chosen.add(id(fault))
+            used += fault.seconds + GAP
+    return [p for p in cycle if id(p) in chosen]
+
+
+def timings(made: list[Fault], samples: list[dict]) -> list[dict]:
+    """Per judged fault: its length, when /healthz first answered 503 on a host it
+    touches (seconds after the start, counted to the answer) and when every such host
+    answered 200 again after the heal (None: never)."""
+    out = []
+    for fault in made:
+        if fault.kind not in JUDGED:
+            continue
+        touched = [s for s in samples if fault.host in ("*", s["host"])]
+        down = [s["t"] + s["took"] - fault.start for s in touched
+                if s["t"] >= fault.start and s["status"] == 503]  # fmt: skip
+        # Back up when the last host it touches is back: the slowest host's first 200.
+        first_up: list[float | None] = []
+        for host in sorted({s["host"] for s in touched}):
+            ups = [s["t"] + s["took"] - fault.end for s in touched
+                   if s["host"] == host and s["t"] >= fault.end and s["status"] == 200]  # fmt: skip
+            first_up.append(min(ups, default=None))
+        to_200 = None if None in first_up or not first_up else max(first_up)  # type: ignore[type-var]
+        out.append(
+            {
+                "kind": fault.kind,
+                "host": fault.host,
+                "seconds": fault.end - fault.start,
+                "to_503": min(down, default=None),
+                "to_200": to_200,
+            }
+        )
+    return out
+
+
+def timing_lines(made: list[Fault], samples: list[dict]) -> list[str]:
+    """One line per fault kind: how many, how long, the slowest 503 and 200 of /healthz."""
+    by_kind: dict[str, list[dict]] = {}
+    for row in timings(made, samples):
+        by_kind.setdefault(row["kind"], []).append(row)
+    for fault in made:
+        if fault.kind not in JUDGED:
+            by_kind.setdefault(fault.kind, []).append({"seconds": fault.end - fault.start})
+
+    def worst(values: list[float | None]) -> str:
+        if not values:
+            return "-"
+        if any(v is None for v in values):
+            return "never"
+        return f"{max(v for v in values if v is not None):.1f} s"
+
+    lines = []
+    for kind, items in sorted(by_kind.items()):
+        lengths = [i["seconds"] for i in items]
+        line = f"{kind} ×{len(items)}: {min(lengths):.1f}-{max(lengths):.1f} s"
+        if kind in JUDGED:
+            down, up = worst([i["to_503"] for i in items]), worst([i["to_200"] for i in items])
+            line += f"; /healthz 503 after {down}, 200 after the heal {up} (slowest of each)"
+        lines.append(line)
+    return lines

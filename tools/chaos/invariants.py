@@ -1135,6 +1135,68 @@ def check_nothing_flagged() -> Invariant:
     return inv
 
 
+# -- acknowledged writes (the database crashes and hangs) ------------------------------
+
+# Per answer kind: the table its 2xx answer's `id` names, and the states that
+# row may end in (None: any) given the state the answer reported.
+CONFIRMED_OR_LATER = (*CONFIRMED_STATUSES, "cancelling", "cancelled")
+# Tables without a status column (a shipment only exists or not).
+STATELESS = frozenset({"orders_shipment"})
+ACKNOWLEDGED = {
+    "checkout": "orders_order",
+    "decide": "orders_order",
+    "cancel": "orders_order",
+    "refund": "payments_refund",
+    "shipment": "orders_shipment",
+    "return_request": "orders_returnrequest",
+    "return_receive": "orders_returnrequest",
+}
+
+
+def _allowed_states(kind: str, answered: Any) -> tuple[str, ...] | None:
+    """The states a row may end in after a 2xx answer of `kind` that said `answered`."""
+    if kind in ("checkout", "decide") and answered in CONFIRMED_STATUSES:
+        return CONFIRMED_OR_LATER  # a cancellation may follow; nothing else undoes it
+    if kind == "cancel" and answered in ("cancelling", "cancelled"):
+        return ("cancelling", "cancelled")
+    if kind == "return_receive":
+        return ("processing", "completed", "needs_attention")  # received: never back
+    return None
+
+
+def check_acknowledged_writes(*, answers: list[dict]) -> Invariant:
+    """Every 2xx the clients got is still in the database at the end (orders, their
+    confirmation and cancellation, refunds, shipments, returns and their receipt),
+    across every database crash, hang and partition of the run."""
+    inv = Invariant("acknowledged_writes_kept")
+    wanted: dict[str, dict[str, list[tuple[dict, tuple[str, ...] | None]]]] = defaultdict(
+        lambda: defaultdict(list)
+    )
+    for answer in answers:
+        kind, status, body = answer.get("kind"), answer.get("status"), answer.get("body")
+        table = ACKNOWLEDGED.get(kind or "")
+        if table is None or not isinstance(status, int) or not 200 <= status < 300:
+            continue
+        if not isinstance(body, dict) or not body.get("id"):
+            continue
+        wanted[table][str(body["id"])].append((answer, _allowed_states(kind, body.get("status"))))
+    for table, by_id in wanted.items():
+        # The table names come from ACKNOWLEDGED above, never from the answers.
+        status = "NULL" if table in STATELESS else "status"
+        found = dict(
+            rows(f"SELECT id::text, {status} FROM {table} WHERE id::text = ANY(%s)", [list(by_id)])
+        )
+        for row_id, acks in sorted(by_id.items()):
+            for answer, allowed in acks:
+                inv.checked += 1
+                what = f"{answer.get('kind')} {answer.get('status')} at {answer.get('t', 0):.1f}"
+                if row_id not in found:
+                    inv.fail(f"{what} ({answer.get('actor')}): {table} {row_id} does not exist")
+                elif allowed is not None and found[row_id] not in allowed:
+                    inv.fail(f"{what}: {table} {row_id} is {found[row_id]!r}, not one of {allowed}")
+    return inv
+
+
 def verify(*, files: RunFiles) -> list[Invariant]:
     """Run every invariant on the run's state; return their results."""
     initial = json.loads(files.initial.read_text()) if files.initial.exists() else {}
@@ -1160,6 +1222,7 @@ def verify(*, files: RunFiles) -> list[Invariant]:
         ("nothing_pending", check_nothing_pending),
         ("nothing_needs_attention", check_nothing_flagged),
         ("broker_empty", check_broker),
+        ("acknowledged_writes_kept", lambda: check_acknowledged_writes(answers=answers)),
     ):
         try:
             results.append(run())

@@ -1,4 +1,5 @@
-"""The chaos run's plot: answers per second over time, with kills and restarts marked."""
+"""The chaos run's plot: answers per second over time, kills and restarts marked, each
+dependency fault a band from its start to its heal (one colour per kind)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,18 @@ MARKERS = {
     "failpoint": ("tab:purple", "--", "failpoint exit"),
     "redis_restart": ("black", "-", "Redis restarted empty"),
     "broker_restart": ("tab:orange", "-", "broker vhost recreated"),
-    "fault": ("tab:brown", "-.", "dependency fault (start)"),
+}
+# One colour per fault kind; each fault is a band from its start to its heal.
+FAULT_COLOURS = {
+    "pg_crash": "tab:red",
+    "pg_hang": "tab:pink",
+    "db_partition": "tab:brown",
+    "db_reset": "tab:olive",
+    "broker_partition": "tab:orange",
+    "redis_hang": "tab:cyan",
+    "memory_alarm": "gold",
+    "provider_kill": "tab:purple",
+    "supervisor_kill": "tab:gray",
 }
 
 
@@ -69,6 +81,15 @@ def plot(run_dir: Path, *, title: str) -> Path:
             label=None if label in seen else label,
         )
         seen.add(label)
+    for event in timeline:
+        if event.get("type") != "fault":
+            continue
+        kind = event.get("kind", "?")
+        start, end = event["t"] - t0, max(event.get("end") or event["t"], event["t"] + 0.5) - t0
+        label = f"{kind} ({event.get('host', '*')})" if kind not in seen else None
+        ax.axvspan(start, end, color=FAULT_COLOURS.get(kind, "tab:brown"), alpha=0.25,
+                   label=f"fault: {kind}" if label else None)  # fmt: skip
+        seen.add(kind)
     ax.set_xlabel("seconds since the workload started")
     ax.set_ylabel(f"answers per second ({BIN:.0f} s bins)")
     ax.set_title(title)

@@ -1,0 +1,285 @@
+"""The chaos run's dependency faults: their schedule, the /healthz judgement, the actions."""
+
+from __future__ import annotations
+
+import random
+import signal
+import subprocess
+import threading
+import time
+from collections import Counter
+
+import psycopg
+import pytest
+
+from runner.processes import die_with_parent
+from tools.chaos import faults as faults_module
+from tools.chaos.faults import (
+    GAP,
+    JUDGED,
+    REQUIRED,
+    Fault,
+    Faults,
+    judge,
+    timing_lines,
+    timings,
+)
+
+
+def _faults(*, hosts=("a", "b"), rabbitmq=False, seed=1, **kwargs) -> Faults:
+    return Faults(
+        proxies={},
+        hosts={name: f"http://{name}" for name in hosts},
+        timeline=lambda record: None,
+        rng=random.Random(seed),
+        redis_pid=lambda: None,
+        rabbitmq=rabbitmq,
+        restart_host=kwargs.pop("restart_host", lambda name: "restarted"),
+        gap=kwargs.pop("gap", 0.0),
+        **kwargs,
+    )
+
+
+@pytest.mark.parametrize("rabbitmq", [False, True])
+@pytest.mark.parametrize("hosts", [("a",), ("a", "b")])
+@pytest.mark.parametrize("seed", range(5))
+def test_the_short_form_makes_a_crash_a_partition_and_a_hung_broker_one_at_a_time(
+    rabbitmq, hosts, seed
+):
+    plan = _faults(hosts=hosts, rabbitmq=rabbitmq, seed=seed).plan(180.0)
+    kinds = Counter(fault.kind for _, fault in plan)
+    for group in REQUIRED:
+        assert any(kinds[kind] for kind in group), (group, kinds)
+    # Never two at once, each followed by a quiet gap, all within the run.
+    for (at, fault), (next_at, _) in zip(plan, plan[1:], strict=False):
+        assert next_at >= at + fault.seconds + GAP - 1e-6
+    at, last = plan[-1]
+    assert at + last.seconds + GAP <= 180.0
+
+
+@pytest.mark.parametrize("rabbitmq", [False, True])
+def test_the_long_form_makes_every_kind_several_times(rabbitmq):
+    faults = _faults(rabbitmq=rabbitmq)
+    plan = faults.plan(1800.0)
+    kinds = Counter(fault.kind for _, fault in plan)
+    expected = {p.kind for p in _faults(rabbitmq=rabbitmq).kinds(long=True)}
+    assert set(kinds) == expected and "supervisor_kill" in expected
+    assert min(kinds.values()) >= 5, kinds
+    # The same proxy (a host's db or broker link) is never faulted twice at once.
+    busy: dict[tuple[str, str], float] = {}
+    for at, fault in plan:
+        link = (fault.host, fault.kind.split("_")[0])
+        assert at >= busy.get(link, 0.0)
+        busy[link] = at + fault.seconds
+        assert 5 <= fault.seconds <= 30 or fault.kind not in ("db_partition", "broker_partition")
+
+
+def test_schedule_returns_one_action_per_planned_fault():
+    faults = _faults()
+    events = faults.schedule(180.0)
+    assert len(events) == len(faults.planned) >= 6
+    assert [at for at, _ in events] == sorted(at for at, _ in events)
+
+
+def _samples(host: str, start: float, statuses: list[int | None], *, every=0.5, took=0.1):
+    return [
+        {"host": host, "t": start + i * every, "status": s, "took": took}
+        for i, s in enumerate(statuses)
+    ]
+
+
+def test_judge_counts_a_503_in_time_and_a_200_after_the_heal():
+    fault = Fault("pg_hang", "*", start=100.0, end=106.0)
+    samples = _samples("a", 100.2, [503] * 12 + [200]) + _samples("b", 100.1, [503] * 13 + [200])
+    assert judge([fault], samples) == ([], [])
+    row = timings([fault], samples)[0]
+    assert row["to_503"] == pytest.approx(0.2, abs=0.01)
+    assert row["to_200"] == pytest.approx(0.7, abs=0.01)  # host b, the slower one
+
+
+def test_judge_reports_a_late_503_a_slow_answer_and_a_missing_200():
+    fault = Fault("db_partition", "a", start=100.0, end=110.0)
+    # Host a's first 503 came 2.5 s after the start; host b is not touched by this fault.
+    late = _samples("a", 102.5, [503] * 15) + _samples("b", 100.0, [503, 200])
+    late_down, late_up = judge([fault], late)
+    assert len(late_down) == 1 and "no 503 in time" in late_down[0]
+    assert len(late_up) == 1 and "on a healed" in late_up[0]
+    # A 503 that started in time but took longer than 2 s (queued behind busy workers).
+    slow = _samples("a", 100.1, [503], took=3.0) + _samples("a", 111.0, [200])
+    assert judge([fault], slow)[0] != [] and judge([fault], slow)[1] == []
+
+
+def test_faults_healthz_need_not_see_are_not_judged():
+    made = [Fault(kind, "*", 100.0, 101.0) for kind in ("provider_kill", "memory_alarm")]
+    made.append(Fault("supervisor_kill", "a", 100.0, 120.0))
+    assert not JUDGED & {f.kind for f in made}
+    assert judge(made, []) == ([], [])
+    lines = timing_lines(made, [])
+    assert lines == [
+        "memory_alarm ×1: 1.0-1.0 s",
+        "provider_kill ×1: 1.0-1.0 s",
+        "supervisor_kill ×1: 20.0-20.0 s",
+    ]
+
+
+def _wait_made(faults: Faults, n: int) -> None:
+    deadline = time.monotonic() + 5
+    while len(faults.made) + len(faults.problems) < n and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def test_each_action_is_made_and_recorded_with_its_length(monkeypatch):
+    calls: list[str] = []
+
+    class Postgres:
+        def crash(self) -> float:
+            calls.append("crash")
+            return 1.5
+
+        def pause(self) -> list[int]:
+            calls.append("pause")
+            return [1, 2]
+
+        def resume(self, stopped: list[int]) -> None:
+            calls.append(f"resume {stopped}")
+
+    class Simulator:
+        def kill_and_restart(self) -> None:
+            calls.append("provider")
+
+    records: list[dict] = []
+
+    def restart_host(name: str) -> str:
+        calls.append(f"host {name}")
+        return "0 orphans"
+
+    faults = _faults(postgres=Postgres(), simulator=Simulator(), restart_host=restart_host)
+    faults.timeline = records.append
+    for kind, host in (("pg_crash", "*"), ("pg_hang", "*"), ("provider_kill", "*"),
+                       ("supervisor_kill", "b")):  # fmt: skip
+        faults._action(faults_module.Planned(kind, host, 0.05))()
+    _wait_made(faults, 4)
+    assert sorted(calls) == sorted(["crash", "pause", "resume [1, 2]", "provider", "host b"])
+    assert Counter(r["kind"] for r in records) == Counter(
+        {"pg_crash": 1, "pg_hang": 1, "provider_kill": 1, "supervisor_kill": 1}
+    )
+    crash = next(r for r in records if r["kind"] == "pg_crash")
+    assert "1.5 s" in crash["note"] and crash["end"] >= crash["t"]
+    assert faults.problems == []
+
+
+def test_a_fault_that_cannot_be_made_is_a_problem_not_a_silent_pass():
+    class Broken:
+        def crash(self) -> float:
+            raise RuntimeError("postgres did not come back")
+
+    faults = _faults(postgres=Broken())
+    faults.pg_crash()
+    _wait_made(faults, 2)
+    assert faults.problems == ["a fault failed: RuntimeError: postgres did not come back"]
+    assert [f.kind for f in faults.made] == ["pg_crash"]  # recorded: it was made (and broke)
+
+
+@pytest.mark.timeout(120)
+def test_the_runs_own_postgres_keeps_commits_across_a_crash_and_hangs(tmp_path):
+    """SIGKILL of every server process, crash recovery, no committed row lost; SIGSTOP of
+    every server process makes a new connection wait, SIGCONT ends the wait."""
+    from tools.chaos.postgres import ChaosPostgres
+
+    server = ChaosPostgres(tmp_path)
+    server.create()
+    try:
+        with psycopg.connect(server.url, autocommit=True) as conn:
+            conn.execute("CREATE TABLE acked (n int)")
+            for n in range(50):
+                conn.execute("INSERT INTO acked VALUES (%s)", [n])
+        took = server.crash()
+        assert took < 60 and server.crashes == 1
+        log = (tmp_path / "postgres.log").read_text()
+        assert "automatic recovery in progress" in log
+        with psycopg.connect(server.url, autocommit=True) as conn:
+            assert conn.execute("SELECT count(*) FROM acked").fetchone() == (50,)
+
+        stopped = server.pause()
+        assert len(stopped) >= 2  # the postmaster and its background processes
+        resumed = threading.Timer(2.0, server.resume, args=(stopped,))
+        started = time.monotonic()
+        with pytest.raises(psycopg.OperationalError):
+            psycopg.connect(server.url, connect_timeout=1).close()
+        resumed.start()
+        with psycopg.connect(server.url, connect_timeout=10, autocommit=True) as conn:
+            assert conn.execute("SELECT count(*) FROM acked").fetchone() == (50,)
+        assert time.monotonic() - started >= 1.5
+    finally:
+        server.drop()
+
+
+def test_a_process_a_fault_starts_again_outlives_the_faults_thread():
+    """The parent-death signal fires when the forking THREAD ends: a restart made from
+    the fault's own thread was SIGTERMed at once (PostgreSQL, 0.6 s after its recovery)."""
+    started: list[subprocess.Popen] = []
+
+    class Simulator:
+        def kill_and_restart(self) -> None:
+            started.append(
+                subprocess.Popen(["sleep", "30"], preexec_fn=die_with_parent(signal.SIGTERM))
+            )
+
+    faults = _faults(simulator=Simulator())
+    try:
+        faults.provider_kill()
+        _wait_made(faults, 1)
+        assert [f.kind for f in faults.made] == ["provider_kill"] and faults.problems == []
+        time.sleep(0.5)  # the fault's thread has ended by now
+        assert started[0].poll() is None, "the restarted process died with the fault's thread"
+    finally:
+        for proc in started:
+            proc.kill()
+            proc.wait()
+
+
+def test_faults_are_made_one_at_a_time_and_none_starts_after_the_end():
+    """A fault that outlasts its slot (a supervisor restart under load) delays the next
+    one instead of overlapping it; finish() lets the current one heal and skips the rest."""
+    spans: list[tuple[str, float, float]] = []
+
+    class Postgres:
+        def pause(self) -> list[int]:
+            spans.append(("pause", time.monotonic(), 0.0))
+            return []
+
+        def resume(self, stopped: list[int]) -> None:
+            spans.append(("resume", time.monotonic(), 0.0))
+
+    faults = _faults(postgres=Postgres(), gap=0.2)
+    faults.pg_hang(0.3)
+    time.sleep(0.05)
+    faults.pg_hang(0.3)  # due while the first is still being made
+    time.sleep(0.05)
+    faults.pg_hang(0.3)
+    time.sleep(0.5)
+    faults.finish(timeout=5)
+    names = [name for name, _, _ in spans]
+    assert names == ["pause", "resume", "pause", "resume"]  # the third was never made
+    assert spans[2][1] - spans[1][1] >= 0.2  # the second waited for the first's heal + gap
+    assert faults.skipped == ["pg_hang"] and len(faults.made) == 2
+    assert faults.missing() == []  # nothing was planned, so nothing required is missing
+    faults.planned = [faults_module.Planned("pg_crash", "*", 5.0)]
+    assert faults.missing() == ["no pg_crash made"]
+
+
+def test_every_fault_kind_is_a_band_in_the_plot(tmp_path):
+    import json
+
+    from tools.chaos import plot
+
+    t0 = time.time()
+    (tmp_path / "answers.jsonl").write_text(json.dumps({"t": t0 + 1, "status": 201}) + "\n")
+    records = [{"t": t0, "type": "workload_start"}] + [
+        {"t": t0 + 2 * i, "type": "fault", "kind": kind, "host": "*", "end": t0 + 2 * i + 1}
+        for i, kind in enumerate(sorted(plot.FAULT_COLOURS))
+    ]
+    (tmp_path / "timeline.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    out = plot.plot(tmp_path, title="faults")
+    assert out.stat().st_size > 1000
+    assert set(plot.FAULT_COLOURS) >= {p.kind for p in _faults(rabbitmq=True).kinds(long=True)}
