@@ -30,12 +30,15 @@ from idempotency.models import FINISHED, Delivery, IdempotencyKey, OutboxMessage
 from orders.models import CompensationStep
 from payments.capture import payment_capture, payment_create
 from payments.models import PaymentSettlement, Refund
+from shop import emails
+from shop.models import Mail
 from tests.concurrency import Workers
 from tests.idempotency.test_keys import age_lock, claim
 from tests.idempotency.test_relay import write_orders
 from tests.orders.compensation_support import paid_order
 from tests.payments.refund_support import captured
 from tests.payments.test_refunds import ask
+from tests.shop.test_emails import order_payload
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -60,6 +63,8 @@ COVERED_HERE = {
     "payments.sweep_settlements",
     "payments.sweep_refunds",
     "orders.sweep_compensation",
+    "shop.sweep_mail",
+    "shop.purge_mail",
 }
 
 
@@ -248,3 +253,27 @@ def test_two_compensation_sweeps_ring_each_due_step_once(
     rung.clear()
     assert sum(twice_at_once(_entry("orders.sweep_compensation"))) == steps.count()
     _rang_each_once(rung, "orders.compensation_step", steps.values_list("pk", flat=True))
+
+
+def _mails(user, n: int) -> list[int]:
+    for i in range(n):
+        emails.email_apply(
+            message_id=f"beat-mail-{i}", event_type="order.confirmed", payload=order_payload(user)
+        )
+    return list(Mail.objects.values_list("pk", flat=True))
+
+
+def test_two_mail_sweeps_ring_each_due_mail_once(shopper, published):
+    ids = _mails(shopper, 6)
+    published.clear()  # the writes' own bells
+    assert sum(twice_at_once(_entry("shop.sweep_mail"))) == 6
+    assert {pk for (name, pk) in published if name == emails.SEND_TASK} == {str(pk) for pk in ids}
+    assert set(published.values()) == {1}
+
+
+def test_two_mail_purges_delete_each_sent_mail_once(shopper, published, settings):
+    _mails(shopper, 6)
+    Mail.objects.update(done_at=Now() - timedelta(hours=1))
+    settings.SHOP_MAIL_RETENTION = 0.0
+    assert sum(twice_at_once(_entry("shop.purge_mail"))) == 6
+    assert not Mail.objects.exists()
