@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from django.db import IntegrityError, connection
+from django.db import IntegrityError, connection, transaction
 
 
 def database_now() -> float:
@@ -47,3 +47,23 @@ def hot_table_autovacuum(*tables: str):
         sql=[f"ALTER TABLE {table} SET ({settings})" for table in tables],
         reverse_sql=[f"ALTER TABLE {table} RESET ({names})" for table in tables],
     )
+
+
+def delete_in_batches(
+    sql: str, params: list, *, batch: int, max_batches: int, durable: bool = False
+) -> int:
+    """Run a bounded `DELETE` (its `LIMIT` is `batch`, its last parameter) until a batch is
+    short or `max_batches` ran, each batch its own short transaction; return the rows deleted.
+
+    The purges share it: a long purge never holds one big transaction, and a
+    concurrent purge skips what this one holds (the statements say `SKIP LOCKED`).
+    """
+    total = 0
+    for _ in range(max_batches):
+        with transaction.atomic(durable=durable), connection.cursor() as cursor:
+            cursor.execute(sql, [*params, batch])
+            deleted = cursor.rowcount
+        total += deleted
+        if deleted < batch:
+            break
+    return total

@@ -32,6 +32,7 @@ from django.db.models import F
 from django.db.models.functions import Now
 
 from core import due
+from core.db import delete_in_batches
 
 from .failpoints import failpoint
 from .models import Delivery, OutboxMessage
@@ -243,25 +244,19 @@ def outbox_purge(*, batch: int | None = None, max_batches: int | None = None) ->
     """
     batch = batch or settings.OUTBOX_PURGE_BATCH
     max_batches = max_batches or settings.OUTBOX_PURGE_MAX_BATCHES
-    total = 0
-    for _ in range(max_batches):
-        with transaction.atomic(), connection.cursor() as cursor:
-            cursor.execute(
-                "WITH old AS (SELECT o.id FROM idempotency_outboxmessage o"
-                " WHERE o.done_at < now() - make_interval(secs => %s)"
-                " AND NOT EXISTS (SELECT 1 FROM idempotency_delivery d"
-                "   WHERE d.message_id = o.id AND d.done_at IS NULL)"
-                " ORDER BY o.done_at LIMIT %s FOR UPDATE SKIP LOCKED),"
-                " gone AS (DELETE FROM idempotency_delivery d USING old"
-                "   WHERE d.message_id = old.id)"
-                " DELETE FROM idempotency_outboxmessage o USING old WHERE o.id = old.id",
-                [float(settings.OUTBOX_RETENTION), batch],
-            )
-            deleted = cursor.rowcount
-        total += deleted
-        if deleted < batch:
-            break
-    return total
+    return delete_in_batches(
+        "WITH old AS (SELECT o.id FROM idempotency_outboxmessage o"
+        " WHERE o.done_at < now() - make_interval(secs => %s)"
+        " AND NOT EXISTS (SELECT 1 FROM idempotency_delivery d"
+        "   WHERE d.message_id = o.id AND d.done_at IS NULL)"
+        " ORDER BY o.done_at LIMIT %s FOR UPDATE SKIP LOCKED),"
+        " gone AS (DELETE FROM idempotency_delivery d USING old"
+        "   WHERE d.message_id = old.id)"
+        " DELETE FROM idempotency_outboxmessage o USING old WHERE o.id = old.id",
+        [float(settings.OUTBOX_RETENTION)],
+        batch=batch,
+        max_batches=max_batches,
+    )
 
 
 def relay_for(seconds: float, *, owner: str | None = None) -> int:

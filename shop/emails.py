@@ -44,6 +44,7 @@ from django.db import connection, transaction
 from django.template.loader import render_to_string
 
 from core import due
+from core.db import delete_in_batches
 from idempotency.deliveries import Message
 from idempotency.failpoints import failpoint
 from idempotency.inbox import inbox_claim_many
@@ -329,18 +330,12 @@ def mails_purge(*, batch: int | None = None, max_batches: int | None = None) -> 
     """
     batch = batch or settings.SHOP_MAIL_PURGE_BATCH
     max_batches = max_batches or settings.SHOP_MAIL_PURGE_MAX_BATCHES
-    total = 0
-    for _ in range(max_batches):
-        with transaction.atomic(), connection.cursor() as cursor:
-            cursor.execute(
-                "WITH old AS (SELECT id FROM shop_mail"
-                " WHERE done_at < now() - make_interval(secs => %s)"
-                " ORDER BY done_at LIMIT %s FOR UPDATE SKIP LOCKED)"
-                " DELETE FROM shop_mail m USING old WHERE m.id = old.id",
-                [float(settings.SHOP_MAIL_RETENTION), batch],
-            )
-            deleted = cursor.rowcount
-        total += deleted
-        if deleted < batch:
-            break
-    return total
+    return delete_in_batches(
+        "WITH old AS (SELECT id FROM shop_mail"
+        " WHERE done_at < now() - make_interval(secs => %s)"
+        " ORDER BY done_at LIMIT %s FOR UPDATE SKIP LOCKED)"
+        " DELETE FROM shop_mail m USING old WHERE m.id = old.id",
+        [float(settings.SHOP_MAIL_RETENTION)],
+        batch=batch,
+        max_batches=max_batches,
+    )

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import connection
+
+from core.db import delete_in_batches
 
 from ..models import FINISHED, IdempotencyKey
 
@@ -25,12 +27,6 @@ def keys_purge(
         "  WHERE recovery_point = %s AND finished_at < now() - make_interval(secs => %s)"
         "  ORDER BY finished_at LIMIT %s FOR UPDATE SKIP LOCKED)"
     )
-    total = 0
-    for _ in range(max_batches):
-        with transaction.atomic(durable=True), connection.cursor() as cursor:
-            cursor.execute(sql, [FINISHED, retention, batch_size])
-            deleted = cursor.rowcount
-        total += deleted
-        if deleted < batch_size:
-            break
-    return total
+    return delete_in_batches(
+        sql, [FINISHED, retention], batch=batch_size, max_batches=max_batches, durable=True
+    )
