@@ -181,13 +181,8 @@ def test_a_killed_supervisor_leaves_no_celery_worker_running_a_task(short_tmp, m
                     "testsupport.linger", args=[str(started), 300], connection=conn, expires=60
                 )
             wait_for(started.exists, timeout=30, message="the task never started")
-            family = psutil.Process(supervisor.pid).children(recursive=True)
-            assert len(family) >= 2  # the worker's main process and its pool child
-            supervisor.kill()
-            supervisor.wait()
-            _, alive = psutil.wait_procs(family, timeout=5)
-            left = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-            assert left == [], [" ".join(p.cmdline())[:100] for p in left]
+            # the worker's main process and its pool child
+            _kill_and_assert_no_child_left(supervisor, at_least=2)
         finally:
             if supervisor.poll() is None:
                 supervisor.kill()
@@ -242,19 +237,24 @@ def test_a_killed_supervisor_leaves_no_gunicorn_worker_holding_a_request(short_t
         ).start()
         wait_for(lambda: proxy.open_connections > 0, timeout=10, message="no request hung")
         time.sleep(1.0)  # the request is in the worker, waiting on the database
-        family = psutil.Process(supervisor.pid).children(recursive=True)
-        assert len(family) >= 2  # gunicorn's master and its worker
-        supervisor.kill()
-        supervisor.wait()
-        _, alive = psutil.wait_procs(family, timeout=5)
-        left = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-        assert left == [], [" ".join(p.cmdline())[:100] for p in left]
+        _kill_and_assert_no_child_left(supervisor, at_least=2)  # gunicorn's master and worker
     finally:
         if supervisor.poll() is None:
             supervisor.kill()
             supervisor.wait()
         proxy.heal()
         proxy.stop()
+
+
+def _kill_and_assert_no_child_left(supervisor, *, at_least: int) -> None:
+    """SIGKILL the supervisor; every process below it must be gone within 5 s."""
+    family = psutil.Process(supervisor.pid).children(recursive=True)
+    assert len(family) >= at_least
+    supervisor.kill()
+    supervisor.wait()
+    _, alive = psutil.wait_procs(family, timeout=5)
+    left = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert left == [], [" ".join(p.cmdline())[:100] for p in left]
 
 
 def _answers(url: str, timeout: float = 2.0) -> bool:
