@@ -22,6 +22,12 @@ import sys
 
 from gunicorn import util
 
+# Threads, with /healthz and /livez answered by threads of their own ahead of
+# the request queue (config/gunicorn_worker.py): a host whose request threads
+# all wait on a hung database still says 503 within 2 s. `--threads` sets the
+# request threads; a command line's `--worker-class` still wins.
+worker_class = "config.gunicorn_worker.HealthFirstWorker"
+
 # gunicorn's defaults, stated because the limits are part of what clients see.
 limit_request_line = 4094
 limit_request_fields = 100
