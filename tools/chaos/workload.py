@@ -172,6 +172,9 @@ class Client:
                 "status": status,
                 "replayed": replayed,
                 "body": parsed,
+                # How long the answer took (or the attempt, when none came):
+                # requests waiting on a hung dependency (docs/failure-model.md).
+                "took": round(time.time() - started, 3),
             }
         )
         return Answer(status, parsed, replayed, retry_after)
