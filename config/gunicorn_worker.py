@@ -16,6 +16,10 @@ every request thread is held. Everything else goes where gthread sends it.
 A new connection whose bytes have not arrived yet waits on the worker's
 poller (as gthread's own deferred connections do), not in a thread.
 
+It also stamps each request with the moment it joined a pool's queue: the
+request's deadline (core/deadline.py) counts from there, so a request that
+waited for a thread has that much less left.
+
 The health views bound themselves (config/views.py: every check ends by its
 deadline), so two threads are enough; more health requests than that wait
 for each other, never for a shopper's request.
@@ -82,6 +86,7 @@ class HealthFirstWorker(ThreadWorker):
                 conn.data_ready = True  # the thread need not wait for them
             if head and is_health_request(head):
                 pool = self.health_pool
+        conn.queued_at = time.monotonic()  # the request's deadline counts from here
         fs = pool.submit(self.handle, conn)
         fs.add_done_callback(lambda fut: self.method_queue.defer(self.finish_request, conn, fut))
 
@@ -95,6 +100,13 @@ class HealthFirstWorker(ThreadWorker):
         self.poller.register(
             conn.sock, selectors.EVENT_READ, partial(self.on_pending_socket_readable, conn)
         )
+
+    def handle_request(self, req: object, conn: TConn) -> bool:
+        # In the thread that runs it, before the application sees it (core/deadline.py).
+        from core.deadline import request_queued
+
+        request_queued(getattr(conn, "queued_at", time.monotonic()))
+        return bool(super().handle_request(req, conn))
 
     def handle_quit(self, sig: int, frame: object) -> None:
         self.health_pool.shutdown(wait=False)

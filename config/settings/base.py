@@ -61,6 +61,8 @@ MIDDLEWARE = [
     # First: the request id and log context, and the request metrics (docs/operations.md).
     "core.middleware.RequestIdMiddleware",
     "core.middleware.RequestMetricsMiddleware",
+    # Before anything that may wait on the database (docs/failure-model.md).
+    "core.deadline.RequestDeadlineMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "core.problems.ProblemMiddleware",

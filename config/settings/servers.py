@@ -7,6 +7,8 @@ in celery.py.
 import sys
 from pathlib import Path
 
+from core.deadline import DeadlineConnection
+
 from .environment import env
 
 # --- PostgreSQL -------------------------------------------------------------
@@ -30,6 +32,8 @@ if DB_POOL:
         "min_size": env.int("DB_POOL_MIN", default=1),
         "max_size": env.int("DB_POOL_MAX", default=8),
         "timeout": env.float("DB_POOL_TIMEOUT", default=10.0),
+        # Each wait on the database bounded by the web request's deadline (core/deadline.py).
+        "connection_class": DeadlineConnection,
     }
 DATABASES["default"]["CONN_MAX_AGE"] = 0
 # Bounded waits on every connection (docs/deployment.md, "Timeouts and
@@ -50,6 +54,11 @@ DB_LOCK_TIMEOUT = env.float("DB_LOCK_TIMEOUT", default=15.0)
 # this long idle inside a transaction (found by the chaos run's partitions:
 # loyalty rows locked for minutes by sessions whose worker had given up).
 DB_IDLE_IN_TRANSACTION_TIMEOUT = env.float("DB_IDLE_IN_TRANSACTION_TIMEOUT", default=60.0)
+# A web request's deadline (core/deadline.py): no wait on the database outlives
+# it, whatever the database or the link does. Above every bound a request adds
+# up on its way (a pooled connection 10 s, the provider 5 s); under the 30 s a
+# load balancer or a client commonly waits. 0: none.
+WEB_REQUEST_TIMEOUT = env.float("WEB_REQUEST_TIMEOUT", default=20.0)
 DB_UNBOUNDED_COMMANDS = frozenset({"migrate", "dbshell", "sqlflush", "flush", "loaddata"})
 if sys.argv[1:2] and sys.argv[1] in DB_UNBOUNDED_COMMANDS and Path(sys.argv[0]).name == "manage.py":
     DB_STATEMENT_TIMEOUT = DB_LOCK_TIMEOUT = DB_IDLE_IN_TRANSACTION_TIMEOUT = 0.0

@@ -17,59 +17,16 @@ still answer in time.
 
 from __future__ import annotations
 
-import contextlib
-import subprocess
 import threading
 import time
-from collections.abc import Iterator
-from urllib.parse import urlsplit
 
 import pytest
 import requests
 
 from config.gunicorn_worker import is_health_request
-from runner.processes import free_port
-from runner.supervisor import PROGRAMS, context
-from tests.support.servers import _stop_group, _wait_http_ok, server_env
-from tools.chaos.faultproxy import FaultProxy
+from tests.support.servers import web_behind_db_proxy
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def _web_argv(port: int, tmp_path, *, workers: int, threads: int) -> list[str]:
-    (web,) = [p for p in PROGRAMS if p.name == "web"]
-    ctx = {**context(), "host": "127.0.0.1", "port": str(port), "web_workers": str(workers),
-           "web_threads": str(threads), "run": str(tmp_path)}  # fmt: skip
-    return [part.format(**ctx) for part in web.argv]
-
-
-@contextlib.contextmanager
-def _web_behind_proxy(tmp_path, argv_tail: tuple[str, ...] = (), *, workers: int, threads: int
-                      ) -> Iterator[tuple[str, FaultProxy]]:  # fmt: skip
-    """The run command's web program, its database reached through a fault proxy."""
-    env = server_env()
-    target = urlsplit(env["DATABASE_URL"])
-    if not target.port:
-        pytest.skip("the database answers on a Unix socket: no TCP for the fault proxy")
-    proxy = FaultProxy(target=(target.hostname or "127.0.0.1", target.port)).start()
-    env["DATABASE_URL"] = target._replace(
-        netloc=target.netloc.replace(f"{target.hostname}:{target.port}", f"127.0.0.1:{proxy.port}")
-    ).geturl()
-    port = free_port()
-    log = tmp_path / "web.log"
-    argv = _web_argv(port, tmp_path, workers=workers, threads=threads) + list(argv_tail)
-    with log.open("ab") as out:
-        proc = subprocess.Popen(
-            argv, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_http_ok(f"{url}/healthz", proc, log, 60)
-        yield url, proxy
-    finally:
-        proxy.heal()
-        _stop_group(proc)
-        proxy.stop()
 
 
 def _hang(url: str, count: int) -> None:
@@ -90,7 +47,7 @@ def _healthz(url: str, timeout: float) -> tuple[int | None, float]:
 
 
 def test_healthz_answers_503_in_time_while_every_worker_has_a_hung_request(tmp_path):
-    with _web_behind_proxy(tmp_path, workers=2, threads=8) as (url, proxy):
+    with web_behind_db_proxy(tmp_path, workers=2, threads=8) as (url, proxy):
         proxy.drop()
         _hang(url, 2)
         time.sleep(1.0)  # both requests are in the workers, waiting on the database
@@ -110,7 +67,7 @@ def test_healthz_answers_503_in_time_while_every_thread_holds_a_hung_request(
     tmp_path, argv_tail, answered
 ):
     threads = 2
-    with _web_behind_proxy(tmp_path, argv_tail, workers=1, threads=threads) as (url, proxy):
+    with web_behind_db_proxy(tmp_path, argv_tail, workers=1, threads=threads) as (url, proxy):
         proxy.drop()
         _hang(url, 3 * threads)  # every thread held, and more waiting for one
         time.sleep(1.0)

@@ -15,7 +15,8 @@ django.setup()
 db = settings.DATABASES['default']
 print(json.dumps({
     'db': [db['ENGINE'], db['HOST'], db['PORT'], db['NAME'], db['USER']],
-    'pool': db.get('OPTIONS', {}).get('pool'),
+    'pool': {k: (f"{v.__module__}.{v.__qualname__}" if isinstance(v, type) else v)
+             for k, v in (db.get('OPTIONS', {}).get('pool') or {}).items()} or None,
     'broker': settings.CELERY_BROKER_URL,
     'cache': settings.CACHES['default']['LOCATION'],
     'currency': settings.SHOP_CURRENCY,
@@ -68,6 +69,8 @@ def test_defaults_are_postgres_pool_eur_and_deliberate_celery():
     s = _settings(DATABASE_URL="postgres://u@h:5432/d", REDIS_URL="redis://h:6379/0")
     assert s["db"][0] == "django.db.backends.postgresql"
     assert s["pool"]["max_size"] >= 1
+    # Every wait on the database bounded by a web request's deadline (core/deadline.py).
+    assert s["pool"]["connection_class"] == "core.deadline.DeadlineConnection"
     assert s["currency"] == "EUR"
     assert s["debug"] is False
     assert s["acks_late"] is True

@@ -9,6 +9,9 @@ tests/conftest.py wrap them). Everything binds to a port chosen at runtime.
 - `gunicorn_server(env=..., workers=N)`: a real gunicorn on a free port
   (the listening socket is opened here and handed over as `fd://`, so no
   port race); waits for /healthz; stops the whole process group afterwards.
+- `web_behind_db_proxy(tmp_path, ...)`: the run command's `web` program (its
+  real argv) reaching the database through a fault proxy (tools/chaos), for
+  the tests that partition it.
 - `celery_worker(env=...)`: a real celery worker subprocess; waits for "ready".
 - `StubService`: a tiny HTTP server in a thread that applies "effects" once
   per reference, counts every call, and can answer "pending" or fail.
@@ -31,9 +34,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import quote
+from typing import TYPE_CHECKING
+from urllib.parse import quote, urlsplit
 
 import requests
+
+if TYPE_CHECKING:
+    from tools.chaos.faultproxy import FaultProxy
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -165,6 +172,51 @@ def gunicorn_server(
         yield server
     finally:
         _stop_group(proc)
+
+
+@contextlib.contextmanager
+def web_behind_db_proxy(
+    tmp_path: Path,
+    argv_tail: tuple[str, ...] = (),
+    *,
+    workers: int,
+    threads: int,
+    **env_extra: str,
+) -> Iterator[tuple[str, FaultProxy]]:
+    """The run command's web program, its database reached through a fault proxy:
+    yields (base URL, proxy); heals the proxy and stops the server afterwards."""
+    import pytest
+
+    from runner.processes import free_port
+    from runner.supervisor import PROGRAMS, context
+    from tools.chaos.faultproxy import FaultProxy
+
+    env = server_env(**env_extra)
+    target = urlsplit(env["DATABASE_URL"])
+    if not target.port:
+        pytest.skip("the database answers on a Unix socket: no TCP for the fault proxy")
+    proxy = FaultProxy(target=(target.hostname or "127.0.0.1", target.port)).start()
+    env["DATABASE_URL"] = target._replace(
+        netloc=target.netloc.replace(f"{target.hostname}:{target.port}", f"127.0.0.1:{proxy.port}")
+    ).geturl()
+    port = free_port()
+    (web,) = [p for p in PROGRAMS if p.name == "web"]
+    ctx = {**context(), "host": "127.0.0.1", "port": str(port), "web_workers": str(workers),
+           "web_threads": str(threads), "run": str(tmp_path)}  # fmt: skip
+    argv = [part.format(**ctx) for part in web.argv] + list(argv_tail)
+    log = tmp_path / "web.log"
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            argv, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_http_ok(f"{url}/healthz", proc, log, 60)
+        yield url, proxy
+    finally:
+        proxy.heal()
+        _stop_group(proc)
+        proxy.stop()
 
 
 def _wait_http_ok(url: str, proc: subprocess.Popen, log_path: Path, timeout: float) -> None:

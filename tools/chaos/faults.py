@@ -403,6 +403,45 @@ def judge(made: list[Fault], samples: list[dict]) -> tuple[list[str], list[str]]
     return late_down, late_up
 
 
+# A web request's deadline on the chaos hosts (WEB_REQUEST_TIMEOUT, core/deadline.py),
+# and the slack the issue allows past it. A request is judged when its attempt
+# overlapped a dependency fault on its host (or a shared one); a killed
+# supervisor is no dependency (the host itself is gone and its requests cut).
+REQUEST_DEADLINE = float(os.environ.get("WEB_REQUEST_TIMEOUT", "20"))
+HUNG_SLACK = 2.0
+NOT_A_DEPENDENCY = frozenset({"supervisor_kill"})
+
+
+def hung_requests(
+    made: list[Fault], answers: list[dict], *, limit: float = REQUEST_DEADLINE + HUNG_SLACK
+) -> tuple[int, list[str]]:
+    """(requests judged, messages for those that took longer than `limit`): every
+    attempt that overlapped a dependency fault touching its host. An attempt with no
+    answer counts by how long the client waited (its own timeout, 30 s), so a
+    request that hung past the client's patience is one too."""
+    faults = [f for f in made if f.kind not in NOT_A_DEPENDENCY]
+    judged, late = 0, []
+    for answer in answers:
+        took = answer.get("took")
+        if took is None:
+            continue
+        start, end = answer["t"], answer["t"] + took
+        overlapped = [
+            f for f in faults
+            if f.host in ("*", answer.get("host")) and start < f.end and end > f.start
+        ]  # fmt: skip
+        if not overlapped:
+            continue
+        judged += 1
+        if took > limit:
+            late.append(
+                f"{answer.get('method')} {answer.get('path')} on {answer.get('host')} took"
+                f" {took:.1f} s (status {answer.get('status')}) during"
+                f" {', '.join(sorted({f.kind for f in overlapped}))}"
+            )
+    return judged, late
+
+
 def _fit(cycle: list[Planned], room: float) -> list[Planned]:
     """The cycle cut to `room` seconds: every REQUIRED group first (its first kind
     in the cycle), then the others in cycle order while they fit."""

@@ -53,7 +53,7 @@ from runner.processes import die_with_parent, free_port, stop_group, tail
 
 from . import liveness, plot
 from .faultproxy import FaultProxy
-from .faults import JUDGED, Faults, timing_lines
+from .faults import JUDGED, Faults, hung_requests, timing_lines
 from .killer import Killer, processes
 from .postgres import ChaosPostgres
 from .workload import AnswerLog, Client, Product, Workload
@@ -806,6 +806,13 @@ class Run:
                          str(len(late_down))))  # fmt: skip
             rows.append(("/healthz 200 within 10 s of each heal", str(len(judged)),
                          str(len(late_up))))  # fmt: skip
+            hung_judged, hung = hung_requests(
+                self.faults.made, plot.read_jsonl(self.run_dir / "answers.jsonl")
+            )
+            rows.append(("no request past its deadline + 2 s in a dependency fault",
+                         str(hung_judged), str(len(hung))))  # fmt: skip
+            for message in hung[:10]:
+                say(f"hung: {message}")
             unmade = self.faults.problems + self.faults.missing()
             rows.append(("dependency faults made as planned", str(len(self.faults.planned)),
                          str(len(unmade))))  # fmt: skip

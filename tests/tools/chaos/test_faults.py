@@ -283,3 +283,25 @@ def test_every_fault_kind_is_a_band_in_the_plot(tmp_path):
     out = plot.plot(tmp_path, title="faults")
     assert out.stat().st_size > 1000
     assert set(plot.FAULT_COLOURS) >= {p.kind for p in _faults(rabbitmq=True).kinds(long=True)}
+
+
+def test_a_request_is_judged_hung_only_past_the_deadline_and_only_in_a_dependency_fault():
+    from tools.chaos.faults import Fault, hung_requests
+
+    made = [
+        Fault("pg_hang", "*", start=100.0, end=110.0),
+        Fault("db_partition", "a", start=150.0, end=170.0),
+        Fault("supervisor_kill", "a", start=200.0, end=230.0),
+    ]
+    answers = [
+        {"t": 99.0, "took": 5.0, "host": "a", "status": 201},  # overlapped, in time
+        {"t": 101.0, "took": 30.0, "host": "b", "status": None},  # overlapped, hung
+        {"t": 152.0, "took": 21.5, "host": "a", "status": 503},  # deadline + 1.5 s: in time
+        {"t": 155.0, "took": 25.0, "host": "b", "status": 200},  # the partition was a's
+        {"t": 205.0, "took": 30.0, "host": "a", "status": None},  # the host itself was gone
+        {"t": 300.0, "took": 30.0, "host": "a", "status": None},  # no fault at all
+        {"t": 120.0, "host": "a", "status": 201},  # a line from before "took" was logged
+    ]
+    judged, late = hung_requests(made, answers, limit=22.0)
+    assert judged == 3
+    assert len(late) == 1 and "took 30.0 s" in late[0] and "pg_hang" in late[0]

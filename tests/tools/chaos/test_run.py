@@ -91,7 +91,19 @@ def test_every_attempt_is_one_line_of_the_interface(tmp_path):
         server.shutdown()
         log.close()
     first, second = (json.loads(line) for line in (tmp_path / "answers.jsonl").open())
-    keys = {"t", "host", "actor", "kind", "method", "path", "key", "status", "replayed", "body", "took"}
+    keys = {
+        "t",
+        "host",
+        "actor",
+        "kind",
+        "method",
+        "path",
+        "key",
+        "status",
+        "replayed",
+        "body",
+        "took",
+    }
     assert set(first) == keys == set(second)
     assert first["status"] == 201 and first["replayed"] is True and first["host"] == "a"
     assert first["body"] == {"got": {"n": 1}, "key": "k1"}

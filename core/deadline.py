@@ -1,0 +1,111 @@
+"""A web request's deadline: no wait on the database outlives it.
+
+Every other wait of a web request has its own bound: a pooled connection
+(`DB_POOL_TIMEOUT`), a new connection (`DB_CONNECT_TIMEOUT`), a ring of the
+broker (`BROKER_SOCKET_TIMEOUT`, the publish confirm timeout), the cache's
+socket timeout, the provider (`PAYMENTS_PROVIDER_TIMEOUT`). A statement on
+a database that accepted it and then stopped answering had none: the
+server's `statement_timeout` does not run on a stopped server, and a
+partitioned link whose packets are still acknowledged (a proxy, a stopped
+peer's kernel) never trips `tcp_user_timeout`. Such a request held its
+thread for as long as the fault lasted (the chaos run's 30 s partitions:
+no answer at all within the client's 30 s).
+
+`RequestDeadlineMiddleware` gives each web request `WEB_REQUEST_TIMEOUT`
+seconds from the moment it joined the queue for a thread (the web server
+says when: config/gunicorn_worker.py; else from the middleware), by this
+process's monotonic clock: a duration measured where it is spent, never a
+decision shared with another host. `DeadlineConnection`,
+the pool's connection class, bounds every wait of psycopg on the socket (a
+statement, a commit, the pool's health check of a connection it hands out)
+by what is left of it. When it passes, the connection is closed (its
+protocol state is unknown mid-statement, so it is never used again) and
+the wait raises `OperationalError`, which every request turns into 503
+`service_unavailable` with `Retry-After` (core/problems.py): the request's
+transaction did not commit, and the same request again, with the same
+Idempotency-Key, finishes it.
+
+Outside a web request (Celery tasks, commands) there is no deadline: a task
+is bounded by its time limit and its lease.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+from django.conf import settings
+from django.core.signals import request_finished
+from psycopg import errors
+
+if TYPE_CHECKING:  # the settings import this module: no django.http at import time
+    from django.http import HttpRequest, HttpResponse
+
+_local = threading.local()
+
+
+def current_deadline() -> float | None:
+    """This thread's deadline (time.monotonic()), or None outside a web request."""
+    return getattr(_local, "deadline", None)
+
+
+def set_deadline(seconds: float | None, *, since: float | None = None) -> None:
+    """Give this thread `seconds` from `since` (a time.monotonic(); default now).
+    None or 0 seconds: no deadline."""
+    start = time.monotonic() if since is None else since
+    _local.deadline = start + seconds if seconds else None
+
+
+def request_queued(at: float) -> None:
+    """Called by the web server (config/gunicorn_worker.py) in the thread that is about
+    to run a request: when the request joined the queue for a thread. Its deadline
+    counts from there, so time spent waiting for a thread is inside it."""
+    _local.queued_at = at
+
+
+class DeadlineExceeded(psycopg.OperationalError):
+    """The request's deadline passed while it waited on the database."""
+
+
+class DeadlineConnection(psycopg.Connection):
+    """psycopg's connection, each wait on its socket bounded by the thread's deadline."""
+
+    def wait(self, gen: Any, interval: float = 0.1, timeout: float | None = None) -> Any:
+        deadline = current_deadline()
+        if deadline is None:
+            return super().wait(gen, interval, timeout)
+        left = max(deadline - time.monotonic(), 0.0)
+        if timeout is not None and timeout <= left:
+            return super().wait(gen, interval, timeout)  # the caller's own bound comes first
+        try:
+            return super().wait(gen, interval, left)
+        except errors._WaitTimeout as exc:
+            # Mid-statement: what the server did or will do with it is unknown, so the
+            # connection ends here (the pool drops a closed connection).
+            self.pgconn.finish()
+            raise DeadlineExceeded(
+                "the request's deadline passed while it waited on the database"
+            ) from exc
+
+
+def _end_deadline(**kwargs: object) -> None:
+    set_deadline(None)
+
+
+# Django returns a request's connection to the pool on request_finished, after the
+# response: that return (a rollback, when one is needed) is still the request's, so
+# the deadline ends after it. Django's own receiver was connected first.
+request_finished.connect(_end_deadline, dispatch_uid="core.deadline.end")
+
+
+class RequestDeadlineMiddleware:
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        since, _local.queued_at = getattr(_local, "queued_at", None), None
+        set_deadline(settings.WEB_REQUEST_TIMEOUT, since=since)
+        return self.get_response(request)

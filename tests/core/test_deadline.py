@@ -1,0 +1,175 @@
+"""A web request's deadline bounds its waits on the database (core/deadline.py).
+
+A partitioned link whose packets are still acknowledged (a fault proxy
+dropping everything, as the chaos run's partitions do) holds a statement
+for as long as the fault lasts: psycopg's own connection waits for ever
+(the wrong twin below), the shop's `DeadlineConnection` gives up at the
+thread's deadline and closes the connection.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import psycopg
+import pytest
+import requests
+from django.db import connection
+
+from core.deadline import DeadlineConnection, current_deadline, set_deadline
+from tests.support.servers import web_behind_db_proxy
+from tools.chaos.faultproxy import FaultProxy
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _proxied_dsn(proxy_port: int) -> str:
+    params = connection.get_connection_params()
+    host = params.get("host") or "127.0.0.1"
+    if str(host).startswith("/"):
+        pytest.skip("the database answers on a Unix socket: no TCP for the fault proxy")
+    return psycopg.conninfo.make_conninfo(
+        dbname=params["dbname"],
+        user=params.get("user") or "",
+        password=params.get("password") or "",
+        host="127.0.0.1",
+        port=proxy_port,
+    )
+
+
+@pytest.fixture
+def proxy():
+    params = connection.get_connection_params()
+    proxy = FaultProxy(
+        target=(str(params.get("host") or "127.0.0.1"), int(params.get("port") or 5432))
+    ).start()
+    yield proxy
+    proxy.heal()
+    proxy.stop()
+
+
+def _hangs(conn_class: type[psycopg.Connection], dsn: str, proxy: FaultProxy) -> dict:
+    """Run SELECT 1 over a link that goes dark, with a 1 s deadline; what happened."""
+    outcome: dict = {}
+
+    def body() -> None:
+        set_deadline(1.0)
+        try:
+            with conn_class.connect(dsn, autocommit=True) as conn:
+                conn.execute("SELECT 1")  # the link works
+                proxy.drop()
+                started = time.monotonic()
+                try:
+                    conn.execute("SELECT 1")
+                    outcome["result"] = "answered"
+                except psycopg.OperationalError as exc:
+                    outcome["result"] = type(exc).__name__
+                outcome["took"] = time.monotonic() - started
+                outcome["closed"] = conn.closed
+        finally:
+            set_deadline(None)
+
+    thread = threading.Thread(target=body, daemon=True)
+    thread.start()
+    thread.join(4.0)
+    outcome["still_waiting"] = thread.is_alive()
+    proxy.heal()  # lets a waiting statement finish
+    thread.join(10)
+    return outcome
+
+
+def test_a_statement_on_a_dark_link_ends_at_the_deadline_and_closes_the_connection(proxy):
+    outcome = _hangs(DeadlineConnection, _proxied_dsn(proxy.port), proxy)
+    assert outcome["still_waiting"] is False
+    assert outcome["result"] == "DeadlineExceeded"
+    assert outcome["took"] < 2.0
+    assert outcome["closed"] is True  # its protocol state is unknown: never used again
+
+
+def test_wrong_twin_psycopgs_own_connection_waits_for_as_long_as_the_link_is_dark(proxy):
+    outcome = _hangs(psycopg.Connection, _proxied_dsn(proxy.port), proxy)
+    assert outcome["still_waiting"] is True  # 4 s with a 1 s deadline: nothing bounds it
+    assert outcome["result"] == "answered"  # ... until the link heals
+
+
+def test_no_deadline_outside_a_web_request():
+    """Celery tasks and commands: a thread that never entered a request has none."""
+    seen: list = []
+    thread = threading.Thread(target=lambda: seen.append(current_deadline()))
+    thread.start()
+    thread.join()
+    assert seen == [None]
+
+
+def test_a_web_request_on_a_partitioned_database_answers_503_by_its_deadline(tmp_path):
+    """The run command's gunicorn, WEB_REQUEST_TIMEOUT=3: a request that needs the
+    database answers 503 within the deadline plus 2 s, and the next one after the
+    heal answers 200 (the connection the deadline closed is not handed out again).
+    The pool's wait is shorter than the deadline, as the defaults are (10 s, 20 s):
+    the pool's health check of the connection it hands out is what hangs."""
+    with web_behind_db_proxy(
+        tmp_path, workers=1, threads=2, WEB_REQUEST_TIMEOUT="3", DB_POOL_TIMEOUT="2"
+    ) as (
+        url,
+        proxy,
+    ):
+        assert requests.get(f"{url}/api/v1/products/", timeout=10).status_code == 200
+        proxy.drop()
+        started = time.monotonic()
+        response = requests.get(f"{url}/api/v1/products/", timeout=15)
+        took = time.monotonic() - started
+        assert response.status_code == 503, response.text
+        assert response.headers["Content-Type"] == "application/problem+json"
+        assert response.json()["code"] == "service_unavailable"
+        assert took < 3 + 2, f"answered after {took:.1f} s"
+        proxy.heal()
+        assert requests.get(f"{url}/api/v1/products/", timeout=10).status_code == 200
+
+
+def test_wrong_twin_without_a_deadline_the_request_waits_as_long_as_the_partition(tmp_path):
+    with web_behind_db_proxy(
+        tmp_path, workers=1, threads=2, WEB_REQUEST_TIMEOUT="0", DB_POOL_TIMEOUT="2"
+    ) as (
+        url,
+        proxy,
+    ):
+        assert requests.get(f"{url}/api/v1/products/", timeout=10).status_code == 200
+        proxy.drop()
+        with pytest.raises(requests.Timeout):
+            requests.get(f"{url}/api/v1/products/", timeout=8)
+
+
+@pytest.mark.parametrize(
+    "argv_tail, within",
+    [
+        pytest.param((), True, id="shipped-worker-class"),
+        # The wrong twin: gunicorn's own gthread says nothing of the queue, so the
+        # deadline counts from the middleware and the second request gets a whole one.
+        pytest.param(("--worker-class", "gthread"), False, id="gthread-wrong-twin"),
+    ],
+)
+def test_a_request_that_waited_for_a_thread_has_that_much_less_time(tmp_path, argv_tail, within):
+    """One thread: the second request waits behind the first for the first's whole
+    deadline, and answers right after it, not a whole deadline later (the web
+    server stamps when a request joined the queue: config/gunicorn_worker.py)."""
+    with web_behind_db_proxy(
+        tmp_path, argv_tail, workers=1, threads=1, WEB_REQUEST_TIMEOUT="3", DB_POOL_TIMEOUT="2"
+    ) as (url, proxy):
+        assert requests.get(f"{url}/api/v1/products/", timeout=10).status_code == 200
+        proxy.drop()
+        took: dict[str, float] = {}
+        statuses: dict[str, int] = {}
+
+        def get(name: str) -> None:
+            started = time.monotonic()
+            statuses[name] = requests.get(f"{url}/api/v1/products/", timeout=15).status_code
+            took[name] = time.monotonic() - started
+
+        first = threading.Thread(target=get, args=("first",))
+        first.start()
+        time.sleep(0.3)  # the first holds the only thread
+        get("second")
+        first.join()
+        assert statuses == {"first": 503, "second": 503}
+        assert (took["second"] < 3 + 2) is within, took  # a whole deadline of its own: ~6 s
