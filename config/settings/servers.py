@@ -59,6 +59,12 @@ DB_IDLE_IN_TRANSACTION_TIMEOUT = env.float("DB_IDLE_IN_TRANSACTION_TIMEOUT", def
 # up on its way (a pooled connection 10 s, the provider 5 s); under the 30 s a
 # load balancer or a client commonly waits. 0: none.
 WEB_REQUEST_TIMEOUT = env.float("WEB_REQUEST_TIMEOUT", default=20.0)
+# How often the server checks, while a statement runs or waits for a lock, that
+# its client is still there (PostgreSQL >= 14, Linux): a connection a request's
+# deadline closed (core/deadline.py) or a killed process's stops its statement
+# and lets go of its locks within this, instead of running it to the end or
+# waiting out lock_timeout first.
+DB_CLIENT_CHECK_INTERVAL = env.float("DB_CLIENT_CHECK_INTERVAL", default=1.0)
 DB_UNBOUNDED_COMMANDS = frozenset({"migrate", "dbshell", "sqlflush", "flush", "loaddata"})
 if sys.argv[1:2] and sys.argv[1] in DB_UNBOUNDED_COMMANDS and Path(sys.argv[0]).name == "manage.py":
     DB_STATEMENT_TIMEOUT = DB_LOCK_TIMEOUT = DB_IDLE_IN_TRANSACTION_TIMEOUT = 0.0
@@ -69,6 +75,7 @@ _db_options["options"] = (
     f" -c statement_timeout={int(DB_STATEMENT_TIMEOUT * 1000)}"
     f" -c lock_timeout={int(DB_LOCK_TIMEOUT * 1000)}"
     f" -c idle_in_transaction_session_timeout={int(DB_IDLE_IN_TRANSACTION_TIMEOUT * 1000)}"
+    f" -c client_connection_check_interval={int(DB_CLIENT_CHECK_INTERVAL * 1000)}"
 ).strip()
 _db_options.setdefault("keepalives", 1)
 _db_options.setdefault("keepalives_idle", 10)

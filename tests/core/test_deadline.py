@@ -173,3 +173,52 @@ def test_a_request_that_waited_for_a_thread_has_that_much_less_time(tmp_path, ar
         first.join()
         assert statuses == {"first": 503, "second": 503}
         assert (took["second"] < 3 + 2) is within, took  # a whole deadline of its own: ~6 s
+
+
+@pytest.mark.parametrize(
+    "options, let_go",
+    [
+        pytest.param("-c client_connection_check_interval=1000", True, id="shipped-setting"),
+        # The wrong twin: PostgreSQL's default (0, no check) keeps waiting for the lock.
+        pytest.param("", False, id="no-check-wrong-twin"),
+    ],
+)
+def test_a_connection_the_deadline_closed_stops_waiting_for_its_lock_on_the_server(options, let_go):
+    """The deadline closes the client's side; the server's backend, waiting for a
+    lock, notices its client is gone within DB_CLIENT_CHECK_INTERVAL and ends (its
+    own locks with it) instead of waiting until it gets the lock or lock_timeout."""
+    from django.conf import settings
+
+    assert (
+        "client_connection_check_interval=1000"
+        in settings.DATABASES["default"]["OPTIONS"]["options"]
+    )
+    params = connection.get_connection_params()
+    dsn = psycopg.conninfo.make_conninfo(
+        dbname=params["dbname"],
+        user=params.get("user") or "",
+        password=params.get("password") or "",
+        host=str(params.get("host") or ""),
+        port=params.get("port") or "",
+    )
+    with psycopg.connect(dsn, autocommit=True) as holder:
+        holder.execute("SELECT pg_advisory_lock(424242)")
+        waiter = DeadlineConnection.connect(dsn, autocommit=True, options=options)
+        pid = waiter.info.backend_pid
+        set_deadline(1.0)
+        try:
+            with pytest.raises(psycopg.OperationalError):
+                waiter.execute("SELECT pg_advisory_lock(424242)")
+        finally:
+            set_deadline(None)
+        assert waiter.closed
+        gone_by = time.monotonic() + 3.0
+        while time.monotonic() < gone_by:
+            alive = holder.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE pid = %s", [pid]
+            ).fetchone()[0]
+            if not alive:
+                break
+            time.sleep(0.1)
+        holder.execute("SELECT pg_advisory_unlock(424242)")
+    assert (not alive) is let_go
