@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -108,4 +108,21 @@ class RequestDeadlineMiddleware:
     def __call__(self, request: HttpRequest) -> HttpResponse:
         since, _local.queued_at = getattr(_local, "queued_at", None), None
         set_deadline(settings.WEB_REQUEST_TIMEOUT, since=since)
-        return self.get_response(request)
+        response = self.get_response(request)
+        if getattr(response, "streaming", False):
+            # A streamed answer (the admin's CSV exports read a server-side cursor
+            # chunk by chunk) may rightly take longer than one deadline in all:
+            # each chunk gets a whole one, so no single wait outlives it.
+            response.streaming_content = _renewing(response.streaming_content)  # type: ignore[attr-defined]
+        return response
+
+
+def _renewing(chunks: Iterable[bytes]) -> Iterator[bytes]:
+    iterator = iter(chunks)
+    while True:
+        set_deadline(settings.WEB_REQUEST_TIMEOUT)  # before the reads of the next chunk
+        try:
+            chunk = next(iterator)
+        except StopIteration:
+            return
+        yield chunk

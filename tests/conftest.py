@@ -161,3 +161,15 @@ def _rings_not_paused():
     due._rings_paused_until = 0.0
     yield
     due._rings_paused_until = 0.0
+
+
+@pytest.fixture(autouse=True)
+def _no_request_deadline_left():
+    """A streamed answer the test client never closed leaves its request's deadline on
+    the test's thread (request_finished ends it; core/deadline.py): it must not cut
+    the test's own database work, or the next test's, 20 s later."""
+    from core.deadline import set_deadline
+
+    set_deadline(None)
+    yield
+    set_deadline(None)

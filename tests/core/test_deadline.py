@@ -222,3 +222,34 @@ def test_a_connection_the_deadline_closed_stops_waiting_for_its_lock_on_the_serv
             time.sleep(0.1)
         holder.execute("SELECT pg_advisory_unlock(424242)")
     assert (not alive) is let_go
+
+
+def test_a_streamed_answer_gives_each_chunk_a_whole_deadline(settings):
+    """The admin's CSV exports stream a server-side cursor: the export as a whole may
+    take longer than one deadline, each chunk's reads may not."""
+    from django.http import HttpResponse, StreamingHttpResponse
+    from django.test import RequestFactory
+
+    from core.deadline import RequestDeadlineMiddleware
+
+    settings.WEB_REQUEST_TIMEOUT = 0.5
+    left: list[float] = []
+
+    def chunks():
+        for _ in range(4):
+            left.append(current_deadline() - time.monotonic())
+            time.sleep(0.3)  # four chunks: 1.2 s in all, more than one deadline
+            yield b"x"
+
+    try:
+        middleware = RequestDeadlineMiddleware(lambda request: StreamingHttpResponse(chunks()))
+        response = middleware(RequestFactory().get("/admin/orders/order/export/"))
+        assert b"".join(response.streaming_content) == b"xxxx"
+        assert len(left) == 4 and min(left) > 0.3, left  # each chunk started with ~0.5 s left
+
+        plain = RequestDeadlineMiddleware(lambda request: HttpResponse(b"ok"))
+        before = time.monotonic()
+        plain(RequestFactory().get("/"))
+        assert 0.4 < current_deadline() - before < 0.55  # until request_finished ends it
+    finally:
+        set_deadline(None)  # no request_finished here: the test's own teardown needs none
