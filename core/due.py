@@ -23,7 +23,7 @@ runner (its lease run out, another attempt begun) changes nothing. The kind's
 own columns (a status) go in the same UPDATE (`values=`, `attention_values=`,
 `retry_values=`), so the flag and the status never commit apart.
     retry_now          staff: fresh budget, due now, ring the bell after commit
-    ring, ring_after_commit   the doorbell: enqueue the task by id (best effort)
+    ring, ring_after_commit   the doorbell: enqueue the task by id now (best effort)
     backoff, countdown, retry_countdown   the one backoff (with jitter) and its Celery cap
 
 This module imports no other project app.
@@ -501,8 +501,8 @@ def _task(name: str):
 _rings_paused_until = 0.0
 
 
-def ring(model: type[DueWork], pk, *, delay: float = 0.0) -> None:
-    """Enqueue the kind's task for row `pk` in `delay` seconds (capped), best effort.
+def ring(model: type[DueWork], pk) -> None:
+    """Enqueue the kind's task for row `pk` now, best effort.
 
     The row is the truth: a broker that is down or loses the message costs
     only time, because the sweeper finds the row when it is due. So a ring
@@ -510,6 +510,13 @@ def ring(model: type[DueWork], pk, *, delay: float = 0.0) -> None:
     1 s) pauses this process's rings for BROKER_RING_PAUSE seconds, and every
     request meanwhile goes on without one, instead of each waiting in turn
     (the chaos run's hung Redis held every web thread that way).
+
+    There is no ring for later. A Celery countdown becomes an ETA on the
+    sending host's clock, which the receiving worker judges by its own: the
+    chaos run's host 5 minutes ahead sent rings that the other host's
+    workers held for 5 minutes (297 in one 180 s run, still unacked when the
+    run had to be quiet). Work for later is a row whose `next_attempt_at`
+    says when, by the database clock; the sweeper rings it then.
     """
     global _rings_paused_until
     name = model.due_policy().task
@@ -518,9 +525,7 @@ def ring(model: type[DueWork], pk, *, delay: float = 0.0) -> None:
     if time.monotonic() < _rings_paused_until:
         return  # the broker failed a moment ago; the sweeper finds the row when due
     try:
-        current_app.send_task(
-            name, args=[_wire(pk)], countdown=countdown(delay) or None, retry=False
-        )
+        current_app.send_task(name, args=[_wire(pk)], retry=False)
     except Exception:  # noqa: BLE001 - a broker outage must not fail recorded work
         _rings_paused_until = time.monotonic() + settings.BROKER_RING_PAUSE
         logger.warning(
@@ -533,12 +538,12 @@ def ring(model: type[DueWork], pk, *, delay: float = 0.0) -> None:
         )
 
 
-def ring_after_commit(model: type[DueWork], pk, *, delay: float = 0.0) -> None:
+def ring_after_commit(model: type[DueWork], pk) -> None:
     """Ring the bell for row `pk` once the current transaction commits (now, outside one)."""
-    transaction.on_commit(lambda: ring(model, pk, delay=delay))
+    transaction.on_commit(lambda: ring(model, pk))
 
 
-def ring_many_after_commit(model: type[DueWork], pks: Sequence, *, delay: float = 0.0) -> None:
+def ring_many_after_commit(model: type[DueWork], pks: Sequence) -> None:
     """Ring for several rows after commit."""
     for pk in pks:
-        ring_after_commit(model, pk, delay=delay)
+        ring_after_commit(model, pk)

@@ -76,8 +76,9 @@ def _wait(*, step_id, seconds: float, note: str, ring: bool = True) -> bool:
         updated_at=Now(),
     ):
         return False
-    if ring:
-        due.ring(CompensationStep, step_id, delay=seconds)
+    if ring and seconds <= 0:
+        due.ring(CompensationStep, step_id)
+    # Later than now: the sweeper rings it when it is due (no ring for later: core.due.ring).
     return True
 
 

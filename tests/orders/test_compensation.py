@@ -174,3 +174,27 @@ def test_refused_refund_needs_attention_until_staff_resolve_it(received, provide
     assert received.status == "completed"
     assert Refund.objects.count() == 1
     assert OutboxMessage.objects.filter(event_type="return.completed").count() == 1
+
+
+def test_a_step_that_failed_sends_no_message_for_later(received, provider, monkeypatch):
+    """A failed attempt leaves its step due after the backoff, by the database clock,
+    and sends nothing to the broker for later: a countdown is an ETA on the sending
+    host's clock, which another host's worker judges by its own (the chaos run's
+    host 5 minutes ahead made the other host's workers hold its rings 5 minutes).
+    The sweeper rings the step when it is due."""
+    sent: list[dict] = []
+    monkeypatch.setattr(
+        current_app, "send_task", lambda name, args=None, **options: sent.append(options)
+    )
+    failures: list[int] = []
+
+    def flaky(_name):
+        if not failures:
+            failures.append(1)
+            raise ConnectionError("provider blinked")
+
+    with hook("compensation.refund.before_effect", flaky):
+        drive(order_return=received)
+    assert failures == [1]
+    assert sent and not [o for o in sent if o.get("countdown") or o.get("eta")], sent
+    assert_compensated_once(received, provider)
