@@ -9,6 +9,7 @@ thread's deadline and closes the connection.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
@@ -102,20 +103,25 @@ def test_no_deadline_outside_a_web_request():
     assert seen == [None]
 
 
-def test_a_web_request_on_a_partitioned_database_answers_503_by_its_deadline(tmp_path):
-    """The run command's gunicorn, WEB_REQUEST_TIMEOUT=3: a request that needs the
-    database answers 503 within the deadline plus 2 s, and the next one after the
-    heal answers 200 (the connection the deadline closed is not handed out again).
-    The pool's wait is shorter than the deadline, as the defaults are (10 s, 20 s):
-    the pool's health check of the connection it hands out is what hangs."""
+@contextlib.contextmanager
+def _a_dark_database_after_one_answer(tmp_path, deadline: str):
+    """The run command's gunicorn (1 worker, 2 threads) with WEB_REQUEST_TIMEOUT=`deadline`:
+    one request answered, then the database link dropped; yields (url, proxy)."""
     with web_behind_db_proxy(
-        tmp_path, workers=1, threads=2, WEB_REQUEST_TIMEOUT="3", DB_POOL_TIMEOUT="2"
-    ) as (
-        url,
-        proxy,
-    ):
+        tmp_path, workers=1, threads=2, WEB_REQUEST_TIMEOUT=deadline, DB_POOL_TIMEOUT="2"
+    ) as (url, proxy):
         assert requests.get(f"{url}/api/v1/products/", timeout=10).status_code == 200
         proxy.drop()
+        yield url, proxy
+
+
+def test_a_web_request_on_a_partitioned_database_answers_503_by_its_deadline(tmp_path):
+    """WEB_REQUEST_TIMEOUT=3: a request that needs the database answers 503 within the
+    deadline plus 2 s, and the next one after the heal answers 200 (the connection the
+    deadline closed is not handed out again). The pool's wait is shorter than the
+    deadline, as the defaults are (10 s, 20 s): the pool's health check of the
+    connection it hands out is what hangs."""
+    with _a_dark_database_after_one_answer(tmp_path, "3") as (url, proxy):
         started = time.monotonic()
         response = requests.get(f"{url}/api/v1/products/", timeout=15)
         took = time.monotonic() - started
@@ -128,14 +134,7 @@ def test_a_web_request_on_a_partitioned_database_answers_503_by_its_deadline(tmp
 
 
 def test_wrong_twin_without_a_deadline_the_request_waits_as_long_as_the_partition(tmp_path):
-    with web_behind_db_proxy(
-        tmp_path, workers=1, threads=2, WEB_REQUEST_TIMEOUT="0", DB_POOL_TIMEOUT="2"
-    ) as (
-        url,
-        proxy,
-    ):
-        assert requests.get(f"{url}/api/v1/products/", timeout=10).status_code == 200
-        proxy.drop()
+    with _a_dark_database_after_one_answer(tmp_path, "0") as (url, _proxy):
         with pytest.raises(requests.Timeout):
             requests.get(f"{url}/api/v1/products/", timeout=8)
 
