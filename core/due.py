@@ -23,7 +23,7 @@ runner (its lease run out, another attempt begun) changes nothing. The kind's
 own columns (a status) go in the same UPDATE (`values=`, `attention_values=`,
 `retry_values=`), so the flag and the status never commit apart.
     retry_now          staff: fresh budget, due now, ring the bell after commit
-    ring, ring_after_commit   the doorbell: enqueue the task by id now (best effort)
+    ring, ring_after_commit   the doorbell: the task by id, best effort (later: database clock)
     backoff, countdown, retry_countdown   the one backoff (with jitter) and its Celery cap
 
 This module imports no other project app.
@@ -40,14 +40,16 @@ import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from celery import current_app
 from django.conf import settings
-from django.db import connection, models, transaction
+from django.db import DatabaseError, connection, models, transaction
 from django.db.models import Q
 from django.db.models.functions import Now
+
+from .db import database_now
 
 LAST_ERROR_MAX = 500
 # A task's own Celery retries (the database blinking) wait at most this long
@@ -501,8 +503,8 @@ def _task(name: str):
 _rings_paused_until = 0.0
 
 
-def ring(model: type[DueWork], pk) -> None:
-    """Enqueue the kind's task for row `pk` now, best effort.
+def ring(model: type[DueWork], pk, *, delay: float = 0.0) -> None:
+    """Enqueue the kind's task for row `pk`, now or in `delay` seconds (capped), best effort.
 
     The row is the truth: a broker that is down or loses the message costs
     only time, because the sweeper finds the row when it is due. So a ring
@@ -511,12 +513,15 @@ def ring(model: type[DueWork], pk) -> None:
     request meanwhile goes on without one, instead of each waiting in turn
     (the chaos run's hung Redis held every web thread that way).
 
-    There is no ring for later. A Celery countdown becomes an ETA on the
-    sending host's clock, which the receiving worker judges by its own: the
-    chaos run's host 5 minutes ahead sent rings that the other host's
-    workers held for 5 minutes (297 in one 180 s run, still unacked when the
-    run had to be quiet). Work for later is a row whose `next_attempt_at`
-    says when, by the database clock; the sweeper rings it then.
+    A ring for later carries an ETA by the database clock, never a Celery
+    countdown: Celery turns a countdown into an ETA on the sending host's
+    clock, and the receiving worker judges it by its own, so the chaos run's
+    host 5 minutes ahead sent rings that the other host's workers held for 5
+    minutes (297 in one 180 s run, still unacked when the run had to be
+    quiet). By the database clock, a worker on a host ahead of it runs the
+    ring early: the row is not due yet, `attempt_begin` refuses it, and the
+    sweeper rings it when it is. A worker on a host behind the database
+    clock still holds it that much longer (docs/celery.md).
     """
     global _rings_paused_until
     name = model.due_policy().task
@@ -524,8 +529,15 @@ def ring(model: type[DueWork], pk) -> None:
         return
     if time.monotonic() < _rings_paused_until:
         return  # the broker failed a moment ago; the sweeper finds the row when due
+    options: dict[str, Any] = {}
+    if delay > 0:
+        try:
+            at = database_now() + countdown(delay)
+        except DatabaseError:
+            return  # no clock to ring by: the sweeper finds the row when it is due
+        options["eta"] = datetime.fromtimestamp(at, tz=UTC)
     try:
-        current_app.send_task(name, args=[_wire(pk)], retry=False)
+        current_app.send_task(name, args=[_wire(pk)], retry=False, **options)
     except Exception:  # noqa: BLE001 - a broker outage must not fail recorded work
         _rings_paused_until = time.monotonic() + settings.BROKER_RING_PAUSE
         logger.warning(
@@ -538,12 +550,12 @@ def ring(model: type[DueWork], pk) -> None:
         )
 
 
-def ring_after_commit(model: type[DueWork], pk) -> None:
+def ring_after_commit(model: type[DueWork], pk, *, delay: float = 0.0) -> None:
     """Ring the bell for row `pk` once the current transaction commits (now, outside one)."""
-    transaction.on_commit(lambda: ring(model, pk))
+    transaction.on_commit(lambda: ring(model, pk, delay=delay))
 
 
-def ring_many_after_commit(model: type[DueWork], pks: Sequence) -> None:
+def ring_many_after_commit(model: type[DueWork], pks: Sequence, *, delay: float = 0.0) -> None:
     """Ring for several rows after commit."""
     for pk in pks:
-        ring_after_commit(model, pk)
+        ring_after_commit(model, pk, delay=delay)

@@ -108,6 +108,17 @@ def steps_insert(*, order_id, kind: str, order_return_id=None) -> list[int]:
 # -- one attempt (the task's body) ---------------------------------------------------------
 
 
+def _db_seconds_until(step_id) -> float:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT GREATEST(0, EXTRACT(EPOCH FROM next_attempt_at - now()))"
+            f" FROM {CompensationStep._meta.db_table} WHERE id = %s",
+            [step_id],
+        )
+        row = cursor.fetchone()
+    return float(row[0]) if row else 0.0
+
+
 def _attempt_failed(*, step: CompensationStep, attempt: due.Attempt, error: str) -> due.Ended:
     """A transient failure: recorded, and at the budget flagged and `failed` with its events,
     in ONE transaction (a worker killed in it leaves the attempt as begun, due again)."""
@@ -198,7 +209,7 @@ def _attempt_run(*, step: CompensationStep, attempt: due.Attempt) -> str:
         if ended is due.Ended.ATTENTION:
             logger.error("compensation step %s (%s) needs attention: %s", step_id, step.name, exc)
             return "needs attention"
-        # Due again after its backoff, by the database clock: the sweeper rings it then.
+        due.ring(CompensationStep, step_id, delay=_db_seconds_until(step_id) + 0.05)
         return "failed"
     return outcome
 

@@ -76,9 +76,8 @@ def _wait(*, step_id, seconds: float, note: str, ring: bool = True) -> bool:
         updated_at=Now(),
     ):
         return False
-    if ring and seconds <= 0:
-        due.ring(CompensationStep, step_id)
-    # Later than now: the sweeper rings it when it is due (no ring for later: core.due.ring).
+    if ring:
+        due.ring(CompensationStep, step_id, delay=seconds)
     return True
 
 

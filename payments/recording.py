@@ -185,8 +185,8 @@ def capture_record(
             last_error=due.truncate_error(result.describe()),
             updated_at=Now(),
         )
-        # No ring: the row is due in `delay` seconds by the database clock, and the
-        # sweeper rings it then (core.due.ring says why there is no ring for later).
+        ids = list(settlements.values_list("id", flat=True))
+        due.ring_many_after_commit(PaymentSettlement, ids, delay=delay + 0.5)
     elif mode == "settlement":
         reason = (
             f"outcome still unknown after {settings.PAYMENTS_SETTLE_MAX_ATTEMPTS} "

@@ -176,12 +176,18 @@ def test_refused_refund_needs_attention_until_staff_resolve_it(received, provide
     assert OutboxMessage.objects.filter(event_type="return.completed").count() == 1
 
 
-def test_a_step_that_failed_sends_no_message_for_later(received, provider, monkeypatch):
-    """A failed attempt leaves its step due after the backoff, by the database clock,
-    and sends nothing to the broker for later: a countdown is an ETA on the sending
-    host's clock, which another host's worker judges by its own (the chaos run's
-    host 5 minutes ahead made the other host's workers hold its rings 5 minutes).
-    The sweeper rings the step when it is due."""
+def test_a_step_that_failed_rings_for_later_by_the_database_clock(received, provider, monkeypatch):
+    """A failed attempt rings its step for after the backoff with an ETA taken from the
+    database clock, never a Celery countdown: a countdown becomes an ETA on the
+    sending host's clock, which another host's worker judges by its own (the chaos
+    run's host 5 minutes ahead made the other host's workers hold its rings 5
+    minutes). Here this process's clock runs 5 minutes ahead of the database's."""
+    import time as time_module
+
+    from core.db import database_now
+
+    real_time = time_module.time
+    monkeypatch.setattr(time_module, "time", lambda: real_time() + 300)
     sent: list[dict] = []
     monkeypatch.setattr(
         current_app, "send_task", lambda name, args=None, **options: sent.append(options)
@@ -196,5 +202,9 @@ def test_a_step_that_failed_sends_no_message_for_later(received, provider, monke
     with hook("compensation.refund.before_effect", flaky):
         drive(order_return=received)
     assert failures == [1]
-    assert sent and not [o for o in sent if o.get("countdown") or o.get("eta")], sent
+    later = [o for o in sent if "eta" in o or "countdown" in o]  # the rings for later
+    assert later and not [o for o in later if "countdown" in o], sent
+    db_now = database_now()
+    for options in later:  # within the capped backoff of the database clock, not 5 min on
+        assert db_now - 60 < options["eta"].timestamp() < db_now + 60, options
     assert_compensated_once(received, provider)
