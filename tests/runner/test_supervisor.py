@@ -197,10 +197,8 @@ def test_a_killed_supervisor_leaves_no_gunicorn_worker_holding_a_request(short_t
     # such workers still running 15 s later. Each worker now dies with its
     # master (gunicorn.conf.py's post_fork).
     import threading
-    from urllib.parse import urlsplit
 
-    from tests.support.servers import server_env
-    from tools.chaos.faultproxy import FaultProxy
+    from tests.support.servers import database_behind_proxy, server_env
 
     var = short_tmp / "var"
     port = free_port()
@@ -214,15 +212,8 @@ def test_a_killed_supervisor_leaves_no_gunicorn_worker_holding_a_request(short_t
         PORT=str(port),
         WEB_CONCURRENCY="1",
     )
-    target = urlsplit(env["DATABASE_URL"])
-    if not target.port:
-        # The embedded server answers on a Unix socket: no TCP for the proxy to sit on.
-        # The suite's main run (a TCP DATABASE_URL) makes this test.
-        pytest.skip("needs a PostgreSQL over TCP for the fault proxy")
-    proxy = FaultProxy(target=(target.hostname or "127.0.0.1", target.port or 5432)).start()
-    env["DATABASE_URL"] = target._replace(
-        netloc=target.netloc.replace(f"{target.hostname}:{target.port}", f"127.0.0.1:{proxy.port}")
-    ).geturl()
+    # Skipped on the embedded stage (a Unix socket); the main run makes it.
+    proxy = database_behind_proxy(env)
     with open(log_path, "wb") as log:
         supervisor = start_run(env, log)
     try:

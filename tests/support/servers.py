@@ -9,9 +9,9 @@ tests/conftest.py wrap them). Everything binds to a port chosen at runtime.
 - `gunicorn_server(env=..., workers=N)`: a real gunicorn on a free port
   (the listening socket is opened here and handed over as `fd://`, so no
   port race); waits for /healthz; stops the whole process group afterwards.
-- `web_behind_db_proxy(tmp_path, ...)`: the run command's `web` program (its
-  real argv) reaching the database through a fault proxy (tools/chaos), for
-  the tests that partition it.
+- `database_behind_proxy(env)`: a fault proxy (tools/chaos) in front of a
+  child's database; `web_behind_db_proxy(tmp_path, ...)`: the run command's
+  `web` program (its real argv) behind one, for the tests that partition it.
 - `celery_worker(env=...)`: a real celery worker subprocess; waits for "ready".
 - `StubService`: a tiny HTTP server in a thread that applies "effects" once
   per reference, counts every call, and can answer "pending" or fail.
@@ -174,6 +174,21 @@ def gunicorn_server(
         _stop_group(proc)
 
 
+def database_behind_proxy(env: dict[str, str]) -> FaultProxy:
+    """Start a fault proxy in front of `env`'s DATABASE_URL and point the URL at it
+    (the caller stops the proxy); skip the test when the database has no TCP port."""
+    import pytest
+
+    from tools.chaos.faultproxy import FaultProxy, via
+
+    target = urlsplit(env["DATABASE_URL"])
+    if not target.port:
+        pytest.skip("the database answers on a Unix socket: no TCP for the fault proxy")
+    proxy = FaultProxy(target=(target.hostname or "127.0.0.1", target.port)).start()
+    env["DATABASE_URL"] = via(env["DATABASE_URL"], proxy.port)
+    return proxy
+
+
 @contextlib.contextmanager
 def web_behind_db_proxy(
     tmp_path: Path,
@@ -185,20 +200,11 @@ def web_behind_db_proxy(
 ) -> Iterator[tuple[str, FaultProxy]]:
     """The run command's web program, its database reached through a fault proxy:
     yields (base URL, proxy); heals the proxy and stops the server afterwards."""
-    import pytest
-
     from runner.processes import free_port
     from runner.supervisor import PROGRAMS, context
-    from tools.chaos.faultproxy import FaultProxy
 
     env = server_env(**env_extra)
-    target = urlsplit(env["DATABASE_URL"])
-    if not target.port:
-        pytest.skip("the database answers on a Unix socket: no TCP for the fault proxy")
-    proxy = FaultProxy(target=(target.hostname or "127.0.0.1", target.port)).start()
-    env["DATABASE_URL"] = target._replace(
-        netloc=target.netloc.replace(f"{target.hostname}:{target.port}", f"127.0.0.1:{proxy.port}")
-    ).geturl()
+    proxy = database_behind_proxy(env)
     port = free_port()
     (web,) = [p for p in PROGRAMS if p.name == "web"]
     ctx = {**context(), "host": "127.0.0.1", "port": str(port), "web_workers": str(workers),

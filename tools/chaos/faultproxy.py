@@ -27,6 +27,7 @@ import contextlib
 import socket
 import struct
 import threading
+from urllib.parse import urlsplit
 
 CHUNK = 64 * 1024
 
@@ -184,3 +185,11 @@ def _abort(writer: asyncio.StreamWriter) -> None:
         if sock is not None:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     writer.transport.abort()
+
+
+def via(url: str, port: int) -> str:
+    """`url` with its host and port replaced by the local fault proxy's."""
+    parts = urlsplit(url)
+    auth = parts.netloc.rpartition("@")[0]
+    netloc = f"{auth}@127.0.0.1:{port}" if auth else f"127.0.0.1:{port}"
+    return parts._replace(netloc=netloc).geturl()

@@ -52,7 +52,7 @@ from payments.simulator.webhooks import event_body, sign_webhook
 from runner.processes import die_with_parent, free_port, stop_group, tail
 
 from . import liveness, plot
-from .faultproxy import FaultProxy
+from .faultproxy import FaultProxy, via
 from .faults import JUDGED, Faults, hung_requests, timing_lines
 from .killer import Killer, processes
 from .postgres import ChaosPostgres
@@ -133,14 +133,6 @@ for name in set(VIEW_PERMISSION.values()) | set(a.permission for k in ACTIONS.va
 courier = User.objects.create_user("chaos-courier", password="{password}")
 courier.groups.add(Group.objects.get_or_create(name=COURIERS_GROUP)[0])
 """
-
-
-def _via(url: str, port: int) -> str:
-    """`url` with its host and port replaced by the local fault proxy's."""
-    parts = urlsplit(url)
-    auth = parts.netloc.rpartition("@")[0]
-    netloc = f"{auth}@127.0.0.1:{port}" if auth else f"127.0.0.1:{port}"
-    return parts._replace(netloc=netloc).geturl()
 
 
 def say(message: str) -> None:
@@ -538,8 +530,8 @@ class Run:
                 self.proxies[(host_name, link)] = proxy
             host_env = {
                 **self.env,
-                "DATABASE_URL": _via(self.db.url, db_proxy.port),
-                "CELERY_BROKER_URL": _via(broker, broker_proxy.port),
+                "DATABASE_URL": via(self.db.url, db_proxy.port),
+                "CELERY_BROKER_URL": via(broker, broker_proxy.port),
                 "SHOP_VAR_DIR": str(self.run_dir / f"host-{host_name}"),
                 "SHOP_HOST_NAME": host_name,
                 "PORT": str(port),
