@@ -25,7 +25,10 @@ class BoundedPublishAMQP(AMQP):
         def send_task_message(producer, name, message, **kwargs):
             from django.conf import settings
 
-            bound = settings.BROKER_PUBLISH_TIMEOUT
+            from core.deadline import bounded
+
+            # In a web request, no longer than what is left of its deadline.
+            bound = bounded(settings.BROKER_PUBLISH_TIMEOUT)
             kwargs["timeout"] = kwargs.get("timeout") or bound
             kwargs["confirm_timeout"] = kwargs.get("confirm_timeout") or bound
             try:

@@ -3,7 +3,9 @@
 Every other wait of a web request has its own bound: a pooled connection
 (`DB_POOL_TIMEOUT`), a new connection (`DB_CONNECT_TIMEOUT`), a ring of the
 broker (`BROKER_SOCKET_TIMEOUT`, the publish confirm timeout), the cache's
-socket timeout, the provider (`PAYMENTS_PROVIDER_TIMEOUT`). A statement on
+socket timeout, the provider (`PAYMENTS_PROVIDER_TIMEOUT`); `bounded()`
+shortens the pool's, the publish's and the provider's to what is left of
+the deadline, so none of them starts a full wait after it has passed. A statement on
 a database that accepted it and then stopped answering had none: the
 server's `statement_timeout` does not run on a stopped server, and a
 partitioned link whose packets are still acknowledged (a proxy, a stopped
@@ -64,6 +66,24 @@ def request_queued(at: float) -> None:
     to run a request: when the request joined the queue for a thread. Its deadline
     counts from there, so time spent waiting for a thread is inside it."""
     _local.queued_at = at
+
+
+# The least a call bounded by a passed deadline still gets: a zero or negative
+# timeout means "no timeout" to some clients (requests, sockets).
+BOUNDED_FLOOR = 0.01
+
+
+def bounded(timeout: float) -> float:
+    """Return `timeout` (seconds), or what is left of this thread's deadline if that is less.
+
+    For waits that are not on a database socket and have their own bound: a
+    connection from the pool (core/postgresql), a publish (config/celery.py),
+    the payment provider (payments/gateway). Outside a web request: `timeout`.
+    """
+    deadline = current_deadline()
+    if deadline is None:
+        return timeout
+    return max(min(timeout, deadline - time.monotonic()), BOUNDED_FLOOR)
 
 
 class DeadlineExceeded(psycopg.OperationalError):

@@ -16,7 +16,9 @@ from .environment import env
 # and row locks. Django's psycopg 3 pool keeps connections warm per process.
 DATABASE_URL = env.str("DATABASE_URL", default="postgres://postgres@127.0.0.1:5432/postgres")
 DATABASES = {"default": env.db_url_config(DATABASE_URL)}
-DATABASES["default"]["ENGINE"] = "django.db.backends.postgresql"
+# Django's PostgreSQL backend, its pool's wait bounded by a web request's
+# deadline (core/postgresql).
+DATABASES["default"]["ENGINE"] = "core.postgresql"
 # A Unix-socket URL (`?host=/folder`, the embedded server) leaves the folder in
 # OPTIONS, where `dbshell` does not look (psql gets HOST only): move it to HOST,
 # which psycopg takes as a socket folder as well.

@@ -10,6 +10,7 @@ from decimal import Decimal
 import requests
 from django.conf import settings
 
+from core.deadline import bounded
 from core.money import format_money
 
 from .base import Outcome, PaymentGateway, ProviderResult, ProviderUnreachable
@@ -116,7 +117,7 @@ class SimulatorGateway(PaymentGateway):
     def lookup(self, *, key: str) -> ProviderResult:
         try:
             response = _session(self.base_url).get(
-                f"{self.base_url}/v1/operations", params={"key": key}, timeout=self.timeout
+                f"{self.base_url}/v1/operations", params={"key": key}, timeout=bounded(self.timeout)
             )
         except requests.RequestException as exc:
             return ProviderResult(Outcome.UNKNOWN, key, code=type(exc).__name__, detail=str(exc))
@@ -139,7 +140,7 @@ class SimulatorGateway(PaymentGateway):
                 response = _session(self.base_url).get(
                     f"{self.base_url}/v1/ledger",
                     params=params,
-                    timeout=self.timeout,
+                    timeout=bounded(self.timeout),
                 )
                 response.raise_for_status()
                 page = response.json()
@@ -158,7 +159,7 @@ class SimulatorGateway(PaymentGateway):
                 f"{self.base_url}{path}",
                 json=body,
                 headers={"Idempotency-Key": key},
-                timeout=self.timeout,
+                timeout=bounded(self.timeout),
             )
         except requests.RequestException as exc:
             # Timeout, refused, reset, answer cut off: the call may have happened.

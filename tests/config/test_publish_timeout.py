@@ -77,6 +77,42 @@ def test_a_publish_under_a_memory_alarm_raises_within_the_confirm_timeout():
 
 
 @pytest.mark.rabbitmq
+def test_in_a_web_request_a_publish_waits_no_longer_than_what_is_left_of_its_deadline(settings):
+    """The confirm timeout is cut to the request's deadline (core.deadline.bounded)."""
+    from config.celery import app
+    from core.deadline import set_deadline
+
+    settings.BROKER_PUBLISH_TIMEOUT = 4.0
+    rabbitmq.require()
+    rabbitmq.purge()
+    took: dict[str, float] = {}
+    with rabbitmq.connection() as conn:
+        _warm(app, conn)
+
+        def publish() -> None:
+            set_deadline(0.5)
+            started = time.monotonic()
+            try:
+                app.send_task("testsupport.nothing", args=[1], connection=conn, retry=False)
+            except Exception:  # noqa: BLE001, S110 - only the time it took matters here
+                pass
+            took["seconds"] = time.monotonic() - started
+
+        try:
+            _watermark("0.0001")
+            time.sleep(1.0)
+            thread = threading.Thread(target=publish, daemon=True)
+            thread.start()
+            thread.join(settings.BROKER_PUBLISH_TIMEOUT + 10)
+        finally:
+            _watermark(NORMAL_WATERMARK)
+        thread.join(30)
+    rabbitmq.purge()
+    # The whole confirm timeout (the wrong twin: the bound not cut) would be 4 s.
+    assert took["seconds"] < 2.0
+
+
+@pytest.mark.rabbitmq
 def test_after_a_timed_out_confirm_the_next_publish_goes_through():
     """The timed-out connection is thrown away: the next publish (the sweeper's ring) works."""
     from config.celery import app

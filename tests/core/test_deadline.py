@@ -252,3 +252,17 @@ def test_a_streamed_answer_gives_each_chunk_a_whole_deadline(settings):
         assert 0.4 < current_deadline() - before < 0.55  # until request_finished ends it
     finally:
         set_deadline(None)  # no request_finished here: the test's own teardown needs none
+
+
+def test_bounded_gives_what_is_left_of_the_deadline_and_never_zero():
+    from core.deadline import BOUNDED_FLOOR, bounded
+
+    assert bounded(5.0) == 5.0  # no deadline: the call's own bound
+    set_deadline(1.0)
+    try:
+        assert 0.5 < bounded(5.0) <= 1.0
+        assert bounded(0.2) == 0.2  # the call's own bound comes first when shorter
+        set_deadline(1.0, since=time.monotonic() - 2.0)  # passed a second ago
+        assert bounded(5.0) == BOUNDED_FLOOR  # never 0: "no timeout" to some clients
+    finally:
+        set_deadline(None)

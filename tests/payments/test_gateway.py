@@ -1,5 +1,6 @@
 """The simulator client classifies every answer: success, declined (final) or unknown."""
 
+import time
 from decimal import Decimal
 
 import pytest
@@ -177,3 +178,26 @@ def test_operations_raises_when_the_ledger_cannot_be_read(gateway, provider):
     provider.faults(refuse_connections=True)
     with pytest.raises(ProviderUnreachable):
         list(gateway.operations(key_prefix=""))
+
+
+def _seconds_to_classify_a_lost_answer(
+    gateway: SimulatorGateway, *, deadline: float | None
+) -> float:
+    from core.deadline import set_deadline
+
+    set_deadline(deadline)
+    started = time.monotonic()
+    try:
+        result = capture(gateway, f"k-{deadline}", "pm_card_timeout")  # the answer never comes
+    finally:
+        set_deadline(None)
+    assert result.outcome == Outcome.UNKNOWN
+    return time.monotonic() - started
+
+
+def test_a_provider_call_in_a_web_request_waits_no_longer_than_its_deadline(provider):
+    """A call made near a request's deadline gets what is left of it, not its whole timeout."""
+    gateway = SimulatorGateway(base_url=provider.url, timeout=3.0)
+    assert _seconds_to_classify_a_lost_answer(gateway, deadline=0.3) < 1.0
+    # Wrong twin: outside a deadline (or before the fix, inside one) the whole timeout.
+    assert _seconds_to_classify_a_lost_answer(gateway, deadline=None) >= 2.9

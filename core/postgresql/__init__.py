@@ -1,0 +1,1 @@
+"""Django's PostgreSQL backend, its pool's wait bounded by the web request's deadline."""

@@ -1,0 +1,49 @@
+"""Django's PostgreSQL backend with one change: the pool is a `DeadlinePool`.
+
+`DeadlineConnection` (core/deadline.py) bounds every wait on a connection's
+socket by the web request's deadline; the wait for a connection from the
+pool came before any socket and had only the pool's own `timeout`
+(`DB_POOL_TIMEOUT`, 10 s). A request whose deadline had passed (the old
+connection closed by it, the error path writing again) could still wait
+those 10 s for a new one: the chaos run's requests that answered 503 "the
+database cannot be reached" past their deadline + 2 s.
+"""
+
+from __future__ import annotations
+
+from django.db.backends.base.base import NO_DB_ALIAS
+from django.db.backends.postgresql import base
+from psycopg_pool import ConnectionPool
+
+from core.deadline import bounded
+
+
+class DeadlinePool(ConnectionPool):
+    """A pool whose `getconn` waits no longer than what is left of the request's deadline."""
+
+    def getconn(self, timeout: float | None = None):  # noqa: ANN201 - psycopg's own
+        return super().getconn(bounded(self.timeout if timeout is None else timeout))
+
+
+class DatabaseWrapper(base.DatabaseWrapper):
+    @property
+    def pool(self) -> ConnectionPool | None:
+        options = self.settings_dict["OPTIONS"].get("pool")
+        if (
+            options
+            and self.alias != NO_DB_ALIAS
+            and self.alias not in self._connection_pools  # type: ignore[attr-defined]  # no stub
+            and not self.settings_dict.get("CONN_MAX_AGE")  # else Django's property refuses it
+        ):
+            # Django builds a psycopg_pool.ConnectionPool here: the same, as a DeadlinePool.
+            kwargs = {**self.get_connection_params(), "autocommit": True}
+            checks = self.settings_dict["CONN_HEALTH_CHECKS"]
+            pool = DeadlinePool(
+                kwargs=kwargs,
+                open=False,
+                configure=self._configure_connection,  # type: ignore[attr-defined]  # no stub
+                check=ConnectionPool.check_connection if checks else None,
+                **({} if options is True else options),
+            )
+            self._connection_pools.setdefault(self.alias, pool)  # type: ignore[attr-defined]
+        return super().pool
