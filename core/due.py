@@ -23,7 +23,10 @@ runner (its lease run out, another attempt begun) changes nothing. The kind's
 own columns (a status) go in the same UPDATE (`values=`, `attention_values=`,
 `retry_values=`), so the flag and the status never commit apart.
     retry_now          staff: fresh budget, due now, ring the bell after commit
-    ring, ring_after_commit   the doorbell: the task by id, best effort (later: database clock)
+    leave_for_sweep    a task rung for rows leaves some untried: the next sweep rings them
+    ring, ring_after_commit   the doorbell: the task by id, best effort (later: database clock);
+                       the row is leased as a sweep leases it, so no sweep rings it again
+                       while the ring is on its way
     backoff, countdown, retry_countdown   the one backoff (with jitter) and its Celery cap
 
 This module imports no other project app.
@@ -32,6 +35,7 @@ This module imports no other project app.
 from __future__ import annotations
 
 import enum
+import functools
 import logging
 import os
 import random
@@ -46,8 +50,8 @@ from typing import Any
 from celery import current_app
 from django.conf import settings
 from django.db import DatabaseError, connection, models, transaction
-from django.db.models import Q
-from django.db.models.functions import Now
+from django.db.models import F, Q
+from django.db.models.functions import Greatest, Now
 
 from .db import database_now
 
@@ -503,7 +507,65 @@ def _task(name: str):
 _rings_paused_until = 0.0
 
 
-def ring(model: type[DueWork], pk, *, delay: float = 0.0) -> None:
+# A ring's lease on the rows it rings for; any owner but an attempt's.
+RING_OWNER_PREFIX = "ring "
+
+
+def ring_owner() -> str:
+    """Name this process's rings as a lease owner."""
+    return f"{RING_OWNER_PREFIX}{default_owner()}"[:100]
+
+
+def rings_paused() -> bool:
+    """True while this process rings nothing (a ring failed a moment ago)."""
+    return time.monotonic() < _rings_paused_until
+
+
+def lease_for_ring(model: type[DueWork], pks: Sequence) -> str | None:
+    """Lease rows a ring is about to be sent for, as a sweep leases the rows it rings for.
+
+    Without it every sweep (5 s) rang a row again while its first ring still
+    waited in a queue behind a backlog, and again each time a lease ran out:
+    the long chaos run's broker held 6,745 messages at its end, mostly rings
+    of the same rows, and a worker behind on 2 cores got more behind. The
+    lease runs `policy.lease` past the row's due time (a ring for later
+    arrives then); a row an attempt holds is left alone. In the caller's
+    transaction when one is open: it commits with the row, or not at all.
+    Return the owner, or None when nothing will be rung (no task; this
+    process's rings are paused: the sweeper rings the row when due).
+    """
+    policy = model.due_policy()
+    if policy.task is None or rings_paused() or not pks:
+        return None
+    owner = ring_owner()
+    model.objects.filter(pk__in=list(pks)).pending().exclude(_attempt_running()).update(
+        lease_owner=owner,
+        lease_expires_at=Greatest(F("next_attempt_at"), Now()) + timedelta(seconds=policy.lease),
+    )
+    return owner
+
+
+def leave_for_sweep(model: type[DueWork], pks: Sequence) -> None:
+    """Rows a task was rung for and left untried (its time ran out): free their lease.
+
+    The ring that leased them has arrived, so none is on its way: the next
+    sweep rings them. A lease an attempt holds is kept.
+    """
+    if pks:
+        model.objects.filter(pk__in=list(pks)).exclude(_attempt_running()).update(**_free_lease())
+
+
+def release_ring_lease(model: type[DueWork], pks: Sequence, *, owner: str | None) -> None:
+    """A ring that was not sent frees its rows' lease: the next sweep rings them (best effort)."""
+    if owner is None or not pks:
+        return
+    try:
+        model.objects.filter(pk__in=list(pks), lease_owner=owner).update(**_free_lease())
+    except DatabaseError:
+        logger.warning("could not free the ring's lease of %d %s rows", len(pks), model.__name__)
+
+
+def ring(model: type[DueWork], pk, *, delay: float = 0.0, leased_by: str | None = None) -> None:
     """Enqueue the kind's task for row `pk`, now or in `delay` seconds (capped), best effort.
 
     The row is the truth: a broker that is down or loses the message costs
@@ -522,24 +584,29 @@ def ring(model: type[DueWork], pk, *, delay: float = 0.0) -> None:
     ring early: the row is not due yet, `attempt_begin` refuses it, and the
     sweeper rings it when it is. A worker on a host behind the database
     clock still holds it that much longer (docs/celery.md).
+
+    The row is leased for the ring first (`lease_for_ring`; `leased_by`: the
+    caller did, in its transaction), and a ring that is not sent frees it.
     """
     global _rings_paused_until
     name = model.due_policy().task
     if name is None:
         return
-    if time.monotonic() < _rings_paused_until:
+    if rings_paused():
+        release_ring_lease(model, [pk], owner=leased_by)
         return  # the broker failed a moment ago; the sweeper finds the row when due
     options: dict[str, Any] = {}
-    if delay > 0:
-        try:
-            at = database_now() + countdown(delay)
-        except DatabaseError:
-            return  # no clock to ring by: the sweeper finds the row when it is due
-        options["eta"] = datetime.fromtimestamp(at, tz=UTC)
+    try:
+        owner = leased_by or lease_for_ring(model, [pk])
+        if delay > 0:
+            options["eta"] = datetime.fromtimestamp(database_now() + countdown(delay), tz=UTC)
+    except DatabaseError:
+        return  # no clock to ring by, no lease: the sweeper finds the row when it is due
     try:
         current_app.send_task(name, args=[_wire(pk)], retry=False, **options)
     except Exception:  # noqa: BLE001 - a broker outage must not fail recorded work
         _rings_paused_until = time.monotonic() + settings.BROKER_RING_PAUSE
+        release_ring_lease(model, [pk], owner=owner)
         logger.warning(
             "could not ring %s for %s %s; the sweeper will, and this process rings"
             " no more for %.0f s",
@@ -551,11 +618,14 @@ def ring(model: type[DueWork], pk, *, delay: float = 0.0) -> None:
 
 
 def ring_after_commit(model: type[DueWork], pk, *, delay: float = 0.0) -> None:
-    """Ring the bell for row `pk` once the current transaction commits (now, outside one)."""
-    transaction.on_commit(lambda: ring(model, pk, delay=delay))
+    """Lease row `pk` for its ring now, in the current transaction, and ring once it commits."""
+    ring_many_after_commit(model, [pk], delay=delay)
 
 
 def ring_many_after_commit(model: type[DueWork], pks: Sequence, *, delay: float = 0.0) -> None:
-    """Ring for several rows after commit."""
+    """Lease the rows for their rings now (one UPDATE), and ring for each after commit."""
+    owner = lease_for_ring(model, pks)
+    if owner is None:
+        return  # no bell, or rings paused: the sweeper rings the rows when due
     for pk in pks:
-        ring_after_commit(model, pk, delay=delay)
+        transaction.on_commit(functools.partial(ring, model, pk, delay=delay, leased_by=owner))

@@ -154,8 +154,11 @@ def _write(items: Sequence[tuple[Any, str, Any]]) -> list[EmailResult]:
             queued = message_id in created
             results[i] = EmailResult(Outcome.QUEUED if queued else Outcome.DUPLICATE)
         written = sorted(created.values())
-    if written:
-        transaction.on_commit(lambda: mails_ring(written))
+    # Leased for the ring in this transaction, as a sweep leases: no sweep rings them again
+    # while the ring waits in the queue (core.due.lease_for_ring).
+    ring_owner = due.lease_for_ring(Mail, written)
+    if ring_owner is not None:
+        transaction.on_commit(lambda: mails_ring(written, leased_by=ring_owner))
     return results
 
 
@@ -181,11 +184,12 @@ def email_apply(*, message_id: str, event_type: str, payload: dict) -> EmailResu
 # -- sending -------------------------------------------------------------------------
 
 
-def mails_ring(mail_ids: Sequence[int]) -> None:
+def mails_ring(mail_ids: Sequence[int], *, leased_by: str | None = None) -> None:
     """Ring `shop.send_mail` for the rows, SHOP_MAIL_SEND_BATCH ids a message (best effort).
 
     The rows are the truth: a lost or refused message costs time only; the
-    sweeper rings for every due row.
+    sweeper rings for every due row. A ring that fails frees the lease
+    `leased_by` took for it, so the next sweep rings the rows.
     """
     step = max(1, settings.SHOP_MAIL_SEND_BATCH)
     ids = list(mail_ids)
@@ -195,6 +199,7 @@ def mails_ring(mail_ids: Sequence[int]) -> None:
             current_app.send_task(name, args=[ids[start : start + step]], retry=False)
     except Exception:  # noqa: BLE001 - a broker outage must not fail recorded work
         logger.warning("could not ring %s for %d mails; the sweeper will", name, len(ids))
+        due.release_ring_lease(Mail, ids, owner=leased_by)
 
 
 def mails_sweep(*, limit: int) -> list[int]:
@@ -310,6 +315,8 @@ def mails_send(*, mail_ids: Sequence[int]) -> SendResult:
     finally:
         if opened:
             mail_connection.close()
+    left = [pk for pk, sent in result.results.items() if sent is Sent.LEFT]
+    due.leave_for_sweep(Mail, left)  # this ring's lease ends here: the next sweep rings them
     return result
 
 

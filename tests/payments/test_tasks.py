@@ -21,7 +21,10 @@ def test_sweeper_enqueues_due_rows_once_and_settle_task_records(provider, settin
     )
     assert payment_capture(payment_id=payment.id).outcome == "unknown"
     settlement = PaymentSettlement.objects.get(transaction__payment=payment)
-    PaymentSettlement.objects.filter(id=settlement.id).update(next_attempt_at=Now())
+    # Due now, and the ring for later that capture sent (its lease) lost.
+    PaymentSettlement.objects.filter(id=settlement.id).update(
+        next_attempt_at=Now(), lease_owner="", lease_expires_at=None
+    )
 
     enqueued = []
     monkeypatch.setattr(settle_payment, "delay", lambda sid: enqueued.append(sid))
