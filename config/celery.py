@@ -4,7 +4,7 @@ import os
 
 from celery import Celery
 from celery.app.amqp import AMQP
-from celery.signals import celeryd_init
+from celery.signals import celeryd_init, task_prerun
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.base")
 
@@ -67,3 +67,17 @@ def _worker_broker_socket_timeout(conf, **kwargs) -> None:
             **options,
             "socket_timeout": settings.BROKER_WORKER_SOCKET_TIMEOUT,
         }
+
+
+@task_prerun.connect
+def _note_clock_offset(**kwargs) -> None:
+    """A worker process's first task notes its clock's offset from the database's, so
+    that its tasks' own retries are timed by the database clock (core.due.retry_eta).
+
+    Not at the process's start: a child that waits there on a hung database is
+    killed by its parent as not started. A task waits on the database anyway.
+    """
+    from core import db
+
+    if db.clock_offset() is None:
+        db.note_clock_offset()

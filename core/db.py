@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import time
+
 from django.db import IntegrityError, connection, transaction
+
+# This process's clock minus the database's, as last read (seconds); None: never read.
+_clock_offset: float | None = None
 
 
 def database_now() -> float:
@@ -11,11 +16,40 @@ def database_now() -> float:
     For a decision a host must not make on its own clock (a host whose clock
     runs ahead would decide differently from the others): the database clock
     is the one clock every host shares (docs/failure-model.md, "Dependency faults").
+    Each read also notes how far this process's clock is from it
+    (`database_now_estimate`).
     """
+    global _clock_offset
     with connection.cursor() as cursor:
         cursor.execute("SELECT EXTRACT(EPOCH FROM statement_timestamp())::float")
         (now,) = cursor.fetchone()
+    _clock_offset = time.time() - float(now)
     return float(now)
+
+
+def database_now_estimate() -> float:
+    """The database clock's time without asking it: this process's clock less the offset
+    last read (by `database_now`; a worker's first task reads it: config/celery.py).
+
+    For times computed where the database may be the thing that just failed (a
+    task's own retry after a lost connection), so a query there could hang: an
+    ETA a worker on another host judges by its own clock must not carry this
+    host's skew. Never read yet: this process's clock.
+    """
+    return time.time() - (_clock_offset or 0.0)
+
+
+def clock_offset() -> float | None:
+    """This process's clock minus the database's, as last read; None: never read."""
+    return _clock_offset
+
+
+def note_clock_offset() -> None:
+    """Read the database clock once, to note this process's offset from it (best effort)."""
+    try:
+        database_now()
+    except Exception:  # noqa: BLE001, S110 - best effort: the estimate stays this process's clock
+        pass
 
 
 def violated_constraint(exc: IntegrityError) -> str | None:

@@ -28,6 +28,7 @@ own columns (a status) go in the same UPDATE (`values=`, `attention_values=`,
                        the row is leased as a sweep leases it, so no sweep rings it again
                        while the ring is on its way
     backoff, countdown, retry_countdown   the one backoff (with jitter) and its Celery cap
+    retry_eta          a task's own Celery retry, timed by the database clock
 
 This module imports no other project app.
 """
@@ -53,7 +54,7 @@ from django.db import DatabaseError, connection, models, transaction
 from django.db.models import F, Q
 from django.db.models.functions import Greatest, Now
 
-from .db import database_now
+from .db import database_now, database_now_estimate
 
 LAST_ERROR_MAX = 500
 # A task's own Celery retries (the database blinking) wait at most this long
@@ -109,6 +110,19 @@ def countdown(delay: float) -> float:
 def retry_countdown(retries: int) -> float:
     """Return the countdown of a task's Celery retry number `retries + 1` (self.request.retries)."""
     return countdown(backoff(retries + 1, base=1.0, cap=RETRY_BACKOFF_CAP))
+
+
+def retry_eta(retries: int) -> datetime:
+    """Return the ETA of a task's Celery retry number `retries + 1`, by the database clock.
+
+    `self.retry(countdown=…)` would become an ETA on this host's clock, which
+    the worker that receives it judges by its own: a host 5 minutes ahead made
+    the others hold its retries 5 minutes (as it did its rings for later,
+    `ring`). The retry follows a lost connection, so the clock is not asked
+    again: `database_now_estimate` (this process's offset from the database
+    clock, as last read).
+    """
+    return datetime.fromtimestamp(database_now_estimate() + retry_countdown(retries), tz=UTC)
 
 
 # -- the row ---------------------------------------------------------------------------

@@ -6,7 +6,7 @@ from celery import shared_task
 from django.conf import settings
 from django.db import InterfaceError, OperationalError
 
-from core.due import retry_countdown
+from core.due import retry_eta
 
 from . import services
 
@@ -19,7 +19,7 @@ def expire_reservations(self) -> int:
     except OperationalError as exc:
         # A lost connection or a failover: transient. Anything else is a bug
         # and the next beat tick tries again anyway.
-        raise self.retry(exc=exc, countdown=retry_countdown(self.request.retries)) from exc
+        raise self.retry(exc=exc, eta=retry_eta(self.request.retries)) from exc
 
 
 @shared_task(bind=True, name="orders.compensation_step", max_retries=3, acks_late=True)
@@ -34,7 +34,7 @@ def compensation_step(self, step_id: int) -> str:
     try:
         return compensation.step_run(step_id=step_id)
     except (OperationalError, InterfaceError) as exc:
-        raise self.retry(exc=exc, countdown=retry_countdown(self.request.retries)) from exc
+        raise self.retry(exc=exc, eta=retry_eta(self.request.retries)) from exc
 
 
 @shared_task(bind=True, name="orders.sweep_compensation", max_retries=0)

@@ -3,7 +3,7 @@
 The rows are the ledger: the sweeper finds due settlements in the database
 (`core.due`), so a lost message, a Redis restart or a killed worker loses no
 work. Celery retries are only for the database blinking, with
-`core.due.retry_countdown` (capped below the visibility timeout); the
+`core.due.retry_eta` (by the database clock, capped below the visibility timeout); the
 provider's unknown answers are retried by the settlement row's own schedule,
 never by a Celery countdown. The services never import this module: they
 ring the bell by the task's name (`PaymentSettlement.due_policy().task`).
@@ -16,7 +16,7 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError
 
 from core import due
-from core.due import retry_countdown
+from core.due import retry_eta
 
 from .models import PaymentSettlement, Refund
 from .refunds import refund_run
@@ -31,7 +31,7 @@ def settle_payment(self, settlement_id: int) -> None:
     try:
         payment_settle(settlement_id=settlement_id)
     except (OperationalError, InterfaceError) as exc:
-        raise self.retry(exc=exc, countdown=retry_countdown(self.request.retries)) from exc
+        raise self.retry(exc=exc, eta=retry_eta(self.request.retries)) from exc
 
 
 @shared_task(bind=True, name="payments.sweep_settlements", max_retries=0)
@@ -50,7 +50,7 @@ def refund(self, refund_id: str) -> None:
     try:
         refund_run(refund_id=refund_id)
     except (OperationalError, InterfaceError) as exc:
-        raise self.retry(exc=exc, countdown=retry_countdown(self.request.retries)) from exc
+        raise self.retry(exc=exc, eta=retry_eta(self.request.retries)) from exc
 
 
 @shared_task(bind=True, name="payments.sweep_refunds", max_retries=0)

@@ -24,7 +24,7 @@ from celery import shared_task
 from django.conf import settings
 from django.db import InterfaceError, OperationalError
 
-from core.due import retry_countdown
+from core.due import retry_eta
 from idempotency.deliveries import deliveries_consume, delivery_consume
 
 from . import emails, history, loyalty
@@ -115,7 +115,7 @@ def send_mail(self, mail_ids: int | list[int]) -> str:
     try:
         return emails.mails_send(mail_ids=ids).summary()
     except (OperationalError, InterfaceError) as exc:
-        raise self.retry(exc=exc, countdown=retry_countdown(self.request.retries)) from exc
+        raise self.retry(exc=exc, eta=retry_eta(self.request.retries)) from exc
 
 
 @shared_task(name="shop.sweep_mail", bind=True, max_retries=0)

@@ -22,6 +22,7 @@ from django.db import OperationalError, connection, transaction
 from django.db.models.functions import Now
 
 from core import due
+from core.db import database_now
 from core.due import DueWork
 from tests.concurrency import Workers
 from tests.support.models import DueChore
@@ -568,3 +569,40 @@ def test_the_flag_and_the_kinds_status_are_one_update():
     assert ended is due.Ended.ATTENTION and ended  # truthy: the budget is spent
     row = DueChore.objects.get(pk=chore.pk)
     assert (row.needs_attention, row.label, row.lease_owner) == (True, "failed", "")
+
+
+# -- a task's own retry ----------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_tasks_own_retry_is_timed_by_the_database_clock(monkeypatch):
+    """A task retried after a lost connection sends an ETA by the database clock (the
+    offset this process last read), never a countdown: Celery turns a countdown into
+    an ETA on this host's clock, which the receiving worker judges by its own. Here
+    this process's clock runs 5 minutes ahead of the database's."""
+    from django.db import OperationalError as DjangoOperationalError
+
+    from payments import tasks
+
+    real_time = time.time
+    monkeypatch.setattr(time, "time", lambda: real_time() + 300)
+    db_clock = database_now()  # a read: the offset is noted
+    sent: list[dict] = []
+
+    def retry(**options):
+        sent.append(options)
+        return RuntimeError("retried")
+
+    def lost_connection(**kwargs):
+        raise DjangoOperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(tasks, "payment_settle", lost_connection)
+    monkeypatch.setattr(tasks.settle_payment, "retry", retry)
+    tasks.settle_payment.apply(args=[1])
+    (options,) = sent
+    assert "countdown" not in options
+    cap = due.RETRY_BACKOFF_CAP + 5
+    assert db_clock <= options["eta"].timestamp() < db_clock + cap  # not 5 minutes on
+    # Wrong twin: the countdown's ETA, as Celery computes it on this host.
+    twin_eta = time.time() + due.retry_countdown(0)
+    assert twin_eta - db_clock > 250
