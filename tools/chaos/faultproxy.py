@@ -162,18 +162,27 @@ class FaultProxy:
 
     async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         assert self._flowing is not None
-        while True:
-            data = await reader.read(CHUNK)
-            if not data:
-                break
-            # While dropping, the chunk read is held (one per direction) and
-            # nothing more is read: the kernels' buffers fill, as on a link
-            # that lost every packet, and the bytes flow again after the heal.
-            await self._flowing.wait()
-            if self.delay:
-                await asyncio.sleep(self.delay)
-            writer.write(data)
-            await writer.drain()
+        try:
+            while True:
+                data = await reader.read(CHUNK)
+                if not data:
+                    break
+                # While dropping, the chunk read is held (one per direction) and
+                # nothing more is read: the kernels' buffers fill, as on a link
+                # that lost every packet, and the bytes flow again after the heal.
+                await self._flowing.wait()
+                if self.delay:
+                    await asyncio.sleep(self.delay)
+                writer.write(data)
+                await writer.drain()
+        except OSError:
+            # A side reset (a killed process with unread bytes closes with RST, a
+            # crashed server): reset the other side too, as a direct link would.
+            # Before, the other side stayed open: PostgreSQL kept a killed client's
+            # transaction, and its row locks, until idle_in_transaction_session_timeout
+            # (60 s), and every checkout of that stock waited out its lock_timeout.
+            _abort(writer)
+            raise
         with contextlib.suppress(Exception):
             writer.write_eof()
 

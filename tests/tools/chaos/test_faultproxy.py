@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import struct
 import threading
+import time
 
 import pytest
 
@@ -130,3 +132,66 @@ def test_connections_beyond_the_bound_are_closed(echo):
         pass
     finally:
         p.stop()
+
+
+def _reset(sock: socket.socket) -> None:
+    """Close with a TCP RST, as a process killed with unread bytes in its socket does."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()
+
+
+@pytest.fixture
+def silent():
+    """A server that accepts and never sends (an idle PostgreSQL session); its connections."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(4)
+    accepted: list[socket.socket] = []
+    thread = threading.Thread(target=lambda: accepted.append(server.accept()[0]), daemon=True)
+    thread.start()
+    yield server.getsockname()[1], accepted
+    for conn in accepted:
+        conn.close()
+    server.close()
+
+
+def _upstream_closed_after_client_reset(proxy_class: type[FaultProxy], silent) -> bool:
+    port, accepted = silent
+    proxy = proxy_class(target=("127.0.0.1", port)).start()
+    try:
+        sock = client(proxy)
+        sock.sendall(b"BEGIN")
+        deadline = time.monotonic() + 5
+        while not accepted and time.monotonic() < deadline:
+            time.sleep(0.01)
+        upstream = accepted[0]
+        assert upstream.recv(16) == b"BEGIN"
+        _reset(sock)
+        upstream.settimeout(2)
+        try:
+            return upstream.recv(16) == b""  # EOF: the proxy closed it
+        except ConnectionResetError:
+            return True  # RST: the proxy reset it
+        except TimeoutError:
+            return False  # still open: the server keeps the gone client's session
+    finally:
+        proxy.stop()
+
+
+class _NoResetPropagation(FaultProxy):
+    """Wrong twin: the pipe as it was, a reset side leaves the other side open."""
+
+    async def _pipe(self, reader, writer) -> None:
+        while data := await reader.read(4096):
+            writer.write(data)
+            await writer.drain()
+        with contextlib.suppress(Exception):
+            writer.write_eof()
+
+
+def test_a_client_that_resets_resets_its_upstream_connection(silent):
+    assert _upstream_closed_after_client_reset(FaultProxy, silent)
+
+
+def test_wrong_twin_without_propagating_the_reset_the_upstream_stays_open(silent):
+    assert not _upstream_closed_after_client_reset(_NoResetPropagation, silent)
