@@ -43,7 +43,7 @@ import subprocess
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -369,16 +369,28 @@ class Faults:
     def stop(self) -> None:
         self._stop.set()
 
-    def judge(self) -> tuple[list[str], list[str]]:
+    def judge(
+        self, *, server_kills: Iterable[tuple[str, float]] = ()
+    ) -> tuple[list[str], list[str]]:
         """(faults not answered 503 in time, faults not back to 200 in time), as messages."""
-        return judge(self.made, self.samples)
+        supervisors = [(f.host, f.start) for f in self.made if f.kind == "supervisor_kill"]
+        return judge(self.made, self.samples, server_kills=[*server_kills, *supervisors])
 
 
-def judge(made: list[Fault], samples: list[dict]) -> tuple[list[str], list[str]]:
+def judge(
+    made: list[Fault], samples: list[dict], *, server_kills: Iterable[tuple[str, float]] = ()
+) -> tuple[list[str], list[str]]:
     """A fault is seen when some host it touches answered 503 to a sample that started
     within DOWN_WITHIN of its start and took at most DOWN_WITHIN; it is healed when every
     such host answered 200 within UP_WITHIN after its end. A dropped broker link on a
-    host counts only when the host checks that link (always: /healthz checks both)."""
+    host counts only when the host checks that link (always: /healthz checks both).
+
+    `server_kills`: (host, time) of each SIGKILL of a host's web server by the run (its
+    gunicorn master; a killed supervisor takes it down too). A heal near one is counted
+    from the host's first answer after the last such kill (`_answering_again`), and a
+    heal whose window a later fault on the host cut before any 200 is not judged late.
+    """
+    kills = sorted(server_kills, key=lambda k: k[1])
     late_down, late_up = [], []
     for fault in made:
         if fault.kind not in JUDGED:
@@ -393,14 +405,41 @@ def judge(made: list[Fault], samples: list[dict]) -> tuple[list[str], list[str]]
             late_down.append(f"{fault.kind} on {fault.host} at {fault.start:.1f}: no 503 in time")
         hosts = {s["host"] for s in touched}
         for host in sorted(hosts):
-            up = [
-                s for s in touched
-                if s["host"] == host and fault.end <= s["t"] <= fault.end + UP_WITHIN
-                and s["status"] == 200
-            ]  # fmt: skip
-            if not up:
-                late_up.append(f"{fault.kind} on {host} healed at {fault.end:.1f}: no 200 in time")
+            own = sorted((s for s in touched if s["host"] == host), key=lambda s: s["t"])
+            killed = [t for h, t in kills if h == host]
+            start = _answering_again(own, fault.end, killed)
+            limit = start + UP_WITHIN
+            if any(start <= s["t"] <= limit and s["status"] == 200 for s in own):
+                continue
+            # A later fault on this host began before a 200 was due: it rightly holds
+            # /healthz at 503, so this heal cannot be judged (it is not late).
+            if start > fault.end and any(
+                f.kind in JUDGED and f.host in ("*", host) and fault.end < f.start <= limit
+                for f in made
+            ):
+                continue
+            late_up.append(f"{fault.kind} on {host} healed at {fault.end:.1f}: no 200 in time")
     return late_down, late_up
+
+
+# A web server killed this long before a heal may still be starting again at it
+# (gunicorn's master and workers boot in seconds on a loaded machine; a
+# supervisor's whole host within SUPERVISOR_SLOT).
+KILL_REACH = SUPERVISOR_SLOT
+
+
+def _answering_again(samples: list[dict], end: float, killed: list[float]) -> float:
+    """When a heal's UP_WITHIN starts on a host: the fault's end, or, when the run killed
+    the host's web server shortly before or within that window, the host's first
+    answer (any status) after the last such kill: no server is no late /healthz."""
+    near = [t for t in killed if end - KILL_REACH <= t <= end + UP_WITHIN]
+    if not near:
+        return end
+    after = max(end, near[-1])
+    for sample in samples:
+        if sample["t"] >= after and sample["status"] is not None:
+            return sample["t"]
+    return after
 
 
 # A web request's deadline on the chaos hosts (WEB_REQUEST_TIMEOUT, core/deadline.py),

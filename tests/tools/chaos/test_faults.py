@@ -305,3 +305,27 @@ def test_a_request_is_judged_hung_only_past_the_deadline_and_only_in_a_dependenc
     judged, late = hung_requests(made, answers, limit=22.0)
     assert judged == 3
     assert len(late) == 1 and "took 30.0 s" in late[0] and "pg_hang" in late[0]
+
+
+def test_a_heal_is_counted_from_when_a_killed_web_server_answers_again():
+    """The run's killer SIGKILLed host a's gunicorn master just before the heal and again
+    7 s after it: no server answered for 16 s, then a later fault on the host held
+    /healthz at 503. Neither is a late /healthz (the long run on Redis counted one)."""
+    crash = Fault("pg_crash", "*", start=97.7, end=100.0)
+    partition = Fault("db_partition", "a", start=114.9, end=135.8)
+    samples = (
+        _samples("a", 100.3, [None] * 32, took=0.002)  # no server listening
+        + _samples("a", 116.2, [503] * 38)  # answering again, inside the partition
+        + _samples("a", 136.0, [200])
+        + _samples("b", 100.3, [200])
+    )
+    kills = [("a", 99.9), ("a", 107.0)]
+    assert judge([crash, partition], samples, server_kills=kills)[1] == []
+    # Wrong twin: the heal judged from the fault's end whatever the run killed.
+    assert judge([crash, partition], samples)[1] == [
+        "pg_crash on a healed at 100.0: no 200 in time"
+    ]
+    # The server answering again but /healthz still 503 10 s later, no later fault: late.
+    assert judge([crash], samples, server_kills=kills)[1] != []
+    # A kill on the other host changes nothing for this one.
+    assert judge([crash, partition], samples, server_kills=[("b", 99.9)])[1] != []
