@@ -385,10 +385,13 @@ def judge(
     such host answered 200 within UP_WITHIN after its end. A dropped broker link on a
     host counts only when the host checks that link (always: /healthz checks both).
 
-    `server_kills`: (host, time) of each SIGKILL of a host's web server by the run (its
-    gunicorn master; a killed supervisor takes it down too). A heal near one is counted
-    from the host's first answer after the last such kill (`_answering_again`), and a
-    heal whose window a later fault on the host cut before any 200 is not judged late.
+    `server_kills`: (host, time) of each SIGKILL of a host's web server by the run (a
+    gunicorn worker or master; a killed supervisor takes it down too). No server, or
+    one booting again, is no late /healthz: a fault that began just after such a kill
+    is seen when the host's first answer after the kill, or one within DOWN_WITHIN of
+    it, is a 503 (`_seen_after_a_kill`); a heal near one is counted from the host's
+    first answer after the last such kill (`_answering_again`); and a heal whose
+    window a later fault on the host cut before any 200 is not judged late.
     """
     kills = sorted(server_kills, key=lambda k: k[1])
     late_down, late_up = [], []
@@ -401,7 +404,7 @@ def judge(
             if fault.start <= s["t"] <= fault.start + DOWN_WITHIN
             and s["status"] == 503 and s["took"] <= DOWN_WITHIN
         ]  # fmt: skip
-        if not down:
+        if not down and not _seen_after_a_kill(fault, touched, kills):
             late_down.append(f"{fault.kind} on {fault.host} at {fault.start:.1f}: no 503 in time")
         hosts = {s["host"] for s in touched}
         for host in sorted(hosts):
@@ -426,6 +429,39 @@ def judge(
 # (gunicorn's master and workers boot in seconds on a loaded machine; a
 # supervisor's whole host within SUPERVISOR_SLOT).
 KILL_REACH = SUPERVISOR_SLOT
+
+
+# A web server killed this long before a fault may still be booting when the fault
+# begins (a gunicorn worker boots in about 3 s on a loaded machine).
+KILL_REACH_DOWN = 5.0
+
+
+def _seen_after_a_kill(fault: Fault, touched: list[dict], kills: list[tuple[str, float]]) -> bool:
+    """A touched host whose web server the run killed from KILL_REACH_DOWN before the
+    fault to DOWN_WITHIN into it answered 503 (in at most DOWN_WITHIN once it answered
+    again): its first answer after the last such kill, or one within DOWN_WITHIN of it,
+    was a 503 that came after the fault began."""
+    for host in sorted({s["host"] for s in touched}):
+        near = [
+            t for h, t in kills
+            if h == host and fault.start - KILL_REACH_DOWN <= t <= fault.start + DOWN_WITHIN
+        ]  # fmt: skip
+        if not near:
+            continue
+        answers = sorted(
+            (s["t"] + s["took"], s["status"])
+            for s in touched
+            if s["host"] == host and s["status"] is not None and s["t"] + s["took"] >= near[-1]
+        )
+        if not answers:
+            continue
+        first = answers[0][0]
+        if any(
+            status == 503 and at >= fault.start and at <= first + DOWN_WITHIN
+            for at, status in answers
+        ):
+            return True
+    return False
 
 
 def _answering_again(samples: list[dict], end: float, killed: list[float]) -> float:

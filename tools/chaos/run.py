@@ -798,11 +798,9 @@ class Run:
         if self.liveness is not None:
             rows += self.liveness.rows()
         if self.faults is not None:
-            late_down, late_up = self.faults.judge(
-                server_kills=[
-                    (k["host"], k["t"]) for k in killer.kills if k["target"] == "web-master"
-                ]
-            )
+            # Every SIGKILL of a host's web server (a gunicorn worker or its master).
+            web = [(k["host"], k["t"]) for k in killer.kills if k["target"].startswith("web-")]
+            late_down, late_up = self.faults.judge(server_kills=web)
             judged = [f for f in self.faults.made if f.kind in JUDGED]
             rows.append(("/healthz 503 within 2 s of each dependency fault", str(len(judged)),
                          str(len(late_down))))  # fmt: skip

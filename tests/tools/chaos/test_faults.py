@@ -329,3 +329,29 @@ def test_a_heal_is_counted_from_when_a_killed_web_server_answers_again():
     assert judge([crash], samples, server_kills=kills)[1] != []
     # A kill on the other host changes nothing for this one.
     assert judge([crash, partition], samples, server_kills=[("b", 99.9)])[1] != []
+
+
+def test_a_fault_that_began_while_a_killed_web_worker_booted_again_is_judged_from_its_answer():
+    """The long run on RabbitMQ: host b's gunicorn worker killed 3 s before a broker
+    partition and again 1.7 s into it; the sample sent 1 s before the fault was answered
+    503 at 2.15 s (it waited for a worker), the next one started at 2.65 s."""
+    fault = Fault("broker_partition", "b", start=100.0, end=113.9)
+    samples = (
+        _samples("b", 98.25, [200])
+        + [{"host": "b", "t": 99.03, "status": 503, "took": 3.12}]
+        + _samples("b", 102.65, [503] * 20, every=0.8, took=1.2)
+        + _samples("b", 114.5, [200])
+    )
+    kills = [("b", 97.0), ("b", 101.7)]
+    assert judge([fault], samples, server_kills=kills) == ([], [])
+    # Wrong twin: the window counted from the fault's start whatever the run killed.
+    assert judge([fault], samples)[0] == ["broker_partition on b at 100.0: no 503 in time"]
+    # No kill near the fault: a 503 this late is late.
+    assert judge([fault], samples, server_kills=[("b", 60.0)])[0] != []
+    # After the kill the host answered 200 first and 503 only 3 s later: late.
+    slow = (
+        [{"host": "b", "t": 101.8, "status": 200, "took": 0.1}]
+        + _samples("b", 104.9, [503] * 12, every=0.8)
+        + _samples("b", 114.5, [200])
+    )
+    assert judge([fault], slow, server_kills=[("b", 101.7)])[0] != []
