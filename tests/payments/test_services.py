@@ -289,7 +289,10 @@ def test_lease_due_leases_rows_so_a_second_sweep_skips_them(provider):
     payment_capture(payment_id=payment.id)
     settlement = settlement_of(payment)
     assert settlements_lease_due() == []  # not due yet
-    PaymentSettlement.objects.filter(id=settlement.id).update(next_attempt_at=Now())
+    # Due now, and the capture's ring for later (its lease) lost.
+    PaymentSettlement.objects.filter(id=settlement.id).update(
+        next_attempt_at=Now(), lease_owner="", lease_expires_at=None
+    )
     assert settlements_lease_due() == [settlement.id]
     assert settlements_lease_due() == []
     # The lease does not stop the attempt itself.
