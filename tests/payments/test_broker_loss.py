@@ -40,7 +40,11 @@ def test_lost_queue_loses_no_settlement(provider, celery_worker_process):
 
     celery_worker_process(PAYMENTS_PROVIDER_URL=provider.url, PAYMENTS_PROVIDER_TIMEOUT="2")
     settlement = PaymentSettlement.objects.get(transaction__payment=payment)
-    PaymentSettlement.objects.filter(id=settlement.id).update(next_attempt_at=Now())
+    # Time passes: the row is due, and the lost ring's lease (PAYMENTS_SETTLE_LEASE) has
+    # run out, so the sweeper may ring it again.
+    PaymentSettlement.objects.filter(id=settlement.id).update(
+        next_attempt_at=Now(), lease_expires_at=Now()
+    )
     # Nothing rings while the queue is empty: the payment waits.
     assert Payment.objects.get(id=payment.id).status == PaymentStatus.PENDING
 

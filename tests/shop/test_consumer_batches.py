@@ -349,7 +349,7 @@ def emails_on(monkeypatch):
     relay.register_consumer(
         emails.CONSUMER, task=EMAILS_TASK, event_types=emails.EVENT_TYPES, batch=2
     )
-    monkeypatch.setattr(emails, "mails_ring", lambda ids: None)
+    monkeypatch.setattr(emails, "mails_ring", lambda ids, **_: None)
 
 
 def _email_rings(sent) -> list[tuple[str, list[str]]]:
