@@ -14,6 +14,7 @@ from __future__ import annotations
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 from django.conf import settings
@@ -41,6 +42,23 @@ def _warm(app, conn) -> None:
         pytest.skip(f"RabbitMQ does not confirm even before our alarm: {exc}")
 
 
+def _under_alarm(publish: Callable[[], None], *, wait: float) -> bool:
+    """Run `publish` in a thread while the broker is under a memory alarm; True if it
+    finished within `wait` seconds. In a thread, so that the watermark is restored even
+    if the publish blocks (a blocked main thread never reaches `finally` before a kill)."""
+    try:
+        _watermark("0.0001")
+        time.sleep(1.0)  # the alarm is raised at the monitor's next look (well under 1 s)
+        thread = threading.Thread(target=publish, daemon=True)
+        thread.start()
+        thread.join(wait)
+        finished = not thread.is_alive()
+    finally:
+        _watermark(NORMAL_WATERMARK)
+    thread.join(30)
+    return finished
+
+
 @pytest.mark.rabbitmq
 def test_a_publish_under_a_memory_alarm_raises_within_the_confirm_timeout():
     from config.celery import app
@@ -59,18 +77,11 @@ def test_a_publish_under_a_memory_alarm_raises_within_the_confirm_timeout():
             except Exception as exc:  # noqa: BLE001 - the outcome is what we assert on
                 outcome["result"] = type(exc).__name__
 
-        try:
-            _watermark("0.0001")
-            time.sleep(1.0)  # the alarm is raised at the monitor's next look (well under 1 s)
-            thread = threading.Thread(target=publish, daemon=True)
-            thread.start()
-            # Generous: the bound is BROKER_PUBLISH_TIMEOUT; an unbounded wait never returns
-            # while the alarm lasts.
-            thread.join(getattr(settings, "BROKER_PUBLISH_TIMEOUT", 3.0) + 10)
-            finished_under_alarm = not thread.is_alive()
-        finally:
-            _watermark(NORMAL_WATERMARK)
-        thread.join(30)
+        # Generous: the bound is BROKER_PUBLISH_TIMEOUT; an unbounded wait never returns
+        # while the alarm lasts.
+        finished_under_alarm = _under_alarm(
+            publish, wait=getattr(settings, "BROKER_PUBLISH_TIMEOUT", 3.0) + 10
+        )
     rabbitmq.purge()
     assert finished_under_alarm, "the publish blocked for as long as the alarm lasted"
     assert outcome["result"] != "published"
@@ -98,15 +109,7 @@ def test_in_a_web_request_a_publish_waits_no_longer_than_what_is_left_of_its_dea
                 pass
             took["seconds"] = time.monotonic() - started
 
-        try:
-            _watermark("0.0001")
-            time.sleep(1.0)
-            thread = threading.Thread(target=publish, daemon=True)
-            thread.start()
-            thread.join(settings.BROKER_PUBLISH_TIMEOUT + 10)
-        finally:
-            _watermark(NORMAL_WATERMARK)
-        thread.join(30)
+        _under_alarm(publish, wait=settings.BROKER_PUBLISH_TIMEOUT + 10)
     rabbitmq.purge()
     # The whole confirm timeout (the wrong twin: the bound not cut) would be 4 s.
     assert took["seconds"] < 2.0
@@ -121,25 +124,15 @@ def test_after_a_timed_out_confirm_the_next_publish_goes_through():
     rabbitmq.purge()
     with rabbitmq.connection() as conn:
         _warm(app, conn)
-        try:
-            _watermark("0.0001")
-            time.sleep(1.0)
-            # In a thread, so that the watermark is restored even if the publish blocks
-            # (a blocked main thread never reaches `finally` before a kill).
-            failed: list[str] = []
+        failed: list[str] = []
 
-            def publish() -> None:
-                try:
-                    app.send_task("testsupport.nothing", args=[1], connection=conn, retry=False)
-                except Exception as exc:  # noqa: BLE001
-                    failed.append(type(exc).__name__)
+        def publish() -> None:
+            try:
+                app.send_task("testsupport.nothing", args=[1], connection=conn, retry=False)
+            except Exception as exc:  # noqa: BLE001
+                failed.append(type(exc).__name__)
 
-            thread = threading.Thread(target=publish, daemon=True)
-            thread.start()
-            thread.join(getattr(settings, "BROKER_PUBLISH_TIMEOUT", 3.0) + 10)
-        finally:
-            _watermark(NORMAL_WATERMARK)
-        thread.join(30)
+        _under_alarm(publish, wait=getattr(settings, "BROKER_PUBLISH_TIMEOUT", 3.0) + 10)
     assert failed, "the publish under the alarm did not raise in time"
     time.sleep(1.0)
     before = rabbitmq.queue_depth()
