@@ -77,7 +77,6 @@ def _note_clock_offset(**kwargs) -> None:
     Not at the process's start: a child that waits there on a hung database is
     killed by its parent as not started. A task waits on the database anyway.
     """
-    from core import db
+    from core.db import note_clock_offset
 
-    if db.clock_offset() is None:
-        db.note_clock_offset()
+    note_clock_offset()

@@ -39,13 +39,11 @@ def database_now_estimate() -> float:
     return time.time() - (_clock_offset or 0.0)
 
 
-def clock_offset() -> float | None:
-    """This process's clock minus the database's, as last read; None: never read."""
-    return _clock_offset
-
-
 def note_clock_offset() -> None:
-    """Read the database clock once, to note this process's offset from it (best effort)."""
+    """Read the database clock once, unless this process has already, to note its offset
+    from it (best effort)."""
+    if _clock_offset is not None:
+        return
     try:
         database_now()
     except Exception:  # noqa: BLE001, S110 - best effort: the estimate stays this process's clock
