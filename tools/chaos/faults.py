@@ -393,7 +393,9 @@ def judge(
     first answer after the last such kill (`_answering_again`); and a heal whose
     window a later fault on the host cut before any 200 is not judged late.
     """
-    kills = sorted(server_kills, key=lambda k: k[1])
+    killed_on: dict[str, list[float]] = {}
+    for host, t in sorted(server_kills, key=lambda k: k[1]):
+        killed_on.setdefault(host, []).append(t)
     late_down, late_up = [], []
     for fault in made:
         if fault.kind not in JUDGED:
@@ -404,13 +406,12 @@ def judge(
             if fault.start <= s["t"] <= fault.start + DOWN_WITHIN
             and s["status"] == 503 and s["took"] <= DOWN_WITHIN
         ]  # fmt: skip
-        if not down and not _seen_after_a_kill(fault, touched, kills):
+        if not down and not _seen_after_a_kill(fault, touched, killed_on):
             late_down.append(f"{fault.kind} on {fault.host} at {fault.start:.1f}: no 503 in time")
         hosts = {s["host"] for s in touched}
         for host in sorted(hosts):
             own = sorted((s for s in touched if s["host"] == host), key=lambda s: s["t"])
-            killed = [t for h, t in kills if h == host]
-            start = _answering_again(own, fault.end, killed)
+            start = _answering_again(own, fault.end, killed_on.get(host, []))
             limit = start + UP_WITHIN
             if any(start <= s["t"] <= limit and s["status"] == 200 for s in own):
                 continue
@@ -436,22 +437,29 @@ KILL_REACH = SUPERVISOR_SLOT
 KILL_REACH_DOWN = 5.0
 
 
-def _seen_after_a_kill(fault: Fault, touched: list[dict], kills: list[tuple[str, float]]) -> bool:
+def _last_kill(killed: list[float], lo: float, hi: float) -> float | None:
+    """The last of a host's web-server kills (sorted times) from `lo` to `hi`, if any."""
+    near = [t for t in killed if lo <= t <= hi]
+    return near[-1] if near else None
+
+
+def _seen_after_a_kill(
+    fault: Fault, touched: list[dict], killed_on: dict[str, list[float]]
+) -> bool:
     """A touched host whose web server the run killed from KILL_REACH_DOWN before the
     fault to DOWN_WITHIN into it answered 503 (in at most DOWN_WITHIN once it answered
     again): its first answer after the last such kill, or one within DOWN_WITHIN of it,
     was a 503 that came after the fault began."""
     for host in sorted({s["host"] for s in touched}):
-        near = [
-            t for h, t in kills
-            if h == host and fault.start - KILL_REACH_DOWN <= t <= fault.start + DOWN_WITHIN
-        ]  # fmt: skip
-        if not near:
+        kill = _last_kill(
+            killed_on.get(host, []), fault.start - KILL_REACH_DOWN, fault.start + DOWN_WITHIN
+        )
+        if kill is None:
             continue
         answers = sorted(
             (s["t"] + s["took"], s["status"])
             for s in touched
-            if s["host"] == host and s["status"] is not None and s["t"] + s["took"] >= near[-1]
+            if s["host"] == host and s["status"] is not None and s["t"] + s["took"] >= kill
         )
         if not answers:
             continue
@@ -468,10 +476,10 @@ def _answering_again(samples: list[dict], end: float, killed: list[float]) -> fl
     """When a heal's UP_WITHIN starts on a host: the fault's end, or, when the run killed
     the host's web server shortly before or within that window, the host's first
     answer (any status) after the last such kill: no server is no late /healthz."""
-    near = [t for t in killed if end - KILL_REACH <= t <= end + UP_WITHIN]
-    if not near:
+    kill = _last_kill(killed, end - KILL_REACH, end + UP_WITHIN)
+    if kill is None:
         return end
-    after = max(end, near[-1])
+    after = max(end, kill)
     for sample in samples:
         if sample["t"] >= after and sample["status"] is not None:
             return sample["t"]
