@@ -266,3 +266,25 @@ def test_bounded_gives_what_is_left_of_the_deadline_and_never_zero():
         assert bounded(5.0) == BOUNDED_FLOOR  # never 0: "no timeout" to some clients
     finally:
         set_deadline(None)
+
+
+def test_server_timing_counts_the_answer_from_when_the_request_joined_the_queue(settings):
+    """The answer says how long it took here, counted as its deadline counts: a
+    request that waited 1.5 s for a thread says so (the chaos run judges hung
+    requests by it, tools/chaos/faults.py::hung_requests)."""
+    from django.http import HttpResponse
+    from django.test import RequestFactory
+
+    from core.deadline import RequestDeadlineMiddleware, request_queued
+
+    settings.WEB_REQUEST_TIMEOUT = 20
+    middleware = RequestDeadlineMiddleware(lambda request: HttpResponse(b"ok"))
+    try:
+        request_queued(time.monotonic() - 1.5)
+        queued = middleware(RequestFactory().get("/"))
+        fresh = middleware(RequestFactory().get("/"))  # no stamp: counted from the middleware
+    finally:
+        set_deadline(None)
+    name, _, dur = queued["Server-Timing"].partition(";dur=")
+    assert name == "app" and 1500 <= float(dur) < 2500, queued["Server-Timing"]
+    assert float(fresh["Server-Timing"].partition(";dur=")[2]) < 500

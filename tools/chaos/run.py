@@ -806,12 +806,14 @@ class Run:
                          str(len(late_down))))  # fmt: skip
             rows.append(("/healthz 200 within 10 s of each heal", str(len(judged)),
                          str(len(late_up))))  # fmt: skip
-            hung_judged, hung = hung_requests(
+            hung_judged, hung, outside = hung_requests(
                 self.faults.made, plot.read_jsonl(self.run_dir / "answers.jsonl")
             )
             rows.append((HUNG_ROW, str(hung_judged), str(len(hung))))
             for message in hung[:10]:
                 say(f"hung: {message}")
+            for message in outside[:10]:
+                say(f"slow before the server took it (not judged): {message}")
             unmade = self.faults.problems + self.faults.missing()
             rows.append(("dependency faults made as planned", str(len(self.faults.planned)),
                          str(len(unmade))))  # fmt: skip

@@ -87,6 +87,18 @@ class AnswerLog:
             self.file.close()
 
 
+def _server_took(header: str) -> float | None:
+    """Seconds from a `Server-Timing: app;dur=<ms>` header; None without one."""
+    for metric in header.split(","):
+        name, _, dur = metric.strip().partition(";dur=")
+        if name == "app":
+            try:
+                return round(float(dur) / 1000, 3)
+            except ValueError:
+                return None
+    return None
+
+
 class Client:
     """Send requests as one user to the hosts, logging each attempt."""
 
@@ -139,6 +151,7 @@ class Client:
         parsed: Any = None
         replayed = False
         retry_after = 0.0
+        server_took: float | None = None
         try:
             response = self._session().request(
                 method,
@@ -153,6 +166,7 @@ class Client:
                 retry_after = float(response.headers.get("Retry-After") or 0)
             except ValueError:
                 retry_after = 0.0
+            server_took = _server_took(response.headers.get("Server-Timing", ""))
             try:
                 parsed = response.json()
             except ValueError:
@@ -175,6 +189,9 @@ class Client:
                 # How long the answer took (or the attempt, when none came):
                 # requests waiting on a hung dependency (docs/failure-model.md).
                 "took": round(time.time() - started, 3),
+                # How long the server says it had the request (core/deadline.py's
+                # Server-Timing, from when it joined the queue for a thread).
+                "server_took": server_took,
             }
         )
         return Answer(status, parsed, replayed, retry_after)
