@@ -103,11 +103,14 @@ def test_every_attempt_is_one_line_of_the_interface(tmp_path):
         "replayed",
         "body",
         "took",
+        "server_took",
     }
     assert set(first) == keys == set(second)
     assert first["status"] == 201 and first["replayed"] is True and first["host"] == "a"
     assert first["body"] == {"got": {"n": 1}, "key": "k1"}
     assert second["status"] is None and second["body"] is None and second["host"] == "b"
+    # No Server-Timing from this server, and no answer at all from the second.
+    assert first["server_took"] is None and second["server_took"] is None
 
 
 def test_the_plot_is_drawn_from_the_run_files(tmp_path):
