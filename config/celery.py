@@ -4,7 +4,9 @@ import os
 
 from celery import Celery
 from celery.app.amqp import AMQP
-from celery.signals import celeryd_init, task_prerun
+from celery.signals import celeryd_init, task_prerun, worker_ready
+
+from core.worker_clock import DatabaseClockTask
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.base")
 
@@ -45,7 +47,8 @@ class BoundedPublishAMQP(AMQP):
         return send_task_message
 
 
-app = Celery("shop", amqp=BoundedPublishAMQP)
+# Every task's worker judges a message's ETA by the database clock (core/worker_clock.py).
+app = Celery("shop", amqp=BoundedPublishAMQP, task_cls=DatabaseClockTask)
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
 
@@ -67,6 +70,15 @@ def _worker_broker_socket_timeout(conf, **kwargs) -> None:
             **options,
             "socket_timeout": settings.BROKER_WORKER_SOCKET_TIMEOUT,
         }
+
+
+@worker_ready.connect
+def _read_clock_offset_in_the_consumer(**kwargs) -> None:
+    """The worker's main process decides when a message's ETA is due: it reads the
+    database clock's offset too (on a thread of its own: core/worker_clock.py)."""
+    from core.worker_clock import start_offset_reader
+
+    start_offset_reader()
 
 
 @task_prerun.connect

@@ -39,6 +39,11 @@ def database_now_estimate() -> float:
     return time.time() - (_clock_offset or 0.0)
 
 
+def clock_offset() -> float:
+    """This process's clock minus the database's, as last read (0.0: never read)."""
+    return _clock_offset or 0.0
+
+
 def note_clock_offset() -> None:
     """Read the database clock once, unless this process has already, to note its offset
     from it (best effort)."""
