@@ -889,7 +889,9 @@ class Run:
         killed = ", ".join(f"{k} {v}" for k, v in sorted(kinds.items()))
         lines = [
             f'`make chaos CHAOS_ARGS="--duration {args.duration:.0f} --hosts {args.hosts}'
-            f' --broker {args.broker} --seed {args.seed}"`, {self.stamp}:'
+            f" --broker {args.broker}"
+            + ("" if args.skew == DEFAULT_SKEW else f" --skew={args.skew}")
+            + f' --seed {args.seed}"`, {self.stamp}:'
             f" {total} requests ({', '.join(f'{k}: {v}' for k, v in sorted(by_status.items()))}),"
             f" {sum(kinds.values())} SIGKILLs ({killed}),"
             f" {len(fired)} failpoint exits, Redis restarted empty"
