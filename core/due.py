@@ -597,7 +597,8 @@ def ring(model: type[DueWork], pk, *, delay: float = 0.0, leased_by: str | None 
     quiet). By the database clock, a worker on a host ahead of it runs the
     ring early: the row is not due yet, `attempt_begin` refuses it, and the
     sweeper rings it when it is. A worker on a host behind the database
-    clock still holds it that much longer (docs/celery.md).
+    clock reads the ETA by the database clock too (`core.worker_clock`), so
+    it does not hold the ring that much longer.
 
     The row is leased for the ring first (`lease_for_ring`; `leased_by`: the
     caller did, in its transaction), and a ring that is not sent frees it.
