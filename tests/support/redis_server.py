@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import redis
 
-from runner.processes import free_port
+from runner.processes import die_with_parent, free_port
 
 from .servers import wait_until
 
@@ -47,6 +47,7 @@ def redis_server() -> Iterator[RedisServer]:
          "--appendonly", "no", "--bind", "127.0.0.1"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        preexec_fn=die_with_parent(signal.SIGKILL),  # ended with pytest, even a killed one
     )  # fmt: skip
     client = redis.Redis(port=port, socket_timeout=1)
 

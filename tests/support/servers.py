@@ -39,6 +39,8 @@ from urllib.parse import quote, urlsplit
 
 import requests
 
+from runner.processes import die_with_parent
+
 if TYPE_CHECKING:
     from tools.chaos.faultproxy import FaultProxy
 
@@ -163,6 +165,8 @@ def gunicorn_server(
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            # Ended with pytest, even a pytest killed outright (no fixture teardown).
+            preexec_fn=die_with_parent(signal.SIGTERM),
         )
     listener.close()
     url = f"http://127.0.0.1:{port}"
@@ -213,7 +217,12 @@ def web_behind_db_proxy(
     log = tmp_path / "web.log"
     with log.open("ab") as out:
         proc = subprocess.Popen(
-            argv, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            argv,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=die_with_parent(signal.SIGTERM),
         )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -287,6 +296,8 @@ def celery_worker(
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            # Ended with pytest, even a pytest killed outright (no fixture teardown).
+            preexec_fn=die_with_parent(signal.SIGTERM),
         )
     worker = Server(url="", process=proc, log_path=log_path, env=full_env)
     try:

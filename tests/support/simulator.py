@@ -22,6 +22,8 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db.models.functions import Now
 
+from runner.processes import die_with_parent
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -65,6 +67,8 @@ class Simulator:
                 cwd=ROOT,
                 stdout=subprocess.PIPE,
                 stderr=log,
+                # Ended with pytest, even a pytest killed outright.
+                preexec_fn=die_with_parent(signal.SIGTERM),
             )
             log.close()
             ready, _, _ = select.select([self.proc.stdout], [], [], 15)
