@@ -163,6 +163,9 @@ def test_cancel_with_the_worker_killed_mid_way(
         COMPENSATION_BACKOFF_BASE="0.3",
         COMPENSATION_BACKOFF_MAX="1",
         COMPENSATION_WAIT_SECONDS="0.3",
+        # A killed attempt's step is due again when its attempt lease runs out: this
+        # step's worst case (a 2 s provider call), not the hard time limit.
+        COMPENSATION_ATTEMPT_LEASE="8",
     )
     assert cancel(shopper_client, order).status_code == 202
 

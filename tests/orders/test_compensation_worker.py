@@ -109,8 +109,13 @@ def test_worker_killed_during_each_step_completes_once(
 
 
 def test_broker_flushed_mid_run_the_sweeper_rings_again(
-    return_request, provider, celery_worker_process, staff_client, tmp_path, monkeypatch
+    return_request, provider, celery_worker_process, staff_client, tmp_path, settings
 ):
+    # A ring leases its row until the row's due time + the kind's lease, so that no
+    # sweep rings it again while the ring is on its way (core.due.lease_for_ring): a
+    # lost ring is swept once that lease runs out. 90 s by default; 6 s here.
+    settings.COMPENSATION_LEASE = 6.0
+    settings.PAYMENTS_REFUND_LEASE = 6.0
     broker = redis.Redis.from_url(django_settings.CELERY_BROKER_URL)
     assert receive(staff_client, return_request.id).status_code == 202  # 5 bells queued
     restock = steps_of(order_return=return_request).get(name="restock")
