@@ -59,6 +59,8 @@ def _deadlock_the_flush(run_flush) -> BaseException | None:
                 run_flush()
             except BaseException as exc:  # noqa: BLE001 - returned to the test
                 result[0] = exc
+            finally:
+                connection.close()  # this thread's own connection
 
         flusher = threading.Thread(target=flush)
         flusher.start()
