@@ -22,8 +22,8 @@ This module imports no other project app.
 
 from __future__ import annotations
 
-import logging
 import threading
+import time
 from datetime import datetime, timedelta
 
 from celery import Task
@@ -33,7 +33,6 @@ from .db import clock_offset, database_now
 
 OFFSET_READ_INTERVAL = 60.0  # seconds; a host's clock drifts slowly, a skew is constant
 
-logger = logging.getLogger(__name__)
 _reader_started = threading.Event()
 
 
@@ -77,9 +76,8 @@ def start_offset_reader() -> None:
     _reader_started.set()
 
     def loop() -> None:
-        stop = threading.Event()  # never set: the thread ends with the process
-        while True:
+        while True:  # a daemon thread: it ends with the process
             read_offset_once()
-            stop.wait(OFFSET_READ_INTERVAL)
+            time.sleep(OFFSET_READ_INTERVAL)
 
     threading.Thread(target=loop, name="database-clock-offset", daemon=True).start()

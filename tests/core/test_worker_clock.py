@@ -17,9 +17,10 @@ from core.db import database_now
 BEHIND = -300.0  # this host's clock 5 minutes behind the database's
 
 
-def _request(request_class, *, eta: datetime):
+def _request(request_class, *, eta: datetime | None):
     app.loader.import_default_modules()
-    message = TaskMessage("orders.compensation_step", args=[1], eta=eta.isoformat())
+    headers = {} if eta is None else {"eta": eta.isoformat()}
+    message = TaskMessage("orders.compensation_step", args=[1], **headers)
     return request_class(message, app=app, task=app.tasks["orders.compensation_step"])
 
 
@@ -54,12 +55,7 @@ def test_before_any_read_the_eta_is_celerys(monkeypatch):
     monkeypatch.setattr(db, "_clock_offset", None)
     eta = datetime(2026, 12, 3, 1, 0, tzinfo=UTC)
     assert _request(worker_clock.DatabaseClockRequest, eta=eta).eta == eta
-    message = TaskMessage("orders.compensation_step", args=[1])
-    app.loader.import_default_modules()
-    request = worker_clock.DatabaseClockRequest(
-        message, app=app, task=app.tasks["orders.compensation_step"]
-    )
-    assert request.eta is None
+    assert _request(worker_clock.DatabaseClockRequest, eta=None).eta is None
 
 
 def test_a_failed_read_keeps_the_last_offset(monkeypatch):

@@ -887,11 +887,10 @@ class Run:
         args = self.args
         name = f"{self.stamp}-{args.broker}-{args.hosts}h-{args.duration:.0f}s.png"
         killed = ", ".join(f"{k} {v}" for k, v in sorted(kinds.items()))
+        skew = "" if args.skew == DEFAULT_SKEW else f" --skew={args.skew}"
         lines = [
             f'`make chaos CHAOS_ARGS="--duration {args.duration:.0f} --hosts {args.hosts}'
-            f" --broker {args.broker}"
-            + ("" if args.skew == DEFAULT_SKEW else f" --skew={args.skew}")
-            + f' --seed {args.seed}"`, {self.stamp}:'
+            f' --broker {args.broker}{skew} --seed {args.seed}"`, {self.stamp}:'
             f" {total} requests ({', '.join(f'{k}: {v}' for k, v in sorted(by_status.items()))}),"
             f" {sum(kinds.values())} SIGKILLs ({killed}),"
             f" {len(fired)} failpoint exits, Redis restarted empty"
