@@ -203,8 +203,16 @@ def mails_ring(mail_ids: Sequence[int], *, leased_by: str | None = None) -> None
 
 
 def mails_sweep(*, limit: int) -> list[int]:
-    """Lease due mail rows (database clock) and ring for them in batches: the beat sweeper."""
-    ids = due.lease_due(Mail, limit=limit)
+    """Lease due mail rows (database clock) and ring for them in batches: the beat sweeper.
+
+    Like every sweep it tops its queue up to `limit` waiting messages
+    (`core.due.sweep_room`); a mail ring carries a batch, so this counts
+    conservatively.
+    """
+    room = due.sweep_room(SEND_TASK, limit=limit)
+    if room == 0:
+        return []
+    ids = due.lease_due(Mail, limit=room)
     if ids:
         mails_ring(ids)
     return ids

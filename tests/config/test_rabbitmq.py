@@ -58,15 +58,15 @@ print(json.dumps({
 """
 
 
-def _run_settings(url: str) -> subprocess.CompletedProcess:
-    """Load the settings and the Celery app with broker `url` in a fresh interpreter."""
+def _run_settings(url: str, *, code: str = PRINT_CELERY) -> subprocess.CompletedProcess:
+    """Run `code` (default: print the Celery settings) with broker `url` in a fresh interpreter."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CELERY_", "SHOP_"))}
     env.update(
         SHOP_ENV_FILE=os.devnull, DJANGO_SETTINGS_MODULE="config.settings.base",
         CELERY_BROKER_URL=url,
     )  # fmt: skip
     return subprocess.run(
-        [sys.executable, "-c", PRINT_CELERY], env=env, cwd=ROOT, capture_output=True, text=True
+        [sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True
     )
 
 
@@ -113,6 +113,25 @@ def test_healthz_checks_rabbitmq_and_the_cache_when_it_is_the_broker():
     assert down["body"]["errors"]["broker"] != "ok"
     assert down["body"]["errors"]["database"] == "ok"
     assert down["body"]["errors"]["cache"] == "ok"
+
+
+COUNT_QUEUE = """
+import django
+django.setup()
+from core import due
+name = 'orders.compensation_step'
+print(due.queued(name), due.sweep_room(name, limit=5), due.queued('reports.extract'))
+"""
+
+
+@pytest.mark.rabbitmq
+def test_a_sweep_counts_the_messages_waiting_in_its_queue_on_rabbitmq(amqp_broker):
+    # core.due.sweep_room: a passive declare's ready count (Redis: the list's length).
+    for step in range(3):
+        rabbitmq.send_task("orders.compensation_step", [step])
+    out = _run_settings(AMQP, code=COUNT_QUEUE)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-3:] == ["3", "2", "0"]  # waiting, room left of 5, none waiting
 
 
 @pytest.mark.rabbitmq

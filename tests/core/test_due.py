@@ -269,6 +269,90 @@ def test_a_failed_ring_pauses_this_processs_rings(monkeypatch, settings):
     assert len(calls) == 2
 
 
+# -- the sweep's back-pressure: a long queue gets no more rings ----------------------------------
+
+
+@pytest.fixture
+def maintenance_queue(settings):
+    """The real Redis broker's queue DueChore's task is routed to, emptied before and after."""
+    import redis
+
+    client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+    queue = due.queue_of("testsupport.work_chore")
+    client.delete(queue)
+    yield client, queue
+    client.delete(queue)
+    client.close()
+
+
+def sweep_ignoring_the_queue(model, *, limit: int) -> list:
+    """Wrong twin: the sweep before `sweep_room`, which rang a full batch whatever waited."""
+    ids = due.lease_due(model, limit=limit)
+    for pk in ids:
+        work_chore.delay(pk)
+    return ids
+
+
+def _rings_waiting_after_their_leases_ran_out(sweep, client, queue) -> list[int]:
+    """Ten due rows and no worker: sweep, let every ring's lease run out while the ring
+    still waits in the queue (a backlog longer than the lease), three times over;
+    return the queue's length after each sweep."""
+    for i in range(10):
+        DueChore.objects.create(label=f"backlog {i}")
+    lengths = []
+    for _ in range(3):
+        sweep(DueChore, limit=4)
+        lengths.append(client.llen(queue))
+        DueChore.objects.update(lease_expires_at=Now())  # the rings' leases ran out
+    return lengths
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_sweep_tops_its_queue_up_to_one_batch_and_rings_no_more_while_it_waits(
+    maintenance_queue,
+):
+    # The 30-minute Redis chaos run ended with 20,133 messages for 1,143 pending
+    # compensation steps: every sweep rang again the rows whose ring had waited in
+    # the queue longer than its lease.
+    client, queue = maintenance_queue
+    assert _rings_waiting_after_their_leases_ran_out(due.sweep, client, queue) == [4, 4, 4]
+    assert due.sweep_room("testsupport.work_chore", limit=4) == 0
+    # A worker takes three: the next sweep tops the queue up with three rows.
+    for _ in range(3):
+        client.rpop(queue)
+    assert len(due.sweep(DueChore, limit=4)) == 3
+    assert client.llen(queue) == 4
+    # The broker restarts empty: every ring was lost, the next sweep has the whole batch.
+    client.delete(queue)
+    DueChore.objects.update(lease_expires_at=Now())
+    assert len(due.sweep(DueChore, limit=4)) == 4
+
+
+@pytest.mark.django_db(transaction=True)
+def test_wrong_twin_a_sweep_that_ignores_its_queue_rings_the_same_rows_again_and_again(
+    maintenance_queue,
+):
+    client, queue = maintenance_queue
+    lengths = _rings_waiting_after_their_leases_ran_out(sweep_ignoring_the_queue, client, queue)
+    assert lengths == [4, 8, 12]  # one more ring per row per lease, without bound
+
+
+def test_a_broker_that_is_down_or_hung_leaves_the_sweep_its_whole_batch(monkeypatch, settings):
+    from tests.config.test_health import _closed_port
+    from tests.support.blackhole import blackhole
+
+    settings.BROKER_PUBLISH_TIMEOUT = 0.5
+    down = f"redis://127.0.0.1:{_closed_port()}/0"
+    monkeypatch.setattr(current_app.conf, "broker_write_url", down)
+    assert due.queued("testsupport.work_chore") is None
+    assert due.sweep_room("testsupport.work_chore", limit=7) == 7
+    with blackhole() as port:  # connects, never answers: bounded by the timeout
+        monkeypatch.setattr(current_app.conf, "broker_write_url", f"redis://127.0.0.1:{port}/0")
+        started = time.monotonic()
+        assert due.queued("testsupport.work_chore") is None
+        assert time.monotonic() - started < 2.5
+
+
 def test_every_due_work_kind_is_indexed_and_has_a_policy():
     """A new kind plugs in by inheriting DueWork, defining due_policy() and due_index()."""
     # A proxy (the admin's DeadLetter list of deliveries) shares its table's indexes.
