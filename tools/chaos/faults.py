@@ -381,7 +381,8 @@ def judge(
     made: list[Fault], samples: list[dict], *, server_kills: Iterable[tuple[str, float]] = ()
 ) -> tuple[list[str], list[str]]:
     """A fault is seen when some host it touches answered 503 to a sample that started
-    within DOWN_WITHIN of its start and took at most DOWN_WITHIN; it is healed when every
+    within DOWN_WITHIN of its start and took at most DOWN_WITHIN, or whose 503 arrived
+    within DOWN_WITHIN of its start after a 200 (`_answered_503_in_time`); it is healed when every
     such host answered 200 within UP_WITHIN after its end. A dropped broker link on a
     host counts only when the host checks that link (always: /healthz checks both).
 
@@ -406,7 +407,11 @@ def judge(
             if fault.start <= s["t"] <= fault.start + DOWN_WITHIN
             and s["status"] == 503 and s["took"] <= DOWN_WITHIN
         ]  # fmt: skip
-        if not down and not _seen_after_a_kill(fault, touched, killed_on):
+        if (
+            not down
+            and not _answered_503_in_time(fault, touched)
+            and not _seen_after_a_kill(fault, touched, killed_on)
+        ):
             late_down.append(f"{fault.kind} on {fault.host} at {fault.start:.1f}: no 503 in time")
         hosts = {s["host"] for s in touched}
         for host in sorted(hosts):
@@ -466,6 +471,35 @@ def _seen_after_a_kill(
         first = answers[0][0]
         if any(
             status == 503 and at >= fault.start and at <= first + DOWN_WITHIN
+            for at, status in answers
+        ):
+            return True
+    return False
+
+
+def _answered_503_in_time(fault: Fault, touched: list[dict]) -> bool:
+    """A touched host's answer that *arrived* within DOWN_WITHIN of the fault's start was a
+    503, and that host's last answer before the start was a 200 (so the fault made it).
+
+    The sample that straddles the start counts: in the 30-minute Redis run of
+    2026-12-03 02:12 a `db_partition`'s only 503 in its first 2 s answered a
+    sample sent 0.19 s before the fault began (at 1.58 s), and the next
+    sample, sent at 2.08 s, found the web worker just killed by the run. The
+    host did say 503 within 2 s, as the issue asks; counting samples by when
+    they were sent missed it. (Decided before the next run, not to pass
+    that one: it stays reported as failed.)
+    """
+    for host in sorted({s["host"] for s in touched}):
+        answers = sorted(
+            (s["t"] + s["took"], s["status"])
+            for s in touched
+            if s["host"] == host and s["status"] is not None
+        )
+        before = [status for at, status in answers if at < fault.start]
+        if not before or before[-1] != 200:
+            continue
+        if any(
+            status == 503 and fault.start <= at <= fault.start + DOWN_WITHIN
             for at, status in answers
         ):
             return True

@@ -15,6 +15,7 @@ import pytest
 from runner.processes import die_with_parent
 from tools.chaos import faults as faults_module
 from tools.chaos.faults import (
+    DOWN_WITHIN,
     GAP,
     JUDGED,
     REQUIRED,
@@ -107,6 +108,34 @@ def test_judge_reports_a_late_503_a_slow_answer_and_a_missing_200():
     # A 503 that started in time but took longer than 2 s (queued behind busy workers).
     slow = _samples("a", 100.1, [503], took=3.0) + _samples("a", 111.0, [200])
     assert judge([fault], slow)[0] != [] and judge([fault], slow)[1] == []
+
+
+def test_a_503_that_arrived_within_2_s_counts_though_its_sample_was_sent_before_the_fault():
+    """The 30-minute Redis run of 2026-12-03 02:12: host a healthy, a db_partition at 100.0;
+    the sample sent at 99.81 was answered 503 at 101.58, the next (sent at 102.08) got no
+    answer (the run killed a's web worker at 102.09), the one after was 503 at 103.6."""
+    fault = Fault("db_partition", "a", start=100.0, end=115.0)
+    samples = (
+        _samples("a", 98.3, [200, 200, 200])
+        + [{"host": "a", "t": 99.81, "status": 503, "took": 1.77}]
+        + [{"host": "a", "t": 102.08, "status": None, "took": 5.0}]
+        + _samples("a", 103.5, [503] * 20, took=0.1)
+        + _samples("a", 116.0, [200])
+    )
+    assert judge([fault], samples, server_kills=[("a", 102.09)]) == ([], [])
+    # Wrong twin: samples counted only by when they were sent (the judge of that run).
+    sent_in_time = [
+        s for s in samples
+        if s["status"] == 503 and fault.start <= s["t"] <= fault.start + DOWN_WITHIN
+        and s["took"] <= DOWN_WITHIN
+    ]  # fmt: skip
+    assert sent_in_time == []
+    # A 503 that arrived in time but followed no 200 says nothing of this fault.
+    unhealthy = [{**s, "status": 503} if s["t"] < 99.5 else s for s in samples]
+    assert judge([fault], unhealthy, server_kills=[("a", 102.09)])[0] != []
+    # One that arrived 2.5 s in is late.
+    late = [{**s, "took": 2.69} if s["t"] == 99.81 else s for s in samples]
+    assert judge([fault], late, server_kills=[("a", 102.09)])[0] != []
 
 
 def test_faults_healthz_need_not_see_are_not_judged():
