@@ -335,8 +335,11 @@ COMPENSATION_LEASE = env.float("COMPENSATION_LEASE", default=CELERY_VISIBILITY_T
 COMPENSATION_ATTEMPT_LEASE = env.float(
     "COMPENSATION_ATTEMPT_LEASE", default=CELERY_TASK_TIME_LIMIT + DUE_ATTEMPT_MARGIN
 )
-# How soon a step waiting for its refund (or for the step it follows) looks again.
+# How soon a step waiting for its refund looks again.
 COMPENSATION_WAIT_SECONDS = env.float("COMPENSATION_WAIT_SECONDS", default=5.0)
+# A step waiting for the step it follows is made due and rung by that step's done
+# transaction; it looks again by itself only after this long (a safety net).
+COMPENSATION_AFTER_RECHECK = env.float("COMPENSATION_AFTER_RECHECK", default=60.0)
 # A step behind one that needs staff is parked, not polled: it is made due when
 # that step is done; this long re-check is only a safety net.
 COMPENSATION_PARKED_RECHECK = env.float("COMPENSATION_PARKED_RECHECK", default=3600.0)

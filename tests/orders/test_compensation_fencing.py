@@ -16,7 +16,7 @@ from datetime import timedelta
 
 import pytest
 from django.core import mail
-from django.db import OperationalError
+from django.db import OperationalError, connection
 from django.db.models import F
 from django.db.models.functions import Greatest, Now
 
@@ -27,8 +27,9 @@ from orders.compensation import step_run
 from orders.compensation_staff import return_retry_failed_steps
 from orders.models import CompensationStep, OrderEvent, ReturnRequest
 from orders.states import StepStatus
-from payments.models import Refund
-from tests.concurrency import Workers
+from payments.models import Refund, RefundStatus
+from payments.refunds import refund_run
+from tests.concurrency import Workers, wait_for_lock_waiters
 from tests.orders.compensation_support import ask_return, drive, receive, shipped_order, steps_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -247,3 +248,116 @@ def test_wrong_twin_without_an_attempt_lease_sends_the_email_twice(received, mon
     monkeypatch.setattr(due, "attempt_begin", unfenced_attempt_begin)
     assert _notify_while_the_first_attempt_runs(received) == "done"
     assert len(mail.outbox) == 2  # no crash at all, and the shopper got two e-mails
+
+
+# -- a step waiting for the one before: no polling, and no lost wake-up ---------------------------
+
+
+def unlocked_held_by_the_step_before(step_row: CompensationStep) -> str | None:
+    """Wrong twin: the look at the step before without the parent's lock (the code before)."""
+    from orders import compensation
+
+    before = (
+        steps_of(order_return=step_row.order_return_id)
+        .filter(name=step_row.after)
+        .values("done_at")[0]
+    )
+    if before["done_at"] is not None:
+        return None
+    waited = compensation._wait(step_id=step_row.id, seconds=60.0, note="w", ring=False)
+    return "waiting" if waited else "stale"
+
+
+def _refund_step_done_between_historys_look_and_wait(monkeypatch, rung: list) -> dict:
+    """History's runner (thread d) has seen the refund step not done and stalls before it
+    waits; the refund step's done transaction (`_finishing`, thread f) runs meanwhile.
+    Return d's outcome, whether f had to wait for a lock d held, history's row, its rings."""
+    from orders import compensation
+
+    looked, release = threading.Event(), threading.Event()
+    wait = compensation._wait
+
+    def stall_then_wait(**kwargs):
+        looked.set()
+        assert release.wait(TIMEOUT)
+        return wait(**kwargs)
+
+    monkeypatch.setattr(compensation, "_wait", stall_then_wait)
+    ret = ReturnRequest.objects.get()
+    refund_step, history = step(ret, "refund"), step(ret, "history")
+    make_due(history)
+    rung.clear()
+
+    def finish_refund_step() -> bool:
+        with compensation_state._finishing(refund_step) as won:
+            return won
+
+    running, finishing = Workers(), Workers()
+    running.start(step_run, step_id=history.id)
+    assert looked.wait(TIMEOUT)
+    thread = finishing.start(finish_refund_step)
+    thread.join(3)  # done at once unless it waits for a lock history's runner holds
+    f_waited = thread.is_alive()
+    if f_waited:
+        wait_for_lock_waiters(1, timeout=TIMEOUT)  # the overlap: f waits for d's lock
+    release.set()
+    (outcome,) = running.join()
+    assert finishing.join() == [True]
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT next_attempt_at <= now() FROM orders_compensationstep"
+                       " WHERE id = %s", [history.id])  # fmt: skip
+        due_now = cursor.fetchone()[0]
+    return {"outcome": outcome, "f_waited": f_waited, "due_now": due_now,
+            "rung": [history.id] in rung}  # fmt: skip
+
+
+def _finish_the_refund_step(ret) -> None:
+    """Play the worker for the refund step (and its refund) only, until it is done."""
+    refund_step = step(ret, "refund")
+    for _ in range(10):
+        make_due(refund_step)
+        step_run(step_id=refund_step.id)
+        for refund in Refund.objects.filter(status=RefundStatus.PENDING):
+            Refund.objects.filter(id=refund.id).update(next_attempt_at=Now())
+            refund_run(refund_id=refund.id)
+        if step(ret, "refund").done_at is not None:
+            return
+    raise AssertionError(step(ret, "refund").last_error)
+
+
+def test_a_waiting_step_is_not_polled_and_the_step_before_wakes_it(received, bells, provider):  # noqa: F811
+    history = step(received, "history")
+    make_due(history)
+    bells.clear()
+    assert step_run(step_id=history.id) == "waiting"
+    history.refresh_from_db()
+    assert bells == []  # no ring for later: nothing looks again every few seconds
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT %s - now()", [history.next_attempt_at])
+        assert cursor.fetchone()[0] > timedelta(seconds=50)  # COMPENSATION_AFTER_RECHECK
+    _finish_the_refund_step(received)
+    history.refresh_from_db()
+    assert history.done_at is None
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT %s <= now()", [history.next_attempt_at])
+        assert cursor.fetchone()[0]  # the refund step's done made it due now ...
+    assert [history.id] in bells  # ... and rang it
+
+
+def test_a_step_before_done_while_its_dependent_looks_wakes_it(received, monkeypatch, bells):  # noqa: F811
+    seen = _refund_step_done_between_historys_look_and_wait(monkeypatch, bells)
+    # The done transaction waited for the parent's lock until history's wait had
+    # committed, then made history due now and rang it.
+    assert seen == {"outcome": "waiting", "f_waited": True, "due_now": True, "rung": True}
+
+
+def test_wrong_twin_an_unlocked_look_loses_the_wake_up(received, monkeypatch, bells):  # noqa: F811
+    from orders import compensation
+
+    monkeypatch.setattr(compensation, "_held_by_the_step_before", unlocked_held_by_the_step_before)
+    seen = _refund_step_done_between_historys_look_and_wait(monkeypatch, bells)
+    # The done transaction committed in between and made history due and rang it; then
+    # the wait pushed history back a whole re-check, though nothing holds it any more,
+    # and that ring finds it not due.
+    assert seen == {"outcome": "waiting", "f_waited": False, "due_now": False, "rung": True}
+    assert step_run(step_id=step(received, "history").id) == "not due"
