@@ -220,20 +220,13 @@ def _held_by_the_step_before(step: CompensationStep) -> str | None:
         if before["done_at"] is not None:
             return None
         if before["needs_attention"]:
-            parked = _wait(
-                step_id=step.id,
-                seconds=settings.COMPENSATION_PARKED_RECHECK,
-                note=f"parked: {step.after} needs attention",
-                ring=False,
-            )
-            return "parked" if parked else "stale"
-        waiting = _wait(
-            step_id=step.id,
-            seconds=settings.COMPENSATION_AFTER_RECHECK,
-            note=f"waiting for {step.after}",
-            ring=False,
-        )
-        return "waiting" if waiting else "stale"
+            outcome, seconds = "parked", settings.COMPENSATION_PARKED_RECHECK
+            note = f"parked: {step.after} needs attention"
+        else:
+            outcome, seconds = "waiting", settings.COMPENSATION_AFTER_RECHECK
+            note = f"waiting for {step.after}"
+        waited = _wait(step_id=step.id, seconds=seconds, note=note, ring=False)
+        return outcome if waited else "stale"
 
 
 # Keyed by the step's name as stored (a plain str, equal to its StepName).
