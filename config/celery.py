@@ -1,6 +1,8 @@
 """The Celery app. Configuration lives in Django settings under CELERY_*."""
 
+import contextlib
 import os
+from collections.abc import Iterator
 
 from celery import Celery
 from celery.app.amqp import AMQP
@@ -34,7 +36,8 @@ class BoundedPublishAMQP(AMQP):
             kwargs["timeout"] = kwargs.get("timeout") or bound
             kwargs["confirm_timeout"] = kwargs.get("confirm_timeout") or bound
             try:
-                return send(producer, name, message, **kwargs)
+                with _amqp_socket_bounded(producer, bound):
+                    return send(producer, name, message, **kwargs)
             except Exception:
                 # A timed-out confirm may still arrive later on this channel and
                 # be taken for the next message's: never reuse that connection.
@@ -45,6 +48,29 @@ class BoundedPublishAMQP(AMQP):
                 raise
 
         return send_task_message
+
+
+@contextlib.contextmanager
+def _amqp_socket_bounded(producer, seconds: float) -> Iterator[None]:
+    """On RabbitMQ, every read and write of the publish waits at most `seconds`.
+
+    The confirm and the frame write have their own timeouts, but the publish
+    first declares its queue on a connection that has not published to it
+    yet (kombu's `maybe_declare`), and that RPC waits for the broker's answer
+    with none: on a partitioned link the ring of a web request waited until
+    the heal (25.8 s, past its 20 s deadline, in the 30-minute RabbitMQ chaos
+    run of 2026-12-03 09:22). With the socket's own timeout every wait on it
+    raises instead; the publish fails, the connection is thrown away and the
+    row is rung again by its sweeper. Connecting is bounded by the broker
+    connection timeout (CELERY_BROKER_CONNECTION_TIMEOUT). Redis: its
+    `socket_timeout` transport option bounds its socket already.
+    """
+    if producer.connection.transport.driver_type != "amqp":
+        yield
+        return
+    producer.channel  # noqa: B018 - connects now, so that the socket below exists
+    with producer.connection.connection.transport.having_timeout(seconds):
+        yield
 
 
 # Every task's worker judges a message's ETA by the database clock (core/worker_clock.py).

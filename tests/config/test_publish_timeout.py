@@ -11,6 +11,7 @@ few seconds and the watermark is ALWAYS restored.
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import threading
 import time
@@ -140,6 +141,72 @@ def test_after_a_timed_out_confirm_the_next_publish_goes_through():
         app.send_task("testsupport.nothing", args=[2], connection=conn, retry=False)
     assert rabbitmq.queue_depth() >= before + 1
     rabbitmq.purge()
+
+
+def _declares_over_a_partition(settings) -> dict[str, object]:
+    """Publish to a queue this connection has not published to yet (kombu declares it
+    first) while the link to RabbitMQ is partitioned; say whether it finished within the
+    publish's bound + 5 s and what it gave. The partition heals afterwards either way."""
+    import uuid
+    from urllib.parse import urlsplit
+
+    from config.celery import app
+    from tools.chaos.faultproxy import FaultProxy, via
+
+    settings.BROKER_PUBLISH_TIMEOUT = 1.0
+    rabbitmq.require()
+    broker = urlsplit(rabbitmq.RABBITMQ_URL)
+    proxy = FaultProxy(target=(broker.hostname or "127.0.0.1", broker.port or 5672)).start()
+    queue = f"test-declare-{uuid.uuid4().hex[:8]}"
+    outcome: dict[str, object] = {}
+    try:
+        with rabbitmq.connection(via(rabbitmq.RABBITMQ_URL, proxy.port)) as conn:
+            _warm(app, conn)  # connected, and its first queue declared
+            proxy.drop()
+
+            def publish() -> None:
+                try:
+                    app.send_task(
+                        "testsupport.nothing", args=[1], connection=conn, queue=queue, retry=False
+                    )
+                    outcome["result"] = "published"
+                except Exception as exc:  # noqa: BLE001 - the outcome is what we assert on
+                    outcome["result"] = type(exc).__name__
+
+            thread = threading.Thread(target=publish, daemon=True)
+            thread.start()
+            thread.join(settings.BROKER_PUBLISH_TIMEOUT + 5)
+            outcome["finished"] = not thread.is_alive()
+            proxy.heal()
+            thread.join(30)
+    finally:
+        proxy.stop()
+        with rabbitmq.connection() as conn:
+            conn.default_channel.queue_delete(queue)
+    return outcome
+
+
+@pytest.mark.rabbitmq
+def test_a_publish_that_declares_its_queue_on_a_partitioned_link_raises_within_its_bound(
+    settings,
+):
+    """Found by the 30-minute RabbitMQ chaos run of 2026-12-03 09:22: a web request's ring
+    waited 25.8 s, until a broker partition healed, in kombu's declare of its queue."""
+    outcome = _declares_over_a_partition(settings)
+    assert outcome["finished"], "the declare waited for the heal"
+    assert outcome["result"] != "published"
+
+
+@pytest.mark.rabbitmq
+def test_wrong_twin_without_the_socket_bound_the_declare_waits_for_the_heal(settings, monkeypatch):
+    import config.celery
+
+    monkeypatch.setattr(
+        config.celery, "_amqp_socket_bounded", lambda producer, seconds: contextlib.nullcontext()
+    )
+    outcome = _declares_over_a_partition(settings)
+    assert not outcome["finished"]
+    assert outcome["result"] == "published"  # once healed
 
 
 HUNG_REDIS_CALLS = """
