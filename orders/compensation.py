@@ -3,7 +3,8 @@
 A received return or a cancelled confirmed order gets one `CompensationStep`
 row per step — `restock`, `refund`, `history`, `loyalty`, `notify` — in the
 transaction that started it (`steps_insert`). Each row is due work
-(`core.due`): rung after commit (`orders.compensation_step` by id), re-rung
+(`core.due`): rung after commit (`orders.compensation_step` by id; a step
+that waits for another is rung by that step's done instead), re-rung
 by beat's sweeper (`orders.sweep_compensation`), one attempt at a time
 (`due.attempt_begin`), backing off on failure, `needs_attention` after the
 budget. `step_run` is the task's whole body.
@@ -41,6 +42,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from datetime import timedelta
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -81,13 +83,22 @@ PLAN: tuple[tuple[str, str], ...] = (
 
 
 def steps_insert(*, order_id, kind: str, order_return_id=None) -> list[int]:
-    """Insert one compensation's step rows (inside the transaction that started it); ring them.
+    """Insert one compensation's step rows (inside the transaction that started it); ring
+    the steps that wait for none.
+
+    A step that waits for another starts waiting: due only after
+    COMPENSATION_AFTER_RECHECK (the sweeper's safety net), and the step before's
+    done transaction (`_finishing`) makes it due now and rings it. No transaction
+    can finish that step before this one commits, so no wake-up is lost. Rung at
+    once, each would only have looked, found the refund not done and waited:
+    three of a compensation's five first tasks.
 
     The unique constraints (return, name) / (cancelled order, name) make a
     second set an IntegrityError: a programming error, since only the one
     conditional UPDATE that started the compensation calls this.
     """
     assert connection.in_atomic_block, "steps are inserted with the transition that starts them"
+    waiting = Now() + timedelta(seconds=settings.COMPENSATION_AFTER_RECHECK)
     rows = CompensationStep.objects.bulk_create(
         CompensationStep(
             kind=kind,
@@ -97,12 +108,13 @@ def steps_insert(*, order_id, kind: str, order_return_id=None) -> list[int]:
             position=position,
             after=after,
             status=StepStatus.PENDING,
+            # No note yet: the API shows a step nobody has looked at (last_error null).
+            **({"next_attempt_at": waiting} if after else {}),
         )
         for position, (name, after) in enumerate(PLAN)
     )
-    ids = [row.id for row in rows]
-    due.ring_many_after_commit(CompensationStep, ids)
-    return ids
+    due.ring_many_after_commit(CompensationStep, [row.id for row in rows if not row.after])
+    return [row.id for row in rows]
 
 
 # -- one attempt (the task's body) ---------------------------------------------------------

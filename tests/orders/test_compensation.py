@@ -14,6 +14,7 @@ from decimal import Decimal
 import pytest
 from celery import current_app
 from django.core import mail
+from django.db import connection
 from django.db.models.functions import Now
 
 from idempotency.failpoints import hook
@@ -95,10 +96,39 @@ def test_the_run_completes_every_step_once(received, provider):
     assert_compensated_once(received, provider)
 
 
+def test_only_the_steps_that_wait_for_none_are_rung_at_the_start(
+    provider, make_product, shopper_client, staff_client, bells
+):
+    make_product("TEE-M", price="10.00", stock=10)
+    order = shipped_order(shopper_client, {"TEE-M": 1})
+    return_id = ask_return(shopper_client, order, {"TEE-M": 1}).json()["id"]
+    bells.clear()
+    assert receive(staff_client, return_id).status_code == 202
+    steps = {s.name: s for s in steps_of(order_return_id=return_id)}
+    assert sorted(bells) == sorted([[steps["restock"].id], [steps["refund"].id]])
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT name, attempts, last_error, next_attempt_at - now() > interval '50 seconds'"
+            " FROM orders_compensationstep WHERE order_return_id = %s AND after <> ''",
+            [return_id],
+        )
+        waiting = sorted(cursor.fetchall())
+    # Waiting from the start (the sweeper's safety net is COMPENSATION_AFTER_RECHECK away);
+    # the refund step's done makes them due and rings them (test_compensation_fencing.py,
+    # test_a_waiting_step_is_not_polled_and_the_step_before_wakes_it).
+    assert waiting == [(name, 0, "", True) for name in ("history", "loyalty", "notify")]
+    drive(order_return_id=return_id)
+    assert {s.status for s in steps_of(order_return_id=return_id)} == {"done"}
+    assert len(mail.outbox) == 1
+
+
 def test_event_steps_wait_for_the_refund(received, provider):
     from orders.compensation import step_run
 
     history = steps_of(order_return=received).get(name="history")
+    CompensationStep.objects.filter(id=history.id).update(
+        next_attempt_at=Now()
+    )  # the sweeper's look
     assert step_run(step_id=history.id) == "waiting"
     history.refresh_from_db()
     assert history.attempts == 0 and history.status == "pending"
