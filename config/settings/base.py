@@ -74,6 +74,10 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
 
+# Django's database sessions with their end written and checked by the database
+# clock, which every host shares (core/sessions.py; docs/failure-model.md).
+SESSION_ENGINE = "core.sessions"
+
 ROOT_URLCONF = "config.urls"
 WSGI_APPLICATION = "config.wsgi.application"
 

@@ -2,8 +2,28 @@
 
 from rest_framework.throttling import SimpleRateThrottle
 
+from core.db import database_now_estimate, note_clock_offset
 
-class TokenUsernameThrottle(SimpleRateThrottle):
+
+class DatabaseClockThrottle(SimpleRateThrottle):
+    """DRF's rate throttle with its timestamps by the database clock.
+
+    The throttle keeps each bucket's recent attempts as timestamps in the
+    shared cache and forgets those older than the period. By each host's own
+    clock (DRF's `time.time`), a host 5 minutes ahead forgets every other
+    host's attempts at once and its own linger 5 minutes on the others: the
+    budget would depend on which host a balancer picks. The database clock
+    is the one every host shares; this process reads its offset from it once
+    (`core.db.note_clock_offset`, a query on the first throttled request;
+    while the database does not answer, this host's clock).
+    """
+
+    def timer(self) -> float:
+        note_clock_offset()
+        return database_now_estimate()
+
+
+class TokenUsernameThrottle(DatabaseClockThrottle):
     """Limit token requests for one username, whichever address they come from."""
 
     scope = "auth_token"
@@ -15,7 +35,7 @@ class TokenUsernameThrottle(SimpleRateThrottle):
         return self.cache_format % {"scope": self.scope, "ident": f"user:{username}"}
 
 
-class TokenAddressThrottle(SimpleRateThrottle):
+class TokenAddressThrottle(DatabaseClockThrottle):
     """Limit token requests from one address, whichever usernames they try."""
 
     scope = "auth_token"
@@ -31,7 +51,7 @@ class TokenAddressThrottle(SimpleRateThrottle):
         return self.cache_format % {"scope": "auth_token_addr", "ident": self.get_ident(request)}
 
 
-class RegisterThrottle(SimpleRateThrottle):
+class RegisterThrottle(DatabaseClockThrottle):
     scope = "register"
 
     def get_cache_key(self, request, view):

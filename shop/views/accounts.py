@@ -24,6 +24,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from core.errors import InvalidRequest
 from core.money import shop_currency
+from core.tokens import password_reset_token_generator
 
 from .. import cart as carts
 from .. import history, loyalty, services
@@ -193,6 +194,7 @@ class PasswordResetView(_SeeOther, auth_views.PasswordResetView):
     html_email_template_name = "shop/email/password_reset.html"
     subject_template_name = "shop/email/password_reset_subject.txt"
     success_url = reverse_lazy("password-reset-done")
+    token_generator = password_reset_token_generator  # its age by the database clock
 
     def post(self, request, *args, **kwargs):
         email = str(request.POST.get("email", ""))[:254].strip().lower()
@@ -223,6 +225,7 @@ class PasswordResetConfirmView(_SeeOther, auth_views.PasswordResetConfirmView):
     template_name = "shop/password_reset_confirm.html"
     form_class = SetPasswordForm
     success_url = reverse_lazy("password-reset-complete")
+    token_generator = password_reset_token_generator
 
 
 class PasswordResetCompleteView(auth_views.PasswordResetCompleteView):

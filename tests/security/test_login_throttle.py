@@ -123,3 +123,47 @@ def test_admin_login_is_throttled_in_the_same_budget(make_user):
     make_user(username="tess", staff=True)
     response = admin_login(Client(REMOTE_ADDR="198.51.100.7"), "tess", PASSWORD)
     assert response.status_code == 302 and response["Location"] == "/admin/"
+
+
+# -- hosts whose clocks differ (shop/api/throttles.py::DatabaseClockThrottle) ---------------
+
+
+class _Attempt:
+    def __init__(self, username: str):
+        self.data = {"username": username}
+        self.META = {"REMOTE_ADDR": "203.0.113.7"}
+
+
+def _allowed_alternating_hosts(monkeypatch, throttle_class, username: str) -> int:
+    """Attempts allowed of 12 for one username, a balancer alternating between a host on
+    time and one 5 minutes ahead (each host a process that reads its own clock offset)."""
+    import time
+
+    from core import db
+
+    real_time = time.time
+    allowed = 0
+    for attempt in range(12):
+        skew = 300.0 if attempt % 2 else 0.0
+        monkeypatch.setattr(time, "time", lambda skew=skew: real_time() + skew)
+        monkeypatch.setattr(db, "_clock_offset", None)  # another host's process
+        allowed += throttle_class().allow_request(_Attempt(username), None)
+    return allowed
+
+
+def test_the_username_budget_holds_across_hosts_whose_clocks_differ(monkeypatch):
+    from shop.api.throttles import TokenUsernameThrottle
+
+    assert _allowed_alternating_hosts(monkeypatch, TokenUsernameThrottle, "frank") == 5
+
+
+def test_wrong_twin_drfs_host_clock_throttle_lets_more_through(monkeypatch):
+    import time
+
+    from shop.api.throttles import TokenUsernameThrottle
+
+    class HostClockThrottle(TokenUsernameThrottle):
+        def timer(self) -> float:
+            return time.time()  # DRF's own `timer`: this host's clock
+
+    assert _allowed_alternating_hosts(monkeypatch, HostClockThrottle, "grace") > 5

@@ -1,0 +1,66 @@
+"""Django's database sessions, their expiry judged by the database clock (SESSION_ENGINE).
+
+Django's own `db` backend sets `expire_date` from the host's clock and reads
+a session only while `expire_date > timezone.now()`, the host's clock again.
+With hosts whose clocks differ, a session written on a host behind expires
+early everywhere, and one read on a host ahead is refused minutes early (5
+minutes with the chaos run's skewed host: docs/failure-model.md, "Dependency
+faults"); on a host behind, a session past its end is still accepted. Here
+both the end written and the end checked are the database's `now()`, the
+clock every host shares: the same decision on every host.
+
+A session ended by a date (`set_expiry(datetime)`) keeps that date: it was
+decided by whoever chose it.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+
+from django.contrib.sessions.backends import db
+from django.core.exceptions import SuspiciousOperation
+from django.db.models.functions import Now
+
+
+class SessionStore(db.SessionStore):
+    def _get_session_from_db(self):
+        try:
+            return self.model.objects.get(session_key=self.session_key, expire_date__gt=Now())
+        except (self.model.DoesNotExist, SuspiciousOperation) as exc:
+            if isinstance(exc, SuspiciousOperation):
+                logging.getLogger(f"django.security.{type(exc).__name__}").warning(str(exc))
+            self._session_key = None
+            return None
+
+    async def _aget_session_from_db(self):
+        try:
+            return await self.model.objects.aget(
+                session_key=self.session_key, expire_date__gt=Now()
+            )
+        except (self.model.DoesNotExist, SuspiciousOperation) as exc:
+            if isinstance(exc, SuspiciousOperation):
+                logging.getLogger(f"django.security.{type(exc).__name__}").warning(str(exc))
+            self._session_key = None
+            return None
+
+    def _database_clock_end(self, instance, data):
+        expiry = data.get("_session_expiry")
+        if not isinstance(expiry, (datetime, str)):  # an age in seconds (or the default age)
+            age = expiry or self.get_session_cookie_age()
+            instance.expire_date = Now() + timedelta(seconds=age)
+        return instance
+
+    def create_model_instance(self, data):
+        return self._database_clock_end(super().create_model_instance(data), data)
+
+    async def acreate_model_instance(self, data):
+        return self._database_clock_end(await super().acreate_model_instance(data), data)
+
+    @classmethod
+    def clear_expired(cls):
+        cls.get_model_class().objects.filter(expire_date__lt=Now()).delete()
+
+    @classmethod
+    async def aclear_expired(cls):
+        await cls.get_model_class().objects.filter(expire_date__lt=Now()).adelete()
