@@ -116,10 +116,19 @@ def _take_hit(name: str, limit: int) -> bool:
     os.makedirs(directory, exist_ok=True)
     for i in range(1, limit + 1):
         try:
-            fd = os.open(os.path.join(directory, f"{name}.{i}"), os.O_CREAT | os.O_EXCL, 0o644)
+            fd = os.open(
+                os.path.join(directory, f"{name}.{i}"), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644
+            )
         except FileExistsError:
             continue
-        os.close(fd)
+        try:
+            # Who fired it, for the chaos run's judge: an exit in a web server's worker
+            # is a kill of that host's server (tools/chaos/faults.py::failpoint_kills).
+            os.write(
+                fd, f"{os.environ.get('SHOP_HOST_NAME', '')} {os.getpid()} {sys.argv[0]}".encode()
+            )
+        finally:
+            os.close(fd)
         return True
     _exhausted.add(marker)
     return False

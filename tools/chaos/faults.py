@@ -46,6 +46,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import requests
@@ -474,7 +475,32 @@ def _seen_after_a_kill(
             for at, status in answers
         ):
             return True
+        # No server answered from that kill until the fault was over (killed again,
+        # or still booting): the host had nothing to say 503 with, and its first
+        # answer is the heal's to judge (the 30-minute RabbitMQ run of 2026-12-03
+        # 10:17: both of host b's gunicorn workers exited by failpoints 0.75 s and
+        # 1.15 s into a broker partition, then the killer took its master).
+        if first > fault.end:
+            return True
     return False
+
+
+def failpoint_kills(directory: Path) -> list[tuple[str, float]]:
+    """(host, time) of each failpoint exit in a host's web server, from the run's marker
+    files (idempotency/failpoints.py writes "<host> <pid> <argv[0]>" into each; the
+    file's time is the kernel's, so a skewed host's faketime does not move it). Every
+    failpoint of the run exits its process: in a gunicorn worker that is a kill of the
+    host's web server as surely as the killer's SIGKILL."""
+    kills = []
+    for marker in sorted(directory.iterdir()) if directory.is_dir() else []:
+        try:
+            host, _pid, program = marker.read_text().split(" ", 2)
+            at = marker.stat().st_mtime
+        except (OSError, ValueError):
+            continue  # an older marker without its writer, or one being written
+        if host and "gunicorn" in program:
+            kills.append((host, at))
+    return kills
 
 
 def _answered_503_in_time(fault: Fault, touched: list[dict]) -> bool:

@@ -53,7 +53,7 @@ from runner.processes import die_with_parent, free_port, stop_group, tail
 
 from . import liveness, plot
 from .faultproxy import FaultProxy, via
-from .faults import JUDGED, Faults, hung_requests, timing_lines
+from .faults import JUDGED, Faults, failpoint_kills, hung_requests, timing_lines
 from .killer import Killer, processes
 from .postgres import ChaosPostgres
 from .workload import AnswerLog, Client, Product, Workload
@@ -800,6 +800,7 @@ class Run:
         if self.faults is not None:
             # Every SIGKILL of a host's web server (a gunicorn worker or its master).
             web = [(k["host"], k["t"]) for k in killer.kills if k["target"].startswith("web-")]
+            web += failpoint_kills(self.run_dir / "failpoints")  # exits in a gunicorn worker
             late_down, late_up = self.faults.judge(server_kills=web)
             judged = [f for f in self.faults.made if f.kind in JUDGED]
             rows.append(("/healthz 503 within 2 s of each dependency fault", str(len(judged)),

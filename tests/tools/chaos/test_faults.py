@@ -21,6 +21,7 @@ from tools.chaos.faults import (
     REQUIRED,
     Fault,
     Faults,
+    failpoint_kills,
     judge,
     timing_lines,
     timings,
@@ -404,3 +405,41 @@ def test_a_fault_that_began_while_a_killed_web_worker_booted_again_is_judged_fro
         + _samples("b", 114.5, [200])
     )
     assert judge([fault], slow, server_kills=[("b", 101.7)])[0] != []
+
+
+def test_a_fault_a_host_had_no_server_for_is_not_late():
+    """The 30-minute RabbitMQ run of 2026-12-03 10:17: both of host b's gunicorn workers
+    exited by failpoints 0.75 s and 1.15 s into a broker partition, the killer took its
+    master at 4.95 s, and the host's first answer came after the heal (a 200, rightly)."""
+    fault = Fault("broker_partition", "b", start=100.0, end=115.56)
+    samples = (
+        _samples("b", 96.93, [200], took=2.64)
+        + [{"host": "b", "t": 100.09, "status": None, "took": 0.78}]  # worker gone
+        + [{"host": "b", "t": 101.37, "status": None, "took": 3.62}]  # master gone
+        + _samples("b", 105.49, [None] * 5, took=0.005)  # nothing listening
+        + [{"host": "b", "t": 113.55, "status": 200, "took": 3.28}]  # answered at 116.8
+        + _samples("b", 117.33, [200])
+    )
+    exits = [("b", 100.75), ("b", 101.15)]  # failpoint exits in its gunicorn workers
+    assert judge([fault], samples, server_kills=[*exits, ("b", 104.95)]) == ([], [])
+    # Wrong twin: the failpoint exits not counted as kills of the host's server.
+    assert judge([fault], samples, server_kills=[("b", 104.95)])[0] == [
+        "broker_partition on b at 100.0: no 503 in time"
+    ]
+    # A host that answered during the fault after the kill, but 200: late.
+    answered = [*samples, {"host": "b", "t": 110.0, "status": 200, "took": 0.5}]
+    assert judge([fault], answered, server_kills=exits)[0] != []
+
+
+def test_failpoint_exits_in_a_web_worker_are_kills_of_its_hosts_server(tmp_path):
+    (tmp_path / "returns.receive.before_decide.1").write_text(
+        "b 28661 /venv/lib/python3.11/site-packages/gunicorn/__main__.py"
+    )
+    (tmp_path / "compensation.refund.after_effect.1").write_text(
+        "a 30001 /venv/lib/python3.11/site-packages/celery/__main__.py"
+    )
+    (tmp_path / "checkout.capture.after.1").write_text("")  # being written
+    kills = failpoint_kills(tmp_path)
+    assert [host for host, _ in kills] == ["b"]
+    assert abs(kills[0][1] - (tmp_path / "returns.receive.before_decide.1").stat().st_mtime) < 1e-6
+    assert failpoint_kills(tmp_path / "missing") == []
