@@ -439,7 +439,10 @@ KILL_REACH = SUPERVISOR_SLOT
 
 
 # A web server killed this long before a fault may still be booting when the fault
-# begins (a gunicorn worker boots in about 3 s on a loaded machine).
+# begins (a gunicorn worker boots in about 3 s on a loaded machine). An earlier kill
+# counts too while the host has not answered since: a killed master is started
+# again by its supervisor after a pause, then boots its workers (9.4 s from the
+# kill to the first answer in the RabbitMQ run of 2026-12-03 10:55).
 KILL_REACH_DOWN = 5.0
 
 
@@ -453,15 +456,21 @@ def _seen_after_a_kill(
     fault: Fault, touched: list[dict], killed_on: dict[str, list[float]]
 ) -> bool:
     """A touched host whose web server the run killed from KILL_REACH_DOWN before the
-    fault to DOWN_WITHIN into it answered 503 (in at most DOWN_WITHIN once it answered
-    again): its first answer after the last such kill, or one within DOWN_WITHIN of it,
-    was a 503 that came after the fault began."""
+    fault (or earlier, when it has not answered since) to DOWN_WITHIN into it answered
+    503 (in at most DOWN_WITHIN once it answered again): its first answer after the
+    last such kill, or one within DOWN_WITHIN of it, was a 503 that came after the fault
+    began."""
     for host in sorted({s["host"] for s in touched}):
-        kill = _last_kill(
-            killed_on.get(host, []), fault.start - KILL_REACH_DOWN, fault.start + DOWN_WITHIN
-        )
+        kill = _last_kill(killed_on.get(host, []), float("-inf"), fault.start + DOWN_WITHIN)
         if kill is None:
             continue
+        if kill < fault.start - KILL_REACH_DOWN and any(
+            s["host"] == host
+            and s["status"] is not None
+            and kill <= s["t"] + s["took"] < fault.start
+            for s in touched
+        ):
+            continue  # answering again before the fault began: judged as any host
         answers = sorted(
             (s["t"] + s["took"], s["status"])
             for s in touched

@@ -443,3 +443,24 @@ def test_failpoint_exits_in_a_web_worker_are_kills_of_its_hosts_server(tmp_path)
     assert [host for host, _ in kills] == ["b"]
     assert abs(kills[0][1] - (tmp_path / "returns.receive.before_decide.1").stat().st_mtime) < 1e-6
     assert failpoint_kills(tmp_path / "missing") == []
+
+
+def test_a_fault_that_began_while_a_killed_master_was_still_starting_is_judged_from_its_answer():
+    """The 30-minute RabbitMQ run of 2026-12-03 10:55: host b's gunicorn master SIGKILLed
+    6.1 s before a broker partition; no answer until its first, a 503 at 3.3 s."""
+    fault = Fault("broker_partition", "b", start=100.0, end=126.2)
+    samples = (
+        _samples("b", 90.0, [200])
+        + _samples("b", 95.47, [None, None], took=0.02)  # nothing listening
+        + [{"host": "b", "t": 96.52, "status": None, "took": 5.06}]  # booting
+        + _samples("b", 102.09, [503] * 14, every=1.7, took=1.2)
+        + _samples("b", 126.98, [200])
+    )
+    assert judge([fault], samples, server_kills=[("b", 93.9)]) == ([], [])
+    # Wrong twin: the old window (kills from 5 s before the fault) left this kill out.
+    assert judge([fault], samples, server_kills=[])[0] == [
+        "broker_partition on b at 100.0: no 503 in time"
+    ]
+    # The host answered again before the fault began: an earlier kill excuses nothing.
+    back = [*samples, {"host": "b", "t": 97.0, "status": 200, "took": 0.3}]
+    assert judge([fault], back, server_kills=[("b", 93.9)])[0] != []
