@@ -28,10 +28,7 @@ class SessionStore(db.SessionStore):
         try:
             return self.model.objects.get(session_key=self.session_key, expire_date__gt=Now())
         except (self.model.DoesNotExist, SuspiciousOperation) as exc:
-            if isinstance(exc, SuspiciousOperation):
-                logging.getLogger(f"django.security.{type(exc).__name__}").warning(str(exc))
-            self._session_key = None
-            return None
+            return self._not_found(exc)
 
     async def _aget_session_from_db(self):
         try:
@@ -39,10 +36,13 @@ class SessionStore(db.SessionStore):
                 session_key=self.session_key, expire_date__gt=Now()
             )
         except (self.model.DoesNotExist, SuspiciousOperation) as exc:
-            if isinstance(exc, SuspiciousOperation):
-                logging.getLogger(f"django.security.{type(exc).__name__}").warning(str(exc))
-            self._session_key = None
-            return None
+            return self._not_found(exc)
+
+    def _not_found(self, exc: Exception) -> None:
+        """As Django's store: a tampered key is logged as a security warning; no session."""
+        if isinstance(exc, SuspiciousOperation):
+            logging.getLogger(f"django.security.{type(exc).__name__}").warning(str(exc))
+        self._session_key = None
 
     def _database_clock_end(self, instance, data):
         expiry = data.get("_session_expiry")
