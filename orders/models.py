@@ -24,6 +24,8 @@ from .states import (
 
 # Created by migration 0001; numbers are human-readable and never reused.
 ORDER_NUMBER_SEQUENCE = "orders_order_number_seq"
+# One order per business scope (Order.scope).
+SCOPE_CONSTRAINT = "orders_order_scope_uniq"
 
 
 def _choices_check(field: str, choices: type[models.TextChoices], name: str):
@@ -62,6 +64,10 @@ class Order(models.Model):
     payment = models.OneToOneField(
         "payments.Payment", on_delete=models.PROTECT, null=True, blank=True, related_name="order"
     )
+    # The business scope the order was placed from, opaque to orders (the storefront's
+    # "cart:<id>:<version>"): one order per scope for the order's whole life, key or no
+    # key (docs/checkout.md, "One order per cart version"). None: an API order.
+    scope = models.CharField(max_length=128, null=True, blank=True, editable=False)
     created_at = models.DateTimeField(db_default=Now())
     updated_at = models.DateTimeField(db_default=Now())
 
@@ -71,6 +77,10 @@ class Order(models.Model):
         permissions = [("refund_order", "Can refund orders")]
         constraints = [
             models.UniqueConstraint(fields=["number"], name="orders_order_number_uniq"),
+            # Decides "already ordered" (orders.services.order_hold); API orders have none.
+            models.UniqueConstraint(
+                fields=["scope"], condition=Q(scope__isnull=False), name=SCOPE_CONSTRAINT
+            ),
             models.CheckConstraint(
                 condition=Q(total__gte=0), name="orders_order_total_non_negative"
             ),

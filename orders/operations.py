@@ -131,11 +131,14 @@ def order_place_keyed(
     payment_method: str,
     shipping_address: dict,
     expected_total: Decimal | None = None,
+    scope: str | None = None,
 ) -> None:
     """Place an order under a request key; resume a retried key at its recovery point.
 
     `present` turns each result (the order, or a refusal such as
-    insufficient_stock) into the caller's answer.
+    insufficient_stock) into the caller's answer. `scope` (the storefront's
+    cart version; the API passes none) outlives the key: a scope that already
+    has an order is refused `already_ordered`, naming it (services.order_hold).
     """
     if run.recovery_point == STARTED:
         with refusals_presented(run, present), run.phase(next_point=RESERVED) as data:
@@ -146,6 +149,7 @@ def order_place_keyed(
                 payment_method=payment_method,
                 shipping_address=shipping_address,
                 expected_total=expected_total,
+                scope=scope,
             )
             failpoint("checkout.reserve.after_hold")
             data["order_id"] = str(order.id)

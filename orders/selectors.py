@@ -40,6 +40,11 @@ def order_get(*, order_id) -> Order:
     return _orders().get(id=order_id)
 
 
+def order_of_scope(*, owner_id: int, scope: str) -> tuple[uuid.UUID, str] | None:
+    """The (id, status) of the owner's order placed from a business scope, or None."""
+    return Order.objects.filter(owner_id=owner_id, scope=scope).values_list("id", "status").first()
+
+
 def order_with_lines(*, order: Order, lines: list[OrderLine]) -> Order:
     """Give `order` the lines just read and changed in this transaction, as if prefetched.
 

@@ -24,10 +24,12 @@ from decimal import Decimal
 from typing import TYPE_CHECKING
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import Q
 from django.db.models.functions import Now
+from django.utils.module_loading import import_string
 
+from core.db import violated_constraint
 from core.errors import ApplicationError, InvalidState
 from core.money import format_money, minor_units
 from idempotency.failpoints import failpoint
@@ -39,7 +41,7 @@ from payments.states import PaymentStatus
 
 from . import compensation, lock_objects, selectors
 from .event_types import OrderEventType
-from .models import Order, OrderEvent, OrderLine
+from .models import SCOPE_CONSTRAINT, Order, OrderEvent, OrderLine
 from .states import (
     LINE_TRANSITIONS,
     ORDER_TRANSITIONS,
@@ -93,6 +95,14 @@ class PaymentDeclined(ApplicationError):
     title = "Payment declined"
 
 
+class AlreadyOrdered(ApplicationError):
+    """The scope (a cart version) already has its order: `extra["order_id"]` names it."""
+
+    status = 409
+    code = "already_ordered"
+    title = "Already ordered"
+
+
 @dataclass(frozen=True)
 class LineRequest:
     """One validated line of a new order: the product (with its stock) and the units wanted."""
@@ -128,6 +138,45 @@ def _publish(
     )
 
 
+def _scope_follows(*, order: Order, kept: bool, lines: Sequence[OrderLine] | None = None) -> None:
+    """Tell the place an order was placed from (its scope) that the order is kept or ended.
+
+    Called in the transaction whose conditional UPDATE decided it, so once per
+    order: `settings.ORDERS_SCOPE_HANDLER(scope=, kept=, ordered={sku: quantity
+    requested})` (the storefront's cart, shop.cart.cart_order_decided). An
+    order without a scope (the API's) has no one to tell.
+    """
+    path = settings.ORDERS_SCOPE_HANDLER
+    if order.scope is None or not path:
+        return
+    if lines is None:
+        lines = list(OrderLine.objects.filter(order_id=order.id))
+    ordered = {line.sku: line.quantity_requested for line in lines}
+    import_string(path)(scope=order.scope, kept=kept, ordered=ordered)
+
+
+def _order_insert(order: Order) -> None:
+    """Insert a new order; one with a scope another order has is `AlreadyOrdered`.
+
+    Insert first: the unique scope (`orders_order_scope_uniq`) decides, in a
+    savepoint so the answer can name the order that has it (committed: a
+    concurrent insert of the same scope waits for the first to end).
+    """
+    if order.scope is None:
+        order.save(force_insert=True)
+        return
+    try:
+        with transaction.atomic():
+            order.save(force_insert=True)
+    except IntegrityError as exc:
+        if violated_constraint(exc) != SCOPE_CONSTRAINT:
+            raise
+        existing = Order.objects.values_list("id", flat=True).get(scope=order.scope)
+        raise AlreadyOrdered(
+            "This cart was already ordered.", extra={"order_id": str(existing)}
+        ) from None
+
+
 @transaction.atomic
 def order_hold(
     *,
@@ -137,6 +186,7 @@ def order_hold(
     payment_method: str,
     shipping_address: dict,
     expected_total: Decimal | None = None,
+    scope: str | None = None,
 ) -> Order:
     """Hold stock for every line and create the order, or refuse with nothing held.
 
@@ -147,7 +197,9 @@ def order_hold(
     `payment_pending` for what is held (fully short lines `unavailable`);
     `ask` → `awaiting_decision` until `reservation_expires_at`.
     A refusal raises, so this transaction (savepoint) rolls back and every
-    flag and counter change with it.
+    flag and counter change with it. `scope` names the business scope the
+    order is placed from (the storefront's cart version): a scope that already
+    has an order, whatever became of it, is 409 `already_ordered` naming it.
     """
     skus = [line.product.sku for line in lines]
     assert lines and len(set(skus)) == len(skus), "lines must be non-empty with distinct skus"
@@ -207,8 +259,9 @@ def order_hold(
         currency=settings.SHOP_CURRENCY,
         total=total,
         reservation_expires_at=expires_at,
+        scope=scope,
     )
-    order.save(force_insert=True)
+    _order_insert(order)
     order_lines = OrderLine.objects.bulk_create(
         OrderLine(
             order=order,
@@ -262,6 +315,7 @@ def _payment_record(*, order: Order, succeeded: bool) -> Order:
         if moved is not None:
             inventory_services.reservations_commit(reservation_ids=_reservation_ids(moved))
             _publish(order=order, lines=lines, event_type=event_type)
+            _scope_follows(order=order, kept=True, lines=lines)
             selectors.order_with_lines(order=order, lines=lines)
         return order
     moved = order_transition(
@@ -276,6 +330,7 @@ def _payment_record(*, order: Order, succeeded: bool) -> Order:
     if moved is not None:
         inventory_services.reservations_release(reservation_ids=_reservation_ids(moved))
         _publish(order=order, lines=lines, event_type=OrderEventType.PAYMENT_FAILED)
+        _scope_follows(order=order, kept=False, lines=lines)
         selectors.order_with_lines(order=order, lines=lines)
     return order
 
@@ -411,6 +466,7 @@ def order_cancel(*, order_id) -> Order:
     if moved is not None:
         inventory_services.reservations_release(reservation_ids=_reservation_ids(moved))
         _publish(order=order, event_type=OrderEventType.CANCELLED)
+        _scope_follows(order=order, kept=False)
         return order
 
     order = lock_objects.order_lock(order_id=order_id)
@@ -461,7 +517,9 @@ def order_expire(*, order_id) -> bool:
     if moved is None:
         return False
     inventory_services.reservations_expire(reservation_ids=_reservation_ids(moved))
-    _publish(order=Order.objects.get(id=order_id), event_type=OrderEventType.EXPIRED)
+    expired = Order.objects.get(id=order_id)
+    _publish(order=expired, event_type=OrderEventType.EXPIRED)
+    _scope_follows(order=expired, kept=False)
     return True
 
 

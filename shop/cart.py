@@ -3,12 +3,15 @@
 A change names the version it was made from (the page the shopper saw), so
 a form sent twice — a double click, a resubmitted page, a second tab — finds
 the version moved on and changes nothing the second time. The checkout's
-request key is built from the version (shop.checkout), so one version of the
-cart is at most one order.
+request key is built from the version (shop.checkout), and so is the order's
+business scope (`cart_scope`, unique among orders), so one version of the
+cart is at most one order, for the order's whole life. The order moves the
+cart in the transaction that keeps or ends it (`cart_order_decided`).
 """
 
 from __future__ import annotations
 
+import re
 import uuid
 from dataclasses import dataclass
 from decimal import Decimal
@@ -33,6 +36,7 @@ MAX_GUEST_LINES = 100
 GUEST_CART = "shop.guest_cart"
 # The inbox consumer that records merged guest carts (their ids).
 GUEST_MERGE = "shop.guest_cart_merge"
+_SCOPE = re.compile(r"^cart:(?P<cart>\d+):(?P<version>\d+)$")
 
 
 class CartChanged(ApplicationError):
@@ -132,19 +136,49 @@ def cart_set(*, cart: Cart, version: int, quantities: dict[str, int]) -> None:
             )
 
 
-@transaction.atomic
-def cart_checked_out(*, cart_id: int, version: int) -> bool:
-    """The order of `version` succeeded: empty the cart, once (only if still at `version`)."""
-    if not _advance(cart_id=cart_id, version=version):
-        return False
-    CartLine.objects.filter(cart_id=cart_id).delete()
-    return True
-
-
 def cart_attempt_over(*, cart_id: int, version: int) -> bool:
     """The checkout of `version` ended without an order to keep (declined, expired, refused):
     move the cart on, lines kept, so the next attempt is a new request key. Once only."""
     return _advance(cart_id=cart_id, version=version)
+
+
+def cart_scope(*, cart_id: int, version: int) -> str:
+    """The business scope of ordering this version of the cart (`Order.scope`): one order."""
+    return f"cart:{cart_id}:{version}"
+
+
+@transaction.atomic(savepoint=False)
+def cart_order_decided(*, scope: str, kept: bool, ordered: dict[str, int]) -> None:
+    """Make the cart follow the order placed from one of its versions (ORDERS_SCOPE_HANDLER).
+
+    Called by orders in the transaction whose conditional UPDATE kept or ended
+    the order, so once per order, whether or not the shopper sees a page
+    (docs/checkout.md, "One order per cart version"):
+
+    - kept (confirmed, partially confirmed): the ordered quantities leave the
+      cart, sku by sku — `ordered` is what the order asked for, the cart
+      version's lines — so a line or units added later stay; the cart moves to
+      its next version, so a checkout page shown before is "your cart changed";
+    - ended (declined, expired, cancelled while awaiting the decision): the cart
+      moves on with its lines if it is still at that version, so the next
+      "Place order" is a new attempt (that version stays its ended order's).
+
+    The cart row is updated first (its lock), then its lines in sku order.
+    """
+    match = _SCOPE.match(scope)
+    if match is None:  # not a cart's scope
+        return
+    cart_id, version = int(match["cart"]), int(match["version"])
+    if not kept:
+        _advance(cart_id=cart_id, version=version)
+        return
+    if not Cart.objects.filter(id=cart_id).update(version=F("version") + 1, updated_at=Now()):
+        return  # no such cart any more
+    for sku in sorted(ordered):
+        quantity = ordered[sku]
+        lines = CartLine.objects.filter(cart_id=cart_id, sku=sku)
+        lines.filter(quantity__lte=quantity).delete()
+        lines.filter(quantity__gt=quantity).update(quantity=F("quantity") - quantity)
 
 
 @transaction.atomic

@@ -8,23 +8,33 @@ browser: two tabs, the back button, a refresh and "resubmit the form?" all
 send the same key and land on the one order. (Not the session: Django's
 login() cycles it.)
 
+The key is purged after its retention; the scope is not. The order carries
+it (`Order.scope` = `cart:<id>:<version>`, unique), so placing a cart
+version again — days later, under a fresh key — answers with that version's
+order, whatever became of it (docs/checkout.md, "One order per cart
+version").
+
 Each operation name here is registered with the same resume as the API's and
 with a presenter that answers `303 See Other` to the page showing the
 outcome, so the completer finishes an abandoned form key with the redirect
 too (shop/apps.py).
 
-After an attempt the cart follows its outcome (`checkout_follow_up`), each
-step a conditional UPDATE on the attempted version, so doing it again (a
-replay, the next page view) changes nothing:
+The cart follows its order in the transaction that keeps or ends it
+(`shop.cart.cart_order_decided`, settings.ORDERS_SCOPE_HANDLER):
 
-- an order to keep (confirmed, partially confirmed): the cart is emptied;
-- an attempt that ended without one (declined, expired, cancelled while
-  awaiting the decision, refused for stock or price): the cart keeps its
-  lines and moves to the next version, so the next "Place order" is a new
-  request key (a new attempt), while the old key still replays the old
-  outcome (a refresh of the declined page still shows the decline);
+- an order kept (confirmed, partially confirmed): the ordered lines leave the
+  cart (lines added later stay) and the cart moves on;
+- an order ended (declined, expired, cancelled while awaiting the decision):
+  the cart keeps its lines and moves to the next version, so the next
+  "Place order" is a new request key (a new attempt), while the old version
+  still answers the old order (a refresh of the declined page still shows
+  the decline);
 - still undecided (awaiting the shopper's decision, payment pending): nothing
-  yet; the same key joins the same order.
+  yet; the same version lands on the same order.
+
+A checkout refused before any order (stock, price) has no order to move the
+cart: `checkout_follow_up` does, after the attempt and on the cart and
+checkout pages, conditional on the attempted version (once).
 """
 
 from __future__ import annotations
@@ -58,7 +68,6 @@ CANCEL = "shop.order.cancel"
 _KEY = re.compile(r"^checkout:(?P<cart>\d+):(?P<version>\d+)$")
 
 KEPT = frozenset({OrderStatus.CONFIRMED, OrderStatus.PARTIALLY_CONFIRMED, OrderStatus.CANCELLING})
-ENDED = frozenset({OrderStatus.PAYMENT_FAILED, OrderStatus.EXPIRED, OrderStatus.CANCELLED})
 
 if TYPE_CHECKING:  # an annotation only: stock is read through inventory's selectors
     from inventory.models import Product
@@ -67,6 +76,19 @@ if TYPE_CHECKING:  # an annotation only: stock is read through inventory's selec
 def checkout_key(cart: Cart) -> str:
     """The request key of checking out this version of the cart."""
     return f"checkout:{cart.id}:{cart.version}"
+
+
+def checkout_scope(cart: Cart, version: int | None = None) -> str:
+    """The business scope of ordering this version of the cart (the current one by default)."""
+    return carts.cart_scope(cart_id=cart.id, version=cart.version if version is None else version)
+
+
+def order_of_version(*, cart: Cart, version: int):
+    """The id of the order placed from this version of the cart, or None."""
+    found = order_selectors.order_of_scope(
+        owner_id=cart.user_id, scope=checkout_scope(cart, version)
+    )
+    return None if found is None else found[0]
 
 
 def key_under_way(*, owner_id: int, key: str) -> bool:
@@ -148,19 +170,17 @@ def register_operations() -> None:
 
 
 def checkout_follow_up(*, cart: Cart) -> None:
-    """Make the cart follow what became of the checkout of its current version (idempotent)."""
+    """Move the cart on after a checkout of its current version refused before any order.
+
+    Insufficient stock or a changed price: the key is finished with no order,
+    so the next "Place order" must be a new key (lines kept). A version with an
+    order is left to the order (it moves the cart when kept or ended), among
+    them a refusal `already_ordered` naming an order still undecided.
+    Idempotent: conditional on the version.
+    """
     row = key_lookup(owner_id=cart.user_id, key=checkout_key(cart))
-    if row is None:
+    if row is None or row.recovery_point != FINISHED or (row.data or {}).get("order_id"):
         return
-    order_id = (row.data or {}).get("order_id")
-    if order_id is None:
-        if row.recovery_point == FINISHED:  # refused before any order: stock, price
-            carts.cart_attempt_over(cart_id=cart.id, version=cart.version)
+    if order_of_version(cart=cart, version=cart.version) is not None:
         return
-    if row.recovery_point == STARTED:
-        return
-    status = order_selectors.order_get(order_id=order_id).status
-    if status in KEPT:
-        carts.cart_checked_out(cart_id=cart.id, version=cart.version)
-    elif status in ENDED:
-        carts.cart_attempt_over(cart_id=cart.id, version=cart.version)
+    carts.cart_attempt_over(cart_id=cart.id, version=cart.version)

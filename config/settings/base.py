@@ -313,6 +313,9 @@ CELERY_BEAT_SCHEDULE["payments.sweep_refunds"] = _beat_every(
 # --- Checkout: orders and reservation flags (issue 6) --------------------------
 # How long an `ask` order's flags are held while the shopper decides.
 ORDER_RESERVATION_TTL_SECONDS = env.int("ORDER_RESERVATION_TTL_SECONDS", default=15 * 60)
+# Dotted path of handler(*, scope, kept, ordered) called inside the transaction that
+# keeps or ends an order placed with a business scope; set by the shop area.
+ORDERS_SCOPE_HANDLER: str | None = None
 # How often beat sweeps `awaiting_decision` orders past their expiry.
 ORDER_EXPIRY_SWEEP_SECONDS = env.int("ORDER_EXPIRY_SWEEP_SECONDS", default=30)
 # Orders expired per sweep run (each in its own transaction).
@@ -385,6 +388,9 @@ CELERY_BEAT_SCHEDULE["shop.purge_mail"] = _beat_every("shop.purge_mail", SHOP_MA
 DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="shop@example.com")
 # Settlement's outcome confirms or fails the order, in the transaction that records it.
 PAYMENTS_SETTLED_HANDLER = "orders.services.order_payment_settled"
+# An order kept takes its cart version's lines out of the cart; one ended moves the cart on
+# (docs/checkout.md, "One order per cart version"), in the transaction that decides it.
+ORDERS_SCOPE_HANDLER = "shop.cart.cart_order_decided"
 
 # --- Contract audit: /healthz in the OpenAPI document (a plain Django view) ----
 SPECTACULAR_SETTINGS.setdefault("APPEND_PATHS", {})["/healthz"] = {

@@ -209,7 +209,7 @@ def checkout_page(request: HttpRequest) -> HttpResponse:
     if request.method != "POST":
         return _checkout_page(request, problem=request.GET.get("problem"))
     response = _checkout_submit(request)
-    # The cart follows the outcome (emptied, or moved on after a final failure): once.
+    # An order moves the cart itself (kept or ended); a refusal before any order: here, once.
     checkout.checkout_follow_up(cart=carts.cart_for(user=request.user))
     if response.status_code == 303 and response["Location"].startswith(reverse("checkout")):
         # Refused (stock, price): the form comes back with what the shopper typed.
@@ -227,10 +227,15 @@ def _checkout_submit(request: HttpRequest, *, key) -> HttpResponse | None:
     if version is None:
         return _checkout_page(request, form=form, problem="cart_changed", status=409)
     if version != cart.version:
-        # An older version of the cart: only a key already under way may go on (it
-        # answers its own order); anything else would order what the page no longer shows.
+        # An older version of the cart: a key already under way goes on (it answers its
+        # own order); a version that has its order answers with it, key or no key (the
+        # key purged after its retention: docs/checkout.md, "One order per cart version");
+        # anything else would order what the page no longer shows.
         assert request.user.pk is not None  # checkout is for logged-in shoppers
         if not checkout.key_under_way(owner_id=request.user.pk, key=key.key):
+            placed = checkout.order_of_version(cart=cart, version=version)
+            if placed is not None:
+                return see_other(checkout.order_url(placed))
             return _checkout_page(request, form=form, problem="cart_changed", status=409)
     if not form.is_valid():
         return _checkout_page(request, form=form, status=400)
@@ -254,5 +259,8 @@ def _checkout_submit(request: HttpRequest, *, key) -> HttpResponse | None:
         payment_method=data["payment_method"],
         shipping_address=form.shipping_address(),
         expected_total=data["expected_total"],
+        # One order per cart version for the order's whole life: the same version
+        # placed under a fresh key answers `already_ordered` (303 to that order).
+        scope=checkout.checkout_scope(cart, version),
     )
     return None

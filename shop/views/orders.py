@@ -27,7 +27,6 @@ from orders import tracking
 from orders.states import OrderStatus
 from payments import selectors as payment_selectors
 
-from .. import cart as carts
 from .. import checkout, words
 from .. import returns as shop_returns
 from ..forms import PAYMENT_METHODS, ReturnForm
@@ -155,7 +154,6 @@ def _order_returns(order, names: dict[str, str]) -> list[dict]:
 @require_GET
 def order_page(request: HttpRequest, order_id: str) -> HttpResponse:
     order = _own_order(request, order_id)
-    checkout.checkout_follow_up(cart=carts.cart_for(user=request.user))
     return render(request, "shop/order.html", _order_context(request, order))
 
 
@@ -168,7 +166,6 @@ def order_status_fragment(request: HttpRequest, order_id: str) -> HttpResponse:
     response = render(request, "shop/_order_status.html", _order_context(request, order))
     shown = request.GET.get("shown", OrderStatus.PAYMENT_PENDING)
     if order.status != shown:
-        checkout.checkout_follow_up(cart=carts.cart_for(user=request.user))
         response["HX-Refresh"] = "true"
     return response
 
@@ -182,11 +179,10 @@ def order_confirm(request: HttpRequest, order_id: str) -> HttpResponse:
 def _decide(
     request: HttpRequest, order_id: str, submit: Callable[..., HttpResponse]
 ) -> HttpResponse:
-    """A keyed decision on the shopper's own order; the cart follows its outcome (once)."""
+    """A keyed decision on the shopper's own order. The cart follows the order in the
+    transaction that keeps or ends it (shop.cart.cart_order_decided), not here."""
     order = _own_order(request, order_id)
-    response = submit(request, order=order)
-    checkout.checkout_follow_up(cart=carts.cart_for(user=request.user))
-    return response
+    return submit(request, order=order)
 
 
 @idempotent_form(operation=checkout.CONFIRM, refusal=form_refusal)
