@@ -7,9 +7,8 @@ before Django loads (see docs/running.md); settings never start anything.
 """
 
 import tomllib
+from datetime import date
 from typing import Any
-
-from celery.schedules import crontab
 
 from config.settings.renamed import renamed
 
@@ -320,14 +319,30 @@ ORDER_EXPIRY_BATCH = env.int("ORDER_EXPIRY_BATCH", default=500)
 CELERY_BEAT_SCHEDULE["orders.expire_reservations"] = _beat_every(
     "orders.expire_reservations", ORDER_EXPIRY_SWEEP_SECONDS
 )
-# The daily sales report (docs/reports.md): every night, for the day before in
-# TIME_ZONE. Expires after an hour: a tick queued through a long outage is
-# dropped (the next night's run, or `manage.py sales_report`, covers the day).
-CELERY_BEAT_SCHEDULE["reports.daily_sales_previous_day"] = {
-    "task": "reports.daily_sales_previous_day",
-    "schedule": crontab(minute=env.int("REPORTS_DAILY_SALES_MINUTE", default=30), hour=0),
-    "options": {"expires": 3600},
-}
+# The daily sales report (docs/reports.md, "Every closed day, once (catch-up)"): a due
+# row per closed day in TIME_ZONE (reports.models.ReportDay); beat's run makes every
+# day not yet published, oldest first. A tick lost in an outage costs one interval.
+REPORTS_RUN_EVERY = env.float("REPORTS_RUN_EVERY", default=300.0)
+# The run starts no further day after this long (one day's three steps run in the task).
+REPORTS_RUN_BUDGET = env.float("REPORTS_RUN_BUDGET", default=CELERY_VISIBILITY_TIMEOUT / 4)
+# A closed day is made this long after its end: a transaction that began before
+# midnight and commits after it is counted in its day by then.
+REPORTS_DAY_GRACE = env.float("REPORTS_DAY_GRACE", default=1800.0)
+# The first day reported (YYYY-MM-DD); unset: the day of the first order (or of the
+# oldest report or report day, if earlier).
+REPORTS_FIRST_DAY: date | None = (
+    date.fromisoformat(env.str("REPORTS_FIRST_DAY"))
+    if env.str("REPORTS_FIRST_DAY", default="")
+    else None
+)
+REPORTS_DAY_MAX_ATTEMPTS = env.int("REPORTS_DAY_MAX_ATTEMPTS", default=5)
+REPORTS_DAY_BACKOFF_BASE = env.float("REPORTS_DAY_BACKOFF_BASE", default=60.0)
+REPORTS_DAY_BACKOFF_MAX = env.float("REPORTS_DAY_BACKOFF_MAX", default=3600.0)
+REPORTS_DAY_LEASE = env.float("REPORTS_DAY_LEASE", default=CELERY_VISIBILITY_TIMEOUT + 30)
+REPORTS_DAY_ATTEMPT_LEASE = env.float(
+    "REPORTS_DAY_ATTEMPT_LEASE", default=CELERY_TASK_TIME_LIMIT + DUE_ATTEMPT_MARGIN
+)
+CELERY_BEAT_SCHEDULE["reports.make_days"] = _beat_every("reports.make_days", REPORTS_RUN_EVERY)
 # Compensation (docs/compensation.md): a received return's or a cancelled order's
 # steps are due rows (core.due), rung after commit and swept by beat.
 COMPENSATION_MAX_ATTEMPTS = env.int("COMPENSATION_MAX_ATTEMPTS", default=10)
