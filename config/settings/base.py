@@ -76,6 +76,16 @@ MIDDLEWARE = [
 # Django's database sessions with their end written and checked by the database
 # clock, which every host shares (core/sessions.py; docs/failure-model.md).
 SESSION_ENGINE = "core.sessions"
+# A session ends this long after its last save (Django's default, named here: the
+# inbox's retention depends on it); beat deletes ended ones (docs/operations.md,
+# "Retention") in bounded batches.
+SESSION_COOKIE_AGE = env.int("SESSION_COOKIE_AGE", default=14 * 24 * 3600)
+SESSION_CLEAR_EVERY = env.float("SESSION_CLEAR_EVERY", default=3600.0)
+SESSION_CLEAR_BATCH = env.int("SESSION_CLEAR_BATCH", default=5000)
+SESSION_CLEAR_MAX_BATCHES = env.int("SESSION_CLEAR_MAX_BATCHES", default=50)
+CELERY_BEAT_SCHEDULE["core.clear_expired_sessions"] = _beat_every(
+    "core.clear_expired_sessions", SESSION_CLEAR_EVERY
+)
 
 ROOT_URLCONF = "config.urls"
 WSGI_APPLICATION = "config.wsgi.application"
@@ -138,6 +148,13 @@ REST_FRAMEWORK = {
 # An API token authenticates for this long after it was issued (database clock),
 # then answers 401 and the client asks POST /api/v1/auth/token/ again.
 API_TOKEN_LIFETIME = env.int("API_TOKEN_LIFETIME", default=30 * 24 * 3600)
+# Expired tokens are deleted by beat (docs/operations.md, "Retention").
+API_TOKEN_PURGE_EVERY = env.float("API_TOKEN_PURGE_EVERY", default=3600.0)
+API_TOKEN_PURGE_BATCH = env.int("API_TOKEN_PURGE_BATCH", default=1000)
+API_TOKEN_PURGE_MAX_BATCHES = env.int("API_TOKEN_PURGE_MAX_BATCHES", default=50)
+CELERY_BEAT_SCHEDULE["core.purge_expired_tokens"] = _beat_every(
+    "core.purge_expired_tokens", API_TOKEN_PURGE_EVERY
+)
 
 SPECTACULAR_SETTINGS: dict[str, Any] = {
     "TITLE": "Shop API",
@@ -225,6 +242,21 @@ CELERY_BEAT_SCHEDULE["idempotency-sweep-deliveries"] = _beat_every(
 )
 CELERY_BEAT_SCHEDULE["idempotency-purge-outbox"] = _beat_every(
     "idempotency.purge_outbox", OUTBOX_PURGE_EVERY
+)
+# The inbox keeps a consumer's ids this long (received_at, database clock), then
+# beat deletes them: never shorter than a copy of an event can arrive (the outbox's
+# retention plus the redelivery window) nor than a session holding a guest cart's id
+# lives (docs/operations.md, "Retention"). Provider events stored `unmatched` stay.
+IDEMPOTENCY_INBOX_RETENTION = max(
+    env.float("IDEMPOTENCY_INBOX_RETENTION", default=30 * 24 * 3600.0),
+    OUTBOX_RETENTION + OUTBOX_DELIVERY_TIMEOUT,
+    float(SESSION_COOKIE_AGE),
+)
+IDEMPOTENCY_INBOX_PURGE_BATCH = env.int("IDEMPOTENCY_INBOX_PURGE_BATCH", default=1000)
+IDEMPOTENCY_INBOX_PURGE_MAX_BATCHES = env.int("IDEMPOTENCY_INBOX_PURGE_MAX_BATCHES", default=50)
+IDEMPOTENCY_INBOX_PURGE_EVERY = env.float("IDEMPOTENCY_INBOX_PURGE_EVERY", default=3600.0)
+CELERY_BEAT_SCHEDULE["idempotency-purge-inbox"] = _beat_every(
+    "idempotency.purge_inbox", IDEMPOTENCY_INBOX_PURGE_EVERY
 )
 IDEMPOTENCY_COMPLETER_EVERY = env.float("IDEMPOTENCY_COMPLETER_EVERY", default=60.0)
 IDEMPOTENCY_PURGE_EVERY = env.float("IDEMPOTENCY_PURGE_EVERY", default=900.0)
