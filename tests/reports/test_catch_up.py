@@ -114,6 +114,25 @@ def test_workers_down_for_three_days_the_next_run_makes_each_day_once_oldest_fir
 
 
 @pytest.mark.django_db
+def test_the_yesterday_only_twin_loses_the_missed_days(sell, made, monkeypatch):
+    """The old nightly task's rule (make yesterday only) run through the same checks:
+    the two days the workers missed are never made."""
+    from reports import days
+
+    yesterday = pipeline.last_closed_day()
+    missed = [yesterday - timedelta(days=n) for n in (2, 1, 0)]
+    for day in missed:
+        sell(1, at(day, 12))
+    monkeypatch.setattr(days, "first_day", lambda *, last: last)
+
+    run_beat()
+    run_beat()
+
+    assert made == [yesterday]
+    assert list(DailySalesReport.objects.values_list("date", flat=True)) == [yesterday]
+
+
+@pytest.mark.django_db
 def test_days_before_the_first_order_are_not_made_and_published_days_are_not_made_again(sell, made):
     yesterday = pipeline.last_closed_day()
     first = yesterday - timedelta(days=3)
@@ -219,6 +238,10 @@ def test_a_day_past_its_budget_needs_attention_and_retry_now_makes_it(
     assert f"sales report of {bad.isoformat()}" in html and "disk full" in html
     (form,) = report_day_forms(page)
     assert form["action"] == "retry"
+    # The item links the day's row, listed read-only in the admin.
+    assert f"/admin/reports/reportday/{row.pk}/change/" in html
+    assert superuser.get(f"/admin/reports/reportday/{row.pk}/change/").status_code == 200
+    assert superuser.get("/admin/reports/reportday/?needs_attention__exact=1").status_code == 200
 
     rung: list = []
     monkeypatch.setattr(app, "send_task", lambda name, *a, **kw: rung.append(name))
