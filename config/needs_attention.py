@@ -2,10 +2,11 @@
 
 One list across the apps (docs/operations.md, "Needs attention"): settlements
 past their attempt budget and refunds in `needs_attention` (payments),
-compensation steps that failed (orders), dead letters (idempotency). Each app
-lists its own rows (`needs_attention_items()` in its selectors); this module,
-the top layer, names what each belongs to (order number, return), offers the
-actions that end it and counts the kinds for `shop_needs_attention{kind}`.
+compensation steps that failed (orders), dead letters (idempotency), report
+days that could not be made (reports). Each app lists its own rows
+(`needs_attention_items()` in its selectors); this module, the top layer,
+names what each belongs to (order number, return), offers the actions that
+end it and counts the kinds for `shop_needs_attention{kind}`.
 
 Every action is a POST form whose request key is derived from the item, the
 action and the row's state as listed (`action_key`): a double click, a
@@ -45,6 +46,8 @@ from payments import refund_decisions
 from payments import selectors as payments_selectors
 from payments import settlement as payments_settlement
 from payments.states import RefundStatus
+from reports import days as report_days
+from reports import selectors as reports_selectors
 
 _NOTE_SALT = "admin.needs_attention.note"
 
@@ -54,18 +57,21 @@ VIEW_PERMISSION = {
     attention.REFUND: "payments.view_refund",
     attention.STEP: "orders.view_compensationstep",
     attention.DEAD_LETTER: "idempotency.view_deadletter",
+    attention.REPORT_DAY: "reports.view_reportday",
 }
 ROW_PAGE = {
     attention.SETTLEMENT: "admin:payments_paymentsettlement_change",
     attention.REFUND: "admin:payments_refund_change",
     attention.STEP: "admin:orders_compensationstep_change",
     attention.DEAD_LETTER: "admin:idempotency_deadletter_change",
+    attention.REPORT_DAY: "admin:reports_reportday_change",
 }
 TITLES = {
     attention.SETTLEMENT: "Settlements past their attempt budget",
     attention.REFUND: "Refunds that need attention",
     attention.STEP: "Compensation steps that failed",
     attention.DEAD_LETTER: "Dead letters",
+    attention.REPORT_DAY: "Report days that could not be made",
 }
 
 
@@ -156,6 +162,16 @@ ACTIONS: dict[str, tuple[Action, ...]] = {
             explanation="A fresh attempt budget, published now (fix the cause first).",
         ),
     ),
+    attention.REPORT_DAY: (
+        Action(
+            "retry",
+            "Retry now",
+            "reports.change_reportday",
+            lambda pk, by: report_days.day_retry_now(day_id=int(pk), by=by),
+            explanation="A fresh attempt budget, due now: the run makes the day (fix the "
+            "cause first).",
+        ),
+    ),
 }
 
 
@@ -165,6 +181,7 @@ PK_TYPES: dict[str, Callable[[str], object]] = {
     attention.REFUND: uuid.UUID,
     attention.STEP: int,
     attention.DEAD_LETTER: int,
+    attention.REPORT_DAY: int,
 }
 
 
@@ -207,6 +224,7 @@ def needs_attention_counts() -> dict[str, int]:
     counts |= payments_selectors.needs_attention_counts()
     counts |= orders_selectors.needs_attention_counts()
     counts |= idempotency_selectors.needs_attention_counts()
+    counts |= reports_selectors.needs_attention_counts()
     return counts
 
 
@@ -258,6 +276,8 @@ def needs_attention_rows(user) -> dict[str, list[Row]]:
         items += orders_selectors.needs_attention_items()
     if attention.DEAD_LETTER in kinds:
         items += idempotency_selectors.needs_attention_items()
+    if attention.REPORT_DAY in kinds:
+        items += reports_selectors.needs_attention_items()
     items = [i for i in items if i.kind in kinds]
     order_ids = {u for u in (_uuid(i.order_id) for i in items if i.order_id) if u}
     by_order, by_payment = orders_selectors.orders_for_attention(

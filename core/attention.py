@@ -2,8 +2,9 @@
 
 Each app lists its own rows (payments: settlements past their budget and
 refunds in `needs_attention`; orders: compensation steps that failed;
-idempotency: dead letters); the admin's "Needs attention" page and the
-`shop_needs_attention{kind}` gauge (config) put them together. An app names
+idempotency: dead letters; reports: days that could not be made); the
+admin's "Needs attention" page and the `shop_needs_attention{kind}` gauge
+(config) put them together. An app names
 what a row belongs to by ids only (`payment_id`, `order_id`, `return_id`,
 `refund_id`): the page, which may import every app, turns them into order
 numbers and returns.
@@ -22,8 +23,9 @@ SETTLEMENT = "settlement"
 REFUND = "refund"
 STEP = "step"
 DEAD_LETTER = "dead_letter"
+REPORT_DAY = "report_day"
 # The gauge's `kind` label values and the page's sections, in this order.
-KINDS = (SETTLEMENT, REFUND, STEP, DEAD_LETTER)
+KINDS = (SETTLEMENT, REFUND, STEP, DEAD_LETTER, REPORT_DAY)
 
 # How many rows of one kind the page lists (the count is always exact).
 PAGE_LIMIT = 200

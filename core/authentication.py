@@ -4,6 +4,8 @@ A token older than `API_TOKEN_LIFETIME` seconds, judged by the database's
 clock like every other age in the shop, no longer authenticates: 401
 `not_authenticated` with a problem body saying it expired. Asking
 `POST /api/v1/auth/token/` again gives a new one (shop/services.py::token_obtain).
+Expired tokens are deleted by beat's `core.purge_expired_tokens`
+(`tokens_purge_expired`; docs/operations.md, "Retention").
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import Group
+from django.db import transaction
 from django.db.models import BooleanField, Exists, ExpressionWrapper, OuterRef, Q
 from django.db.models.functions import Now
 from rest_framework.authentication import TokenAuthentication
@@ -28,6 +31,31 @@ def token_lifetime() -> timedelta:
 def expired_tokens(model):
     """The tokens of `model` older than the lifetime by the database clock."""
     return model.objects.filter(created__lte=Now() - token_lifetime())
+
+
+def tokens_purge_expired(*, batch: int | None = None, max_batches: int | None = None) -> int:
+    """Delete the API tokens past their lifetime (database clock), in bounded batches.
+
+    Each batch its own short transaction, skipping rows another purge holds;
+    return how many were deleted.
+    """
+    from rest_framework.authtoken.models import Token
+
+    batch = batch or settings.API_TOKEN_PURGE_BATCH
+    max_batches = max_batches or settings.API_TOKEN_PURGE_MAX_BATCHES
+    total = 0
+    for _ in range(max_batches):
+        with transaction.atomic():
+            keys = list(
+                expired_tokens(Token)
+                .select_for_update(skip_locked=True)
+                .order_by("created")
+                .values_list("pk", flat=True)[:batch]
+            )
+            total += Token.objects.filter(pk__in=keys).delete()[0]
+        if len(keys) < batch:
+            break
+    return total
 
 
 class ExpiringTokenAuthentication(TokenAuthentication):

@@ -11,6 +11,9 @@ clock every host shares: the same decision on every host.
 
 A session ended by a date (`set_expiry(datetime)`) keeps that date: it was
 decided by whoever chose it.
+
+Ended sessions are deleted by `clear_expired` (beat's `core.clear_expired_sessions`,
+and `manage.py clearsessions`), in bounded batches (docs/operations.md, "Retention").
 """
 
 from __future__ import annotations
@@ -18,9 +21,13 @@ from __future__ import annotations
 import logging
 from datetime import datetime, timedelta
 
+from asgiref.sync import sync_to_async
+from django.conf import settings
 from django.contrib.sessions.backends import db
 from django.core.exceptions import SuspiciousOperation
 from django.db.models.functions import Now
+
+from .db import delete_in_batches
 
 
 class SessionStore(db.SessionStore):
@@ -58,9 +65,22 @@ class SessionStore(db.SessionStore):
         return self._database_clock_end(await super().acreate_model_instance(data), data)
 
     @classmethod
-    def clear_expired(cls):
-        cls.get_model_class().objects.filter(expire_date__lt=Now()).delete()
+    def clear_expired(cls) -> int:  # type: ignore[override]  # Django's callers ignore it
+        """Delete sessions ended by the database clock, in bounded batches; return how many.
+
+        At most SESSION_CLEAR_MAX_BATCHES of SESSION_CLEAR_BATCH rows, each batch
+        its own short transaction (`expire_date` is indexed); the next run goes on.
+        """
+        table = cls.get_model_class()._meta.db_table
+        return delete_in_batches(
+            f"WITH ended AS (SELECT session_key FROM {table} WHERE expire_date < now()"
+            " ORDER BY expire_date LIMIT %s FOR UPDATE SKIP LOCKED)"
+            f" DELETE FROM {table} s USING ended WHERE s.session_key = ended.session_key",
+            [],
+            batch=settings.SESSION_CLEAR_BATCH,
+            max_batches=settings.SESSION_CLEAR_MAX_BATCHES,
+        )
 
     @classmethod
-    async def aclear_expired(cls):
-        await cls.get_model_class().objects.filter(expire_date__lt=Now()).adelete()
+    async def aclear_expired(cls) -> int:  # type: ignore[override]  # as clear_expired
+        return await sync_to_async(cls.clear_expired)()

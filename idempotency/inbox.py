@@ -9,17 +9,21 @@ pessimistic order: the dedup record before the effect).
 `inbox_claim_many` records a batch's ids in one statement (`ON CONFLICT ON
 CONSTRAINT ... DO NOTHING`: the same constraint decides, with no savepoint
 per id), for the batched consumers (docs/events.md, "Batched consumers").
+
+`inbox_purge` deletes rows past IDEMPOTENCY_INBOX_RETENTION (beat's `idempotency.purge_inbox`;
+docs/operations.md, "Retention").
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
+from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.db.models import QuerySet
 from django.db.models.functions import Now
 
-from core.db import violated_constraint
+from core.db import delete_in_batches, violated_constraint
 
 from . import metrics
 from .models import InboxMessage
@@ -73,6 +77,30 @@ def inbox_claim_many(*, consumer: str, message_ids: Iterable[str]) -> set[str]:
                 mechanism=metrics.INBOX_DUPLICATE, consumer=consumer, message_id=message_id
             )
     return claimed
+
+
+def inbox_purge(*, batch: int | None = None, max_batches: int | None = None) -> int:
+    """Delete inbox rows received more than IDEMPOTENCY_INBOX_RETENTION ago; return how many.
+
+    The retention outlives every copy a row must refuse (settings: at least the
+    outbox's retention plus the redelivery window, and a session's age for a
+    guest cart's id). A provider event stored `unmatched` is kept: it is the
+    answer a settlement or a refund may still meet. Bounded batches in id order
+    (the primary key's index; ids grow with `received_at`), each its own short
+    transaction, skipping rows a consumer or another purge holds.
+    """
+    batch = batch or settings.IDEMPOTENCY_INBOX_PURGE_BATCH
+    max_batches = max_batches or settings.IDEMPOTENCY_INBOX_PURGE_MAX_BATCHES
+    table = InboxMessage._meta.db_table
+    return delete_in_batches(
+        f"WITH old AS (SELECT id FROM {table}"
+        " WHERE received_at < now() - make_interval(secs => %s) AND status <> 'unmatched'"
+        " ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED)"
+        f" DELETE FROM {table} i USING old WHERE i.id = old.id",
+        [float(settings.IDEMPOTENCY_INBOX_RETENTION)],
+        batch=batch,
+        max_batches=max_batches,
+    )
 
 
 # --- A source's stored messages (the provider's webhooks): kept whole, with what

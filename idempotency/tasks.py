@@ -35,6 +35,14 @@ def sweep_deliveries(self) -> int:
     return relay.deliveries_sweep()
 
 
+@shared_task(bind=True, name="idempotency.purge_inbox", max_retries=0)
+def purge_inbox(self) -> int:
+    """Delete inbox rows past IDEMPOTENCY_INBOX_RETENTION (unmatched provider events kept)."""
+    from . import inbox
+
+    return inbox.inbox_purge()
+
+
 @shared_task(bind=True, name="idempotency.purge_outbox", max_retries=0)
 def purge_outbox(self) -> int:
     """Delete published messages past OUTBOX_RETENTION (all deliveries done), in bounded batches."""

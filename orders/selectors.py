@@ -271,6 +271,11 @@ def paid_lines(*, start: datetime, end: datetime) -> QuerySet:
     )
 
 
+def first_order_at() -> datetime | None:
+    """When the first order was created (by its number: an index scan), or None."""
+    return Order.objects.order_by("number").values_list("created_at", flat=True).first()
+
+
 def returned_lines_by_sku(*, start: datetime, end: datetime) -> QuerySet:
     """Units and value received back in [start, end), per order and sku."""
     return (

@@ -7,7 +7,7 @@ from core.admin import ReadOnlyAdmin
 from core.admin_export import CsvExportMixin
 
 from . import charts
-from .models import DailySalesReport
+from .models import DailySalesReport, ReportDay
 
 CHART_DAYS = 60
 
@@ -86,3 +86,30 @@ class DailySalesReportAdmin(CsvExportMixin, ReadOnlyAdmin):
             "chart_days": len(recent),
         }
         return super().changelist_view(request, extra_context=extra_context)
+
+
+@admin.register(ReportDay)
+class ReportDayAdmin(ReadOnlyAdmin):
+    """The days the sales report must make (docs/reports.md, "Every closed day, once")."""
+
+    list_display = ["date", "made", "attempts", "needs_attention", "next_attempt_at", "last_error"]
+    list_filter = ["needs_attention", ("done_at", admin.EmptyFieldListFilter)]
+    ordering = ["-date"]
+    date_hierarchy = "date"
+    fields = [
+        "date",
+        "done_at",
+        "attempts",
+        "next_attempt_at",
+        "needs_attention",
+        "last_error",
+        "lease_owner",
+        "lease_expires_at",
+        "created_at",
+        "updated_at",
+    ]
+    readonly_fields = fields
+
+    @admin.display(description="made", boolean=True)
+    def made(self, day) -> bool:
+        return day.done_at is not None

@@ -5,9 +5,12 @@ owns one table and, for its day, deletes its own rows and writes them
 again, so a step re-run after a crash gives exactly what a clean run gives.
 """
 
+from django.conf import settings
 from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
+
+from core.due import DuePolicy, DueWork, due_index
 
 
 class ReportExtractRow(models.Model):
@@ -96,3 +99,40 @@ class DailySalesReport(models.Model):
 
     def __str__(self) -> str:
         return f"sales {self.date} (revision {self.revision})"
+
+
+REPORT_DAY_CONSTRAINT = "reports_reportday_date_uniq"
+
+
+class ReportDay(DueWork):
+    """One closed day the sales report must make: due work (`core.due`), done once published.
+
+    The run (`reports.days.days_make`) opens a row per closed day from the
+    first day on (one `INSERT ... ON CONFLICT` on the date: two runs open one
+    row) and makes the due ones, oldest first; the publish step marks the
+    day's row done in its own transaction, whoever ran it (the run, the
+    command). Past its attempt budget a day needs attention ("Needs
+    attention": Retry now). docs/reports.md, "Every closed day, once (catch-up)".
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    date = models.DateField()
+    created_at = models.DateTimeField(db_default=Now())
+    updated_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["date"], name=REPORT_DAY_CONSTRAINT)]
+        indexes = [due_index(name="reports_day_due_idx")]
+
+    def __str__(self) -> str:
+        return f"sales report of {self.date.isoformat()}"
+
+    @classmethod
+    def due_policy(cls) -> DuePolicy:
+        # The bell rings the run (`reports.make_days`): it makes every due day, oldest first.
+        # One attempt runs in one task: the hard time limit bounds it.
+        return DuePolicy.from_settings(
+            "REPORTS_DAY",
+            task="reports.make_days",
+            attempt_lease=settings.REPORTS_DAY_ATTEMPT_LEASE,
+        )

@@ -31,8 +31,10 @@ from payments import selectors as payment_selectors
 from .lock_objects import report_day_lock
 from .models import (
     DAILY_SALES_DATE_CONSTRAINT,
+    REPORT_DAY_CONSTRAINT,
     DailySalesReport,
     ReportAggregate,
+    ReportDay,
     ReportExtractRow,
 )
 
@@ -231,6 +233,17 @@ WHERE r.content_hash <> EXCLUDED.content_hash
 """
 
 
+# The day is made: its due row is done, in the publish's transaction, whoever ran it
+# (the run, the command, a chain). A day not opened yet gets its row, done.
+_DAY_DONE_SQL = f"""
+INSERT INTO {ReportDay._meta.db_table} AS d (date, done_at) VALUES (%s, now())
+ON CONFLICT ON CONSTRAINT {REPORT_DAY_CONSTRAINT} DO UPDATE SET
+    done_at = now(), needs_attention = false, lease_owner = '', lease_expires_at = NULL,
+    updated_at = now()
+WHERE d.done_at IS NULL
+"""
+
+
 @transaction.atomic
 def _publish(day: date) -> DailySalesReport:
     report_day_lock(day=day)
@@ -239,6 +252,8 @@ def _publish(day: date) -> DailySalesReport:
     report = DailySalesReport.objects.filter(date=day).first()
     if report is None:
         raise ReportNotAggregated(f"{day.isoformat()} has no aggregate: run aggregate first.")
+    with connection.cursor() as cursor:
+        cursor.execute(_DAY_DONE_SQL, [day])
     return report
 
 

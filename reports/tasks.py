@@ -1,9 +1,11 @@
-"""Celery tasks of the daily sales report: a chain extract → aggregate → publish per day.
+"""Celery tasks of the daily sales report: the run, and a chain extract → aggregate → publish.
 
-Each task takes the day (ISO date), calls one pipeline step and returns;
-a redelivered or retried task re-runs its step, which rewrites its own
-output for the day (reports.pipeline). Beat starts the chain every night
-for the day before (`reports.daily_sales_previous_day`).
+Beat's run (`reports.make_days`) makes every closed day not yet published,
+oldest first (reports.days; docs/reports.md, "Every closed day, once
+(catch-up)"). The chain makes one day on the workers step by step: each
+task takes the day (ISO date), calls one pipeline step and returns; a
+redelivered or retried task re-runs its step, which rewrites its own output
+for the day (reports.pipeline).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from celery import chain, shared_task
 from django.conf import settings
 from django.db import OperationalError
 
-from . import pipeline
+from . import days, pipeline
 
 logger = logging.getLogger(__name__)
 
@@ -61,10 +63,11 @@ def daily_sales_chain(day: date, *, from_step: str = "extract"):
     return chain(*(STEP_TASKS[step].si(day.isoformat()) for step in steps))
 
 
-@shared_task(bind=True, name="reports.daily_sales_previous_day")
-def daily_sales_previous_day(self) -> str:
-    """Start the chain for yesterday in the shop's time zone (beat, every night)."""
-    day = pipeline.last_closed_day()
-    daily_sales_chain(day).apply_async()
-    logger.info("daily sales report for %s started", day)
-    return day.isoformat()
+@shared_task(bind=True, name="reports.make_days", max_retries=0)
+def make_days(self, day_id: int | None = None) -> list[str]:
+    """Make every closed day not yet published, oldest first (beat; a staff retry rings it
+    with the day's row id, which the run makes among the others)."""
+    made = days.days_make()
+    if made:
+        logger.info("sales reports made: %s", ", ".join(d.isoformat() for d in made))
+    return [d.isoformat() for d in made]

@@ -7,9 +7,8 @@ before Django loads (see docs/running.md); settings never start anything.
 """
 
 import tomllib
+from datetime import date
 from typing import Any
-
-from celery.schedules import crontab
 
 from config.settings.renamed import renamed
 
@@ -77,6 +76,16 @@ MIDDLEWARE = [
 # Django's database sessions with their end written and checked by the database
 # clock, which every host shares (core/sessions.py; docs/failure-model.md).
 SESSION_ENGINE = "core.sessions"
+# A session ends this long after its last save (Django's default, named here: the
+# inbox's retention depends on it); beat deletes ended ones (docs/operations.md,
+# "Retention") in bounded batches.
+SESSION_COOKIE_AGE = env.int("SESSION_COOKIE_AGE", default=14 * 24 * 3600)
+SESSION_CLEAR_EVERY = env.float("SESSION_CLEAR_EVERY", default=3600.0)
+SESSION_CLEAR_BATCH = env.int("SESSION_CLEAR_BATCH", default=5000)
+SESSION_CLEAR_MAX_BATCHES = env.int("SESSION_CLEAR_MAX_BATCHES", default=50)
+CELERY_BEAT_SCHEDULE["core.clear_expired_sessions"] = _beat_every(
+    "core.clear_expired_sessions", SESSION_CLEAR_EVERY
+)
 
 ROOT_URLCONF = "config.urls"
 WSGI_APPLICATION = "config.wsgi.application"
@@ -139,6 +148,13 @@ REST_FRAMEWORK = {
 # An API token authenticates for this long after it was issued (database clock),
 # then answers 401 and the client asks POST /api/v1/auth/token/ again.
 API_TOKEN_LIFETIME = env.int("API_TOKEN_LIFETIME", default=30 * 24 * 3600)
+# Expired tokens are deleted by beat (docs/operations.md, "Retention").
+API_TOKEN_PURGE_EVERY = env.float("API_TOKEN_PURGE_EVERY", default=3600.0)
+API_TOKEN_PURGE_BATCH = env.int("API_TOKEN_PURGE_BATCH", default=1000)
+API_TOKEN_PURGE_MAX_BATCHES = env.int("API_TOKEN_PURGE_MAX_BATCHES", default=50)
+CELERY_BEAT_SCHEDULE["core.purge_expired_tokens"] = _beat_every(
+    "core.purge_expired_tokens", API_TOKEN_PURGE_EVERY
+)
 
 SPECTACULAR_SETTINGS: dict[str, Any] = {
     "TITLE": "Shop API",
@@ -226,6 +242,21 @@ CELERY_BEAT_SCHEDULE["idempotency-sweep-deliveries"] = _beat_every(
 )
 CELERY_BEAT_SCHEDULE["idempotency-purge-outbox"] = _beat_every(
     "idempotency.purge_outbox", OUTBOX_PURGE_EVERY
+)
+# The inbox keeps a consumer's ids this long (received_at, database clock), then
+# beat deletes them: never shorter than a copy of an event can arrive (the outbox's
+# retention plus the redelivery window) nor than a session holding a guest cart's id
+# lives (docs/operations.md, "Retention"). Provider events stored `unmatched` stay.
+IDEMPOTENCY_INBOX_RETENTION = max(
+    env.float("IDEMPOTENCY_INBOX_RETENTION", default=30 * 24 * 3600.0),
+    OUTBOX_RETENTION + OUTBOX_DELIVERY_TIMEOUT,
+    float(SESSION_COOKIE_AGE),
+)
+IDEMPOTENCY_INBOX_PURGE_BATCH = env.int("IDEMPOTENCY_INBOX_PURGE_BATCH", default=1000)
+IDEMPOTENCY_INBOX_PURGE_MAX_BATCHES = env.int("IDEMPOTENCY_INBOX_PURGE_MAX_BATCHES", default=50)
+IDEMPOTENCY_INBOX_PURGE_EVERY = env.float("IDEMPOTENCY_INBOX_PURGE_EVERY", default=3600.0)
+CELERY_BEAT_SCHEDULE["idempotency-purge-inbox"] = _beat_every(
+    "idempotency.purge_inbox", IDEMPOTENCY_INBOX_PURGE_EVERY
 )
 IDEMPOTENCY_COMPLETER_EVERY = env.float("IDEMPOTENCY_COMPLETER_EVERY", default=60.0)
 IDEMPOTENCY_PURGE_EVERY = env.float("IDEMPOTENCY_PURGE_EVERY", default=900.0)
@@ -323,14 +354,30 @@ ORDER_EXPIRY_BATCH = env.int("ORDER_EXPIRY_BATCH", default=500)
 CELERY_BEAT_SCHEDULE["orders.expire_reservations"] = _beat_every(
     "orders.expire_reservations", ORDER_EXPIRY_SWEEP_SECONDS
 )
-# The daily sales report (docs/reports.md): every night, for the day before in
-# TIME_ZONE. Expires after an hour: a tick queued through a long outage is
-# dropped (the next night's run, or `manage.py sales_report`, covers the day).
-CELERY_BEAT_SCHEDULE["reports.daily_sales_previous_day"] = {
-    "task": "reports.daily_sales_previous_day",
-    "schedule": crontab(minute=env.int("REPORTS_DAILY_SALES_MINUTE", default=30), hour=0),
-    "options": {"expires": 3600},
-}
+# The daily sales report (docs/reports.md, "Every closed day, once (catch-up)"): a due
+# row per closed day in TIME_ZONE (reports.models.ReportDay); beat's run makes every
+# day not yet published, oldest first. A tick lost in an outage costs one interval.
+REPORTS_RUN_EVERY = env.float("REPORTS_RUN_EVERY", default=300.0)
+# The run starts no further day after this long (one day's three steps run in the task).
+REPORTS_RUN_BUDGET = env.float("REPORTS_RUN_BUDGET", default=CELERY_VISIBILITY_TIMEOUT / 4)
+# A closed day is made this long after its end: a transaction that began before
+# midnight and commits after it is counted in its day by then.
+REPORTS_DAY_GRACE = env.float("REPORTS_DAY_GRACE", default=1800.0)
+# The first day reported (YYYY-MM-DD); unset: the day of the first order (or of the
+# oldest report or report day, if earlier).
+REPORTS_FIRST_DAY: date | None = (
+    date.fromisoformat(env.str("REPORTS_FIRST_DAY"))
+    if env.str("REPORTS_FIRST_DAY", default="")
+    else None
+)
+REPORTS_DAY_MAX_ATTEMPTS = env.int("REPORTS_DAY_MAX_ATTEMPTS", default=5)
+REPORTS_DAY_BACKOFF_BASE = env.float("REPORTS_DAY_BACKOFF_BASE", default=60.0)
+REPORTS_DAY_BACKOFF_MAX = env.float("REPORTS_DAY_BACKOFF_MAX", default=3600.0)
+REPORTS_DAY_LEASE = env.float("REPORTS_DAY_LEASE", default=CELERY_VISIBILITY_TIMEOUT + 30)
+REPORTS_DAY_ATTEMPT_LEASE = env.float(
+    "REPORTS_DAY_ATTEMPT_LEASE", default=CELERY_TASK_TIME_LIMIT + DUE_ATTEMPT_MARGIN
+)
+CELERY_BEAT_SCHEDULE["reports.make_days"] = _beat_every("reports.make_days", REPORTS_RUN_EVERY)
 # Compensation (docs/compensation.md): a received return's or a cancelled order's
 # steps are due rows (core.due), rung after commit and swept by beat.
 COMPENSATION_MAX_ATTEMPTS = env.int("COMPENSATION_MAX_ATTEMPTS", default=10)

@@ -142,9 +142,10 @@ SHOP_QUEUES: dict[str, tuple[str, ...]] = {
     # return's compensation run (its notify step sends mail), and the shopper e-mails the
     # "emails" consumer wrote (shop.send_mail): slow sends never queue before a delivery.
     "compensation": ("orders.compensation_step", "shop.send_mail"),
-    # The nightly sales report chain.
+    # The sales report: the run that makes every closed day (reports.make_days), and a
+    # day's chain of steps.
     "reports": (
-        "reports.daily_sales_previous_day",
+        "reports.make_days",
         "reports.extract",
         "reports.aggregate",
         "reports.publish",
@@ -160,7 +161,10 @@ SHOP_QUEUES: dict[str, tuple[str, ...]] = {
         "orders.expire_reservations",
         "idempotency.complete_abandoned_keys",
         "idempotency.purge_outbox",
+        "idempotency.purge_inbox",
         "idempotency.purge_finished_keys",
+        "core.clear_expired_sessions",
+        "core.purge_expired_tokens",
     ),
 }
 # Each queue is bound to its own direct exchange under its own name, as Celery's

@@ -298,6 +298,7 @@ def test_counts_cover_every_kind(items):
         "refund": 1,
         "step": 1,
         "dead_letter": 1,
+        "report_day": 0,
     }
 
 

@@ -52,7 +52,7 @@ def test_each_kind_of_work_has_its_queue():
     assert queue_of("orders.compensation_step") == "compensation"
     # Sending a shopper mail never queues before a delivery.
     assert queue_of("shop.send_mail") == "compensation"
-    chain = ("daily_sales_previous_day", "extract", "aggregate", "publish")
+    chain = ("make_days", "extract", "aggregate", "publish")
     assert {queue_of(f"reports.{n}") for n in chain} == {"reports"}
     sweeps = (
         "payments.sweep_settlements",

@@ -108,13 +108,13 @@ def test_needs_attention_is_counted_by_kind_in_the_database(client, shopper):
     def kinds() -> dict[str, float]:
         return {dict(k)["kind"]: v for k, v in scrape(client)["shop_needs_attention"].items()}
 
-    assert kinds() == {"settlement": 0, "refund": 0, "step": 0, "dead_letter": 0}
+    assert kinds() == {"settlement": 0, "refund": 0, "step": 0, "dead_letter": 0, "report_day": 0}
     items = every_kind(shopper)
     # Not waiting: a settlement that is done, even if it was flagged once.
     PaymentSettlement.objects.filter(id=flagged_settlement(items["payment"]).id).update(
         done_at=Now()
     )
-    assert kinds() == {"settlement": 1, "refund": 1, "step": 1, "dead_letter": 1}
+    assert kinds() == {"settlement": 1, "refund": 1, "step": 1, "dead_letter": 1, "report_day": 0}
     assert refund_record_outside(refund_id=items["refund"].id)  # staff ended it
     assert kinds()["refund"] == 0
 

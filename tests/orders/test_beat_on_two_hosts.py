@@ -48,11 +48,9 @@ EXISTING = {
     "orders.expire_reservations": (
         "tests.orders.test_services:test_two_sweepers_at_once_expire_each_order_once"
     ),
-    # The task only starts yesterday's chain; two chains for one day publish one
-    # report (the day's unique constraint and its lock decide).
-    "reports.daily_sales_previous_day": (
-        "tests.orders.test_reports:test_two_runs_at_once_for_one_day_publish_one_report"
-    ),
+    # Each day's row is taken by one run's attempt (core.due.attempt_begin); two
+    # pipelines for one day would still publish one report (its constraint and lock).
+    "reports.make_days": "tests.reports.test_catch_up:test_two_runs_at_once_make_each_day_once",
 }
 COVERED_HERE = {
     "idempotency-relay-outbox",
@@ -65,6 +63,9 @@ COVERED_HERE = {
     "orders.sweep_compensation",
     "shop.sweep_mail",
     "shop.purge_mail",
+    "idempotency-purge-inbox",
+    "core.clear_expired_sessions",
+    "core.purge_expired_tokens",
 }
 
 
@@ -278,3 +279,40 @@ def test_two_mail_purges_delete_each_sent_mail_once(shopper, published, settings
     settings.SHOP_MAIL_RETENTION = 0.0
     assert sum(twice_at_once(_entry("shop.purge_mail"))) == 6
     assert not Mail.objects.exists()
+
+
+def test_two_inbox_purges_delete_each_row_once(settings):
+    from idempotency.models import InboxMessage
+
+    for i in range(8):
+        InboxMessage.objects.create(consumer="purchase_history", message_id=f"beat-{i}")
+    InboxMessage.objects.update(received_at=Now() - timedelta(hours=1))
+    settings.IDEMPOTENCY_INBOX_RETENTION = 60.0
+    settings.IDEMPOTENCY_INBOX_PURGE_BATCH = 3
+    assert sum(twice_at_once(_entry("idempotency-purge-inbox"))) == 8
+    assert not InboxMessage.objects.exists()
+
+
+def test_two_session_clears_delete_each_ended_session_once(settings):
+    from importlib import import_module
+
+    from django.contrib.sessions.models import Session
+
+    store = import_module(settings.SESSION_ENGINE).SessionStore
+    for _ in range(8):
+        store().create()
+    Session.objects.update(expire_date=Now() - timedelta(seconds=1))
+    settings.SESSION_CLEAR_BATCH = 3
+    assert sum(twice_at_once(_entry("core.clear_expired_sessions"))) == 8
+    assert not Session.objects.exists()
+
+
+def test_two_token_purges_delete_each_expired_token_once(make_user, settings):
+    from rest_framework.authtoken.models import Token
+
+    for i in range(8):
+        Token.objects.create(user=make_user(username=f"beat-token-{i}"))
+    Token.objects.update(created=Now() - timedelta(seconds=settings.API_TOKEN_LIFETIME + 1))
+    settings.API_TOKEN_PURGE_BATCH = 3
+    assert sum(twice_at_once(_entry("core.purge_expired_tokens"))) == 8
+    assert not Token.objects.exists()

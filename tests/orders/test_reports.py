@@ -250,12 +250,6 @@ def test_the_date_unique_constraint_decides_without_the_lock(day_sales, monkeypa
     assert DailySalesReport.objects.count() == 1
 
 
-def test_beat_runs_the_report_nightly_with_an_expiry():
-    entry = settings.CELERY_BEAT_SCHEDULE["reports.daily_sales_previous_day"]
-    assert entry["task"] == "reports.daily_sales_previous_day"
-    assert 0 < entry["options"]["expires"] <= 24 * 3600
-
-
 # --- a real worker process dying after each step ------------------------------------
 
 

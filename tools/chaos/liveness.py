@@ -53,11 +53,12 @@ PREFERENCE = {
     "refund": ("retry", "failed", "outside", "accept_provider"),
     "dead_letter": ("requeue",),
     "step": ("retry",),
+    "report_day": ("retry",),
 }
 # The provider refused it: sending it again under the same key is refused again.
 REFUSED_PREFERENCE = ("failed", "retry", "outside", "accept_provider")
 REFUSED_WORDS = ("refused", "declined")
-KIND_ORDER = ("settlement", "refund", "dead_letter", "step")
+KIND_ORDER = ("settlement", "refund", "dead_letter", "step", "report_day")
 SECTION = "needs-attention-"  # the id of each kind's section on the page
 
 

@@ -152,7 +152,7 @@ def test_a_page_the_staff_user_may_not_fully_see_is_no_proof(live_server, make_u
     assert not outcome.ok and outcome.taken == Counter()
     assert outcome.left == [
         "the phase could not go on: RuntimeError: chaos-staff may not view dead_letter, "
-        "settlement, step"
+        "report_day, settlement, step"
     ]
     assert Refund.objects.get(id=items["refund"].id).status == "needs_attention"
 
