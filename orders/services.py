@@ -37,7 +37,7 @@ from payments.capture import payment_create
 from payments.gateway import Outcome
 from payments.states import PaymentStatus
 
-from . import compensation, lock_objects, selectors
+from . import compensation, limits, lock_objects, selectors
 from .event_types import OrderEventType
 from .models import Order, OrderEvent, OrderLine
 from .states import (
@@ -147,10 +147,12 @@ def order_hold(
     `payment_pending` for what is held (fully short lines `unavailable`);
     `ask` → `awaiting_decision` until `reservation_expires_at`.
     A refusal raises, so this transaction (savepoint) rolls back and every
-    flag and counter change with it.
+    flag and counter change with it. Past the owner's limits (orders.limits)
+    → 429 `throttled` before anything is held.
     """
     skus = [line.product.sku for line in lines]
     assert lines and len(set(skus)) == len(skus), "lines must be non-empty with distinct skus"
+    limits.order_limits_check(owner_id=owner.pk)
     requested_total = _quantize(
         sum((line.product.price * line.quantity for line in lines), Decimal(0))
     )
