@@ -57,8 +57,10 @@ def reserved(sku: str = "TEE-M") -> int:
     return StockItem.objects.get(product__sku=sku).reserved
 
 
-def assert_throttled(response, *, most: int) -> int:
-    assert_problem(response, 429, "throttled")
+def assert_throttled(response, *, most: int, limit: str | None = None) -> int:
+    body = assert_problem(response, 429, "throttled")
+    if limit is not None:
+        assert body["limit"] == limit, body
     wait = int(response["Retry-After"])
     assert 1 <= wait <= most, wait
     return wait
@@ -91,7 +93,7 @@ def test_past_the_holding_cap_a_new_order_is_429_and_holds_nothing(shopper_clien
 
     refused = place(shopper_client, key="ask-3")
     # The earliest awaiting order's expiry: then a place frees itself.
-    assert_throttled(refused, most=django_settings.ORDER_RESERVATION_TTL_SECONDS)
+    assert_throttled(refused, most=django_settings.ORDER_RESERVATION_TTL_SECONDS, limit="holding")
     assert reserved() == 24
     assert Order.objects.count() == 3 and Reservation.objects.count() == 3
     assert not IdempotencyKey.objects.filter(key="ask-3").exists()
@@ -113,7 +115,7 @@ def test_past_the_rate_a_new_order_is_429_until_its_minute_has_passed(
     for index in range(3):
         assert place(shopper_client, key=f"o-{index}").status_code == 201
     refused = place(shopper_client, key="o-3")
-    assert_throttled(refused, most=60)
+    assert_throttled(refused, most=60, limit="rate")
     assert reserved() == 24 and Order.objects.count() == 3
     assert not IdempotencyKey.objects.filter(key="o-3").exists()
 
