@@ -147,11 +147,11 @@ def order_hold(
     `payment_pending` for what is held (fully short lines `unavailable`);
     `ask` → `awaiting_decision` until `reservation_expires_at`.
     A refusal raises, so this transaction (savepoint) rolls back and every
-    flag and counter change with it. Past the owner's limits (orders.limits)
-    → 429 `throttled` before anything is held.
+    flag and counter change with it.
     """
     skus = [line.product.sku for line in lines]
     assert lines and len(set(skus)) == len(skus), "lines must be non-empty with distinct skus"
+    # Past the owner's limits per shopper: 429 `throttled` before anything is held.
     limits.order_limits_check(owner_id=owner.pk)
     requested_total = _quantize(
         sum((line.product.price * line.quantity for line in lines), Decimal(0))
