@@ -3,8 +3,7 @@
 Lock order (docs/checkout.md): the order's payment, the order row, its lines
 (primary-key order), their reservation flags, then stock rows
 (`inventory.lock_objects`). A shipment takes only the order row and its
-lines, in that order. Placing an order takes its owner's user row first,
-before any stock row (`order_owner_lock`), and no order row.
+lines, in that order.
 """
 
 from __future__ import annotations
@@ -19,6 +18,8 @@ from .models import Order, OrderLine
 
 def order_owner_lock(*, owner_id) -> None:
     """Lock the owner's user row until the transaction ends: one shopper's placements queue.
+
+    Placing an order takes it first, before any stock row, and no order row.
 
     `orders.limits` counts the owner's orders after this lock, in the
     transaction that inserts the new order, so a second placement waiting
