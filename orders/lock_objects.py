@@ -8,11 +8,31 @@ lines, in that order.
 
 from __future__ import annotations
 
+from django.contrib.auth import get_user_model
 from django.db import connection
 
 from payments.models import Payment
 
 from .models import Order, OrderLine
+
+
+def order_owner_lock(*, owner_id) -> None:
+    """Lock the owner's user row until the transaction ends: one shopper's placements queue.
+
+    Placing an order takes it first, before any stock row, and no order row.
+
+    `orders.limits` counts the owner's orders after this lock, in the
+    transaction that inserts the new order, so a second placement waiting
+    here counts the first one's order once that commits (docs/checkout.md,
+    "Limits per shopper"). `FOR NO KEY UPDATE`, not `FOR UPDATE`: inserting a
+    row that references the user (the request key, the order) takes `FOR KEY
+    SHARE` on it, which `FOR UPDATE` would wait for, so two placements that
+    each inserted their request key would deadlock; `NO KEY UPDATE` lets those
+    inserts pass and still makes placements of one owner wait for each other.
+    """
+    assert connection.in_atomic_block, "a row lock outside a transaction is released at once"
+    users = get_user_model().objects.select_for_update(no_key=True).filter(pk=owner_id)
+    list(users.values_list("pk", flat=True))
 
 
 def order_lock(*, order_id) -> Order:

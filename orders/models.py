@@ -103,6 +103,12 @@ class Order(models.Model):
                 condition=Q(status="awaiting_decision"),
                 name="orders_order_awaiting_idx",
             ),
+            # A shopper's orders holding stock, earliest expiry first (orders.limits).
+            models.Index(
+                fields=["owner", "reservation_expires_at"],
+                condition=Q(status__in=["awaiting_decision", "payment_pending"]),
+                name="orders_order_owner_holding_idx",
+            ),
         ]
 
     def __str__(self) -> str:

@@ -39,7 +39,7 @@ from payments.capture import payment_create
 from payments.gateway import Outcome
 from payments.states import PaymentStatus
 
-from . import compensation, lock_objects, selectors
+from . import compensation, limits, lock_objects, selectors
 from .event_types import OrderEventType
 from .models import SCOPE_CONSTRAINT, Order, OrderEvent, OrderLine
 from .states import (
@@ -203,6 +203,8 @@ def order_hold(
     """
     skus = [line.product.sku for line in lines]
     assert lines and len(set(skus)) == len(skus), "lines must be non-empty with distinct skus"
+    # Past the owner's limits per shopper: 429 `throttled` before anything is held.
+    limits.order_limits_check(owner_id=owner.pk)
     requested_total = _quantize(
         sum((line.product.price * line.quantity for line in lines), Decimal(0))
     )

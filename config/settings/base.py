@@ -351,6 +351,10 @@ ORDERS_SCOPE_HANDLER: str | None = None
 ORDER_EXPIRY_SWEEP_SECONDS = env.int("ORDER_EXPIRY_SWEEP_SECONDS", default=30)
 # Orders expired per sweep run (each in its own transaction).
 ORDER_EXPIRY_BATCH = env.int("ORDER_EXPIRY_BATCH", default=500)
+# Limits per shopper on new orders (docs/checkout.md, "Limits per shopper"): orders
+# placed in any minute, and orders awaiting a decision or a payment outcome at once.
+ORDER_PLACE_PER_MINUTE = env.int("ORDER_PLACE_PER_MINUTE", default=20)
+ORDER_HOLDING_MAX = env.int("ORDER_HOLDING_MAX", default=3)
 CELERY_BEAT_SCHEDULE["orders.expire_reservations"] = _beat_every(
     "orders.expire_reservations", ORDER_EXPIRY_SWEEP_SECONDS
 )

@@ -15,6 +15,12 @@ from . import presenters
 from .serializers import OrderIn, OrderOut, order_body
 
 PROBLEM = OpenApiResponse(description="application/problem+json")
+# Placing only (docs/checkout.md, "Limits per shopper"); a replay is never throttled.
+ORDER_THROTTLED = OpenApiResponse(
+    description="throttled (with Retry-After): the shopper placed ORDER_PLACE_PER_MINUTE "
+    "orders in the last minute or holds ORDER_HOLDING_MAX orders awaiting a decision or a "
+    "payment outcome; nothing is held or stored, the same key may be sent again later"
+)
 # Shoppers and staff; a courier gets 403 (it may only post tracking events).
 ORDER_PERMISSIONS = [IsAuthenticated, IsNotCourier]
 
@@ -46,6 +52,7 @@ class OrderListView(GenericAPIView):
             402: PROBLEM,
             409: PROBLEM,
             422: PROBLEM,
+            429: ORDER_THROTTLED,
         },
     )
     @idempotent(operation=operations.CREATE)

@@ -25,12 +25,14 @@ BODY = {
 # Transaction control the driver sends as commands of their own (each a round trip too).
 CONTROL = ("BEGIN", "COMMIT", "SAVEPOINT", "RELEASE SAVEPOINT")
 # Outside any transaction: token (with the courier check), key read, catalog read (3);
-# phase 1 (key insert with its lock_timeout set and reset, reserve, order, payment: 11);
+# phase 1 (key insert with its lock_timeout set and reset, the owner's row lock and the
+# read of their recent and holding orders (orders.limits), reserve, order, payment: 13);
 # the capture's two payment transactions (5, payments/capture.py); phase 3 (order with
 # its payment lock, lines, transition, reservation commit, outbox, answer: 8). 30 before
 # issue 21: the courier check, the payment lock and the stock update were statements
-# of their own (docs/performance.md, "Statements of one keyed checkout").
-STATEMENTS = 27
+# of their own (docs/performance.md, "Statements of one keyed checkout"); 29 since the
+# limits per shopper (docs/checkout.md, "Limits per shopper").
+STATEMENTS = 29
 TRANSACTIONS = 4  # phase 1, the capture's two, phase 3
 
 

@@ -41,6 +41,7 @@ import time
 import traceback
 import uuid
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -56,7 +57,7 @@ from .faultproxy import FaultProxy, via
 from .faults import JUDGED, Faults, failpoint_kills, hung_requests, timing_lines
 from .killer import Killer, processes
 from .postgres import ChaosPostgres
-from .workload import AnswerLog, Client, Product, Workload
+from .workload import ACCOUNTS_PER_SHOPPER, AnswerLog, Client, Product, Workload
 
 ROOT = Path(__file__).resolve().parents[2]
 WEBHOOK_PATH = "/api/v1/payments/webhooks/"
@@ -412,7 +413,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=None, help="random seed (default: random)")
     parser.add_argument("--run-dir", type=Path, default=None, help="default var/chaos/<UTC time>/")
     parser.add_argument("--keep", action="store_true", help="keep the cluster's data folder")
-    parser.add_argument("--shoppers", type=int, default=None, help="shopper threads (6 per host)")
+    parser.add_argument(
+        "--shoppers",
+        type=int,
+        default=None,
+        help=f"shopper threads (6 per host), each with {ACCOUNTS_PER_SHOPPER} accounts in turn",
+    )
     parser.add_argument("--wait-timeout", type=int, default=WAIT_TIMEOUT)
     parser.add_argument(
         "--skew",
@@ -628,8 +634,8 @@ class Run:
             if answer.status != 201:
                 raise RuntimeError(f"creating {sku}: {answer.status} {answer.body}")
             products.append(Product(sku, price, stock))
-        shoppers = []
-        for index in range(self.args.shoppers):
+
+        def register(index: int) -> tuple[str, str]:
             username = f"chaos{index}-{uuid.uuid4().hex[:6]}"
             response = requests.post(
                 f"{self.hosts[index % len(self.hosts)].url}/api/v1/auth/register/",
@@ -638,8 +644,16 @@ class Run:
                 timeout=30,
             )  # fmt: skip
             response.raise_for_status()
-            shoppers.append((username, response.json()["token"]))
-        say(f"{len(products)} products (stocks {stocks}), {len(shoppers)} shoppers")
+            return username, response.json()["token"]
+
+        # Each shopper thread takes turns with ACCOUNTS_PER_SHOPPER accounts (workload.py).
+        accounts = self.args.shoppers * ACCOUNTS_PER_SHOPPER
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            shoppers = list(pool.map(register, range(accounts)))
+        say(
+            f"{len(products)} products (stocks {stocks}), {self.args.shoppers} shoppers "
+            f"taking turns with {len(shoppers)} accounts"
+        )
         return Workload(
             hosts=hosts,
             log=log,
@@ -649,6 +663,7 @@ class Run:
             courier_token=courier,
             seed=self.args.seed,
             resend_webhooks=self.resend_webhooks,
+            threads_of_shoppers=self.args.shoppers,
         )
 
     def resend_webhooks(self, provider: Client) -> None:

@@ -40,6 +40,11 @@ ADDRESS = {
     "postal_code": "69001",
     "country": "FR",
 }
+# Accounts each shopper thread takes turns with, one journey each. The threads
+# make the load; the accounts keep each one at a person's pace, so the limits
+# per shopper on new orders (docs/checkout.md, "Limits per shopper": 20 a minute,
+# 3 awaiting a decision or a payment outcome) are not what the run measures.
+ACCOUNTS_PER_SHOPPER = 4
 # No answer, a server error or "still running": the same key is sent again later.
 RETRYABLE = {None, 500, 502, 503, 504}
 HTTP_TIMEOUT = 30.0
@@ -283,6 +288,11 @@ class Retrier:
                 self.items.extend(keep)
 
 
+def shopper_accounts(accounts: Sequence[tuple[str, str]], threads: int) -> list[list]:
+    """Deal the accounts to `threads` shopper threads, round-robin (none left out)."""
+    return [list(accounts[index::threads]) for index in range(threads) if accounts[index::threads]]
+
+
 def _final(answer: Answer) -> bool:
     if answer.status in RETRYABLE:
         return False
@@ -301,7 +311,7 @@ class Workload:
     hosts: dict[str, str]
     log: AnswerLog
     products: Sequence[Product]
-    shoppers: list[tuple[str, str]]  # (username, token)
+    shoppers: list[tuple[str, str]]  # (username, token): every account
     staff_token: str
     courier_token: str
     seed: int
@@ -311,6 +321,7 @@ class Workload:
     counts: Counter[str] = field(default_factory=Counter)
     counts_lock: threading.Lock = field(default_factory=threading.Lock)
     retrier: Retrier | None = None
+    threads_of_shoppers: int = 0  # 0: one thread per account
 
     def count(self, what: str) -> None:
         with self.counts_lock:
@@ -319,21 +330,25 @@ class Workload:
     def start(self) -> None:
         self.retrier = Retrier(self.stop)
         self.threads.append(self.retrier.thread)
-        for index, (username, token) in enumerate(self.shoppers):
+        threads = self.threads_of_shoppers or len(self.shoppers)
+        for index, accounts in enumerate(shopper_accounts(self.shoppers, threads)):
             rng = random.Random(self.seed * 1000 + index)
-            shopper = Client(actor=username, token=token, hosts=self.hosts, log=self.log, rng=rng)
+            shoppers = [
+                Client(actor=username, token=token, hosts=self.hosts, log=self.log, rng=rng)
+                for username, token in accounts
+            ]
             staff = Client(
                 actor="staff", token=self.staff_token, hosts=self.hosts, log=self.log, rng=rng
             )
             courier = Client(
                 actor="courier", token=self.courier_token, hosts=self.hosts, log=self.log, rng=rng
             )
-            for client in (shopper, staff, courier):
+            for client in (*shoppers, staff, courier):
                 client.retrier = self.retrier
             thread = threading.Thread(
                 target=self._shopper_loop,
-                args=(shopper, staff, courier, rng),
-                name=f"shopper-{username}",
+                args=(shoppers, staff, courier, rng),
+                name=f"shopper-{accounts[0][0]}",
                 daemon=True,
             )
             self.threads.append(thread)
@@ -364,8 +379,13 @@ class Workload:
 
     # -- one shopper ------------------------------------------------------------
 
-    def _shopper_loop(self, shopper: Client, staff: Client, courier: Client, rng: random.Random):
+    def _shopper_loop(
+        self, shoppers: list[Client], staff: Client, courier: Client, rng: random.Random
+    ):
+        turn = 0
         while not self.stop.is_set():
+            shopper = shoppers[turn % len(shoppers)]  # each account in turn: one journey each
+            turn += 1
             try:
                 self._journey(shopper, staff, courier, rng)
             except Exception as exc:  # noqa: BLE001 - one broken journey must not end the actor
@@ -390,6 +410,9 @@ class Workload:
         self.count(f"checkout_{body['on_shortage']}")
         key = f"chaos-{uuid.uuid4()}"
         answer = shopper.keyed("checkout", "/api/v1/orders/", body, stop=self.stop, key=key)
+        if answer.status == 429:
+            # A limit per shopper (docs/checkout.md): counted, so a run shows if it bit.
+            self.count("checkout_throttled")
         status = _body_status(answer)
         if answer.status == 202 and status == "payment_pending":
             # The key stays open: a later retry answers the settled outcome.

@@ -1,0 +1,129 @@
+"""Limits per shopper on new orders: a rate, and a cap on orders holding stock.
+
+docs/checkout.md, "Limits per shopper". A shopper places at most
+`ORDER_PLACE_PER_MINUTE` orders in any minute and holds at most
+`ORDER_HOLDING_MAX` orders awaiting a decision or a payment outcome
+(`HOLDING_STATUSES`); past either, a new order is refused with 429
+`throttled` and `Retry-After`, and nothing is held.
+
+`orders.services.order_hold` calls `order_limits_check` first, inside the
+transaction that holds the flags and inserts the order:
+
+- The owner's user row is locked first (`lock_objects.order_owner_lock`),
+  then the owner's orders are read in a statement of their own (under READ
+  COMMITTED it sees what committed while it waited): two placements of one
+  shopper at the cap minus one queue on that lock, and the second counts the
+  first one's order. A count without the lock lets both through.
+- A refusal raises before any flag is held. Raised in the request key's
+  first phase, a 429 is not stored (`idempotency.keys.UNSTORED_STATUSES`): the
+  key is forgotten and the same request may be sent again once the limit
+  allows it.
+- Only a new order is counted: a replay of a finished key is answered from
+  its stored answer and a retry of an open key resumes past `order_hold`, so
+  neither is ever throttled. Confirming or cancelling an `awaiting_decision`
+  order is not a new order either.
+- Time is the database's (`statement_timestamp()` against `created_at` and
+  `reservation_expires_at`, both written by the database clock), never a host's.
+
+Every user placing orders is counted, staff included: an order holds stock
+whoever placed it.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import connection
+
+from core.errors import ApplicationError
+
+from . import lock_objects
+from .models import Order
+from .states import HOLDING_STATUSES
+
+# The rate's window, in seconds (ORDER_PLACE_PER_MINUTE).
+RATE_PERIOD = 60
+# Retry-After when every held order waits for a payment outcome (no expiry to name):
+# settlement learns most outcomes within a minute (docs/payments.md).
+HOLDING_RETRY_AFTER = 60
+
+
+class OrderThrottled(ApplicationError):
+    status = 429
+    code = "throttled"
+    title = "Throttled"
+
+
+def _owner_orders(*, owner_id, rate: int, holding_max: int) -> tuple[datetime, list, list]:
+    """Read the database clock, the owner's `rate` newest orders' `created_at`, and the
+    expiry of up to `holding_max` of their orders holding stock (earliest first).
+
+    One statement; each list is read through an index of the owner's orders
+    (newest by number; holding, a partial index), never the whole history.
+    """
+    table = connection.ops.quote_name(Order._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            SELECT statement_timestamp(),
+                   ARRAY(SELECT created_at FROM {table} WHERE owner_id = %(owner)s
+                         ORDER BY number DESC LIMIT %(rate)s),
+                   ARRAY(SELECT reservation_expires_at FROM {table}
+                         WHERE owner_id = %(owner)s AND status = ANY(%(holding)s)
+                         ORDER BY reservation_expires_at ASC NULLS LAST LIMIT %(most)s)
+            """,  # noqa: S608 - the table name is the model's, quoted; values are parameters
+            {
+                "owner": owner_id,
+                "rate": rate,
+                "holding": sorted(HOLDING_STATUSES),
+                "most": holding_max,
+            },
+        )
+        now, placed, holding = cursor.fetchone()
+    return now, placed, holding
+
+
+def _seconds(delta) -> int:
+    return max(1, math.ceil(delta.total_seconds()))
+
+
+def order_limits_check(*, owner_id) -> None:
+    """Lock the owner's row and refuse a new order past either limit (OrderThrottled, 429).
+
+    Must run inside the transaction that inserts the order (`order_hold`).
+    """
+    rate = max(1, int(settings.ORDER_PLACE_PER_MINUTE))
+    holding_max = max(1, int(settings.ORDER_HOLDING_MAX))
+    lock_objects.order_owner_lock(owner_id=owner_id)
+    now, placed, holding = _owner_orders(owner_id=owner_id, rate=rate, holding_max=holding_max)
+    waits: dict[str, int] = {}
+    in_window = [at for at in placed if (now - at).total_seconds() < RATE_PERIOD]
+    if len(in_window) >= rate:
+        # The oldest of them leaves the window first.
+        leaves = min(in_window) + timedelta(seconds=RATE_PERIOD)
+        waits["rate"] = min(RATE_PERIOD, _seconds(leaves - now))
+    if len(holding) >= holding_max:
+        expiries = [at for at in holding if at is not None]
+        waits["holding"] = _seconds(min(expiries) - now) if expiries else HOLDING_RETRY_AFTER
+    if not waits:
+        return
+    wait = max(waits.values())
+    if "holding" in waits:
+        detail = (
+            f"You have {len(holding)} orders awaiting your decision or a payment outcome "
+            f"(at most {holding_max}): decide on one, or wait until one ends, before "
+            "placing another. Nothing was held or charged for this order."
+        )
+    else:
+        detail = (
+            f"You placed {len(in_window)} orders in the last minute (at most {rate}): "
+            f"wait {wait} seconds before placing another. Nothing was held or charged "
+            "for this order."
+        )
+    raise OrderThrottled(
+        detail,
+        extra={"limit": "holding" if "holding" in waits else "rate"},
+        headers={"Retry-After": str(wait)},
+    )
