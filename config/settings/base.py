@@ -45,7 +45,6 @@ INSTALLED_APPS = [
     "whitenoise.runserver_nostatic",
     "django.contrib.staticfiles",
     "rest_framework",
-    "rest_framework.authtoken",
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "core",
@@ -137,7 +136,8 @@ REST_FRAMEWORK = {
 }
 
 # An API token authenticates for this long after it was issued (database clock),
-# then answers 401 and the client asks POST /api/v1/auth/token/ again.
+# then answers 401 and the client asks POST /api/v1/auth/token/ again; the purge
+# (core.api_tokens.api_tokens_purge) deletes the rows past it. docs/security.md.
 API_TOKEN_LIFETIME = env.int("API_TOKEN_LIFETIME", default=30 * 24 * 3600)
 
 SPECTACULAR_SETTINGS: dict[str, Any] = {
