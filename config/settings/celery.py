@@ -157,6 +157,7 @@ SHOP_QUEUES: dict[str, tuple[str, ...]] = {
         "orders.sweep_compensation",
         "shop.sweep_mail",
         "shop.purge_mail",
+        "shop.purge_api_tokens",
         "orders.expire_reservations",
         "idempotency.complete_abandoned_keys",
         "idempotency.purge_outbox",

@@ -24,6 +24,8 @@ from django.db.models.functions import Now
 
 from config.celery import app
 from core import due
+from core.api_tokens import api_token_issue
+from core.models import ApiToken
 from idempotency import keys
 from idempotency.keys import KeyRun
 from idempotency.models import FINISHED, Delivery, IdempotencyKey, OutboxMessage
@@ -65,6 +67,7 @@ COVERED_HERE = {
     "orders.sweep_compensation",
     "shop.sweep_mail",
     "shop.purge_mail",
+    "shop.purge_api_tokens",
 }
 
 
@@ -278,3 +281,13 @@ def test_two_mail_purges_delete_each_sent_mail_once(shopper, published, settings
     settings.SHOP_MAIL_RETENTION = 0.0
     assert sum(twice_at_once(_entry("shop.purge_mail"))) == 6
     assert not Mail.objects.exists()
+
+
+def test_two_token_purges_delete_each_expired_token_once(make_user, settings):
+    users = [make_user() for _ in range(3)]
+    for user in users * 2:
+        api_token_issue(user=user)
+    ApiToken.objects.update(created=Now() - timedelta(hours=2))
+    settings.API_TOKEN_LIFETIME = 3600
+    assert sum(twice_at_once(_entry("shop.purge_api_tokens"))) == 6
+    assert not ApiToken.objects.exists()
