@@ -201,6 +201,19 @@ def test_a_password_change_revokes_every_token_of_the_user(make_user, change):
     assert other.is_active
 
 
+def test_wrong_twin_without_the_auth_hash_check_a_changed_password_keeps_the_token(
+    make_user, monkeypatch
+):
+    """No signal or service revokes: the authentication's auth-hash check is what does."""
+    from core import authentication
+
+    monkeypatch.setattr(authentication, "_password_unchanged", lambda token: True)
+    user = make_user(username="kim")
+    token = log_in("kim")
+    _set_password_anywhere(user)
+    assert works(token)
+
+
 def test_deleting_the_account_in_the_storefront_revokes_every_token(make_user):
     make_user(username="finn")
     phone, laptop = log_in("finn"), log_in("finn")
