@@ -14,6 +14,12 @@ decided by whoever chose it.
 
 Ended sessions are deleted by `clear_expired` (beat's `core.clear_expired_sessions`,
 and `manage.py clearsessions`), in bounded batches (docs/operations.md, "Retention").
+
+The rows are `core.models.Session`: Django's with the logged-in user's id in
+an indexed column, written from the session's `_auth_user_id` on every save,
+so that `sessions_end` ("Log out everywhere") deletes a user's sessions with
+one indexed DELETE instead of decoding every session (docs/security.md, "API
+tokens").
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from datetime import datetime, timedelta
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
+from django.contrib.auth import SESSION_KEY
 from django.contrib.sessions.backends import db
 from django.core.exceptions import SuspiciousOperation
 from django.db.models.functions import Now
@@ -31,6 +38,12 @@ from .db import delete_in_batches
 
 
 class SessionStore(db.SessionStore):
+    @classmethod
+    def get_model_class(cls):
+        from .models import Session  # the models load after the engine is imported
+
+        return Session
+
     def _get_session_from_db(self):
         try:
             return self.model.objects.get(session_key=self.session_key, expire_date__gt=Now())
@@ -51,6 +64,12 @@ class SessionStore(db.SessionStore):
             logging.getLogger(f"django.security.{type(exc).__name__}").warning(str(exc))
         self._session_key = None
 
+    def _row(self, instance, data):
+        """The row to save: its end by the database clock and its user's id (a guest: none)."""
+        user_id = data.get(SESSION_KEY)
+        instance.user_id = int(user_id) if user_id is not None else None
+        return self._database_clock_end(instance, data)
+
     def _database_clock_end(self, instance, data):
         expiry = data.get("_session_expiry")
         if not isinstance(expiry, (datetime, str)):  # an age in seconds (or the default age)
@@ -59,10 +78,10 @@ class SessionStore(db.SessionStore):
         return instance
 
     def create_model_instance(self, data):
-        return self._database_clock_end(super().create_model_instance(data), data)
+        return self._row(super().create_model_instance(data), data)
 
     async def acreate_model_instance(self, data):
-        return self._database_clock_end(await super().acreate_model_instance(data), data)
+        return self._row(await super().acreate_model_instance(data), data)
 
     @classmethod
     def clear_expired(cls) -> int:  # type: ignore[override]  # Django's callers ignore it
@@ -84,3 +103,11 @@ class SessionStore(db.SessionStore):
     @classmethod
     async def aclear_expired(cls) -> int:  # type: ignore[override]  # as clear_expired
         return await sync_to_async(cls.clear_expired)()
+
+
+def sessions_end(*, user_id: int) -> int:
+    """Delete every session of the user (their `user_id` column); how many."""
+    from .models import Session
+
+    deleted, _ = Session.objects.filter(user_id=user_id).delete()
+    return deleted

@@ -9,10 +9,10 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import IntegrityError, transaction
-from rest_framework.authtoken.models import Token
 
-from core.authentication import expired_tokens
+from core.api_tokens import IssuedToken, api_token_issue, api_tokens_revoke
 from core.errors import ApplicationError, InvalidRequest
+from core.sessions import sessions_end
 
 if TYPE_CHECKING:  # the default user model (AUTH_USER_MODEL is not set)
     from django.contrib.auth.models import User
@@ -32,7 +32,7 @@ class InvalidCredentials(ApplicationError):
 
 
 @transaction.atomic
-def user_register(*, username: str, email: str, password: str) -> tuple[User, Token]:
+def user_register(*, username: str, email: str, password: str) -> tuple[User, IssuedToken]:
     """Create a shopper account and its API token; staff are made with createsuperuser."""
     candidate = User(username=username, email=email)
     try:
@@ -47,19 +47,18 @@ def user_register(*, username: str, email: str, password: str) -> tuple[User, To
             candidate.save(force_insert=True)
     except IntegrityError as exc:
         raise UsernameTaken(f"The username {username!r} is taken.") from exc
-    token = Token.objects.create(user=candidate)
-    return candidate, token
+    return candidate, api_token_issue(user=candidate)
 
 
-def token_obtain(*, user: User | None) -> Token:
-    """Return the API token of an authenticated user, creating it once."""
+def token_obtain(*, user: User | None) -> IssuedToken:
+    """A new API token for an authenticated user: each log-in (each device) its own.
+
+    Earlier tokens stay valid until they expire or are revoked (docs/security.md,
+    "API tokens"); the purge deletes the expired rows.
+    """
     if user is None or not user.is_active:
         raise InvalidCredentials("Unable to log in with the provided credentials.")
-    # An expired token is replaced: deleted by the database clock's verdict, then
-    # one new token per user (its unique user column decides between two log-ins).
-    expired_tokens(Token).filter(user=user).delete()
-    token, _ = Token.objects.get_or_create(user=user)
-    return token
+    return api_token_issue(user=user)
 
 
 @transaction.atomic
@@ -76,7 +75,22 @@ def user_anonymise(*, user: User) -> User:
     user.is_active = False
     user.set_unusable_password()
     user.save()
-    Token.objects.filter(user=user).delete()
+    # The new unusable password already ends every token (core/authentication.py);
+    # the rows go too, and the sessions (the one asking is logged out by the view).
+    user_log_out_everywhere(user=user)
+    return user
+
+
+@transaction.atomic
+def user_log_out_everywhere(*, user: User) -> User:
+    """Delete every API token and every session of `user` ("Log out everywhere").
+
+    Sessions are found by their `user_id` column (core/models.py::Session). A
+    request of another device that saves its session after this finds the row
+    gone and is refused (Django's `SessionInterrupted`), never recreates it.
+    """
+    api_tokens_revoke(user=user)
+    sessions_end(user_id=user.pk)
     return user
 
 

@@ -24,6 +24,7 @@ from celery import shared_task
 from django.conf import settings
 from django.db import InterfaceError, OperationalError
 
+from core.api_tokens import api_tokens_purge
 from core.due import retry_eta
 from idempotency.deliveries import deliveries_consume, delivery_consume
 
@@ -128,3 +129,9 @@ def sweep_mail(self) -> int:
 def purge_mail(self) -> int:
     """Delete sent mails past SHOP_MAIL_RETENTION (beat, every SHOP_MAIL_PURGE_EVERY seconds)."""
     return emails.mails_purge()
+
+
+@shared_task(name="shop.purge_api_tokens", bind=True, max_retries=0)
+def purge_api_tokens(self) -> int:
+    """Delete API token rows past API_TOKEN_LIFETIME (beat, every API_TOKEN_PURGE_EVERY seconds)."""
+    return api_tokens_purge()

@@ -18,6 +18,11 @@ urlpatterns = [
     path("account/", accounts.account_page, name="account"),
     path("account/email/", accounts.account_email, name="account-email"),
     path("account/delete/", accounts.account_delete, name="account-delete"),
+    path(
+        "account/logout-everywhere/",
+        accounts.account_logout_everywhere,
+        name="account-logout-everywhere",
+    ),
     path("accounts/signup/", accounts.signup, name="signup"),
     path("accounts/login/", accounts.ShopLoginView.as_view(), name="login"),
     path("accounts/logout/", accounts.logout_page, name="logout"),

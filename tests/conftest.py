@@ -8,8 +8,9 @@ from decimal import Decimal
 import pytest
 from django.contrib.auth.models import Group
 from django.core.cache import cache
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
+
+from core.api_tokens import api_token_issue
 
 _counter = itertools.count()
 
@@ -40,7 +41,7 @@ def make_user(django_user_model):
 
 def _client_for(user) -> APIClient:
     client = APIClient()
-    token, _ = Token.objects.get_or_create(user=user)
+    token = api_token_issue(user=user)
     client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
     client.user = user
     return client

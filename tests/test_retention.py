@@ -76,7 +76,7 @@ def run(task_name: str):
 
 @pytest.mark.django_db
 def test_expired_sessions_are_cleared_on_a_schedule():
-    from django.contrib.sessions.models import Session
+    from core.models import Session
 
     store = import_module(settings.SESSION_ENGINE).SessionStore
     sessions = []
@@ -97,7 +97,7 @@ def test_expired_sessions_are_cleared_on_a_schedule():
 
 @pytest.mark.django_db
 def test_clear_expired_deletes_in_bounded_batches(settings):
-    from django.contrib.sessions.models import Session
+    from core.models import Session
 
     store = import_module(settings.SESSION_ENGINE).SessionStore
     for _ in range(7):
@@ -148,14 +148,20 @@ def test_the_inbox_outlives_every_copy_it_must_refuse():
 
 @pytest.mark.django_db
 def test_expired_api_tokens_are_purged_on_a_schedule(make_user):
-    from rest_framework.authtoken.models import Token
+    from core.api_tokens import api_token_issue
+    from core.models import ApiToken
 
-    expired = Token.objects.create(user=make_user(username="gone"))
-    fresh = Token.objects.create(user=make_user(username="here"))
+    expired = api_token_issue(user=make_user(username="gone"))
+    fresh = api_token_issue(user=make_user(username="here"))
     lifetime = settings.API_TOKEN_LIFETIME
-    Token.objects.filter(key=expired.key).update(created=Now() - timedelta(seconds=lifetime + 1))
-    Token.objects.filter(key=fresh.key).update(created=Now() - timedelta(seconds=lifetime - 60))
+    ApiToken.objects.filter(user__username="gone").update(
+        created=Now() - timedelta(seconds=lifetime + 1)
+    )
+    ApiToken.objects.filter(user__username="here").update(
+        created=Now() - timedelta(seconds=lifetime - 60)
+    )
+    assert expired.key != fresh.key
 
-    assert run(beat_task("core.purge_expired_tokens")) == 1
+    assert run(beat_task("shop.purge_api_tokens")) == 1
 
-    assert list(Token.objects.values_list("key", flat=True)) == [fresh.key]
+    assert list(ApiToken.objects.values_list("user__username", flat=True)) == ["here"]

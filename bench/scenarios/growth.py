@@ -278,11 +278,11 @@ def _figures(run: dict) -> dict:
 
 
 def run(ctx) -> dict:
-    from rest_framework.authtoken.models import Token
+    from core.api_tokens import api_tokens_of
 
     orders, keys, purgeable = QUICK if ctx.quick else (ORDERS, KEYS, PURGEABLE)
     tokens = ctx.tokens(16)
-    owners = list(Token.objects.filter(key__in=tokens).values_list("user_id", flat=True))
+    owners = list(api_tokens_of(tokens).values_list("user_id", flat=True))
     headers = [ctx.auth_headers(token) for token in tokens]
     skus = list(ctx.skus)
     with contextlib.ExitStack() as stack:

@@ -544,10 +544,10 @@ def _target_rows(
 def run(ctx) -> dict:
     python = ensure_venv(ctx.log)
     database = PgTarget.from_url(ctx.server.env["DATABASE_URL"]).sibling("oscar")
-    from rest_framework.authtoken.models import Token
+    from core.api_tokens import api_tokens_of
 
     tokens = ctx.tokens(16)
-    owners = list(Token.objects.filter(key__in=tokens).values_list("user_id", flat=True))
+    owners = list(api_tokens_of(tokens).values_list("user_id", flat=True))
     headers = [ctx.auth_headers(token) for token in tokens]
     skus = list(ctx.skus)
     with contextlib.ExitStack() as stack:

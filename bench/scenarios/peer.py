@@ -161,9 +161,9 @@ def _crash(ctx, env: dict, path: str, point: str, workdir: Path, *, expire_peer:
 
 
 def _user_id(token: str) -> int:
-    from rest_framework.authtoken.models import Token
+    from core.api_tokens import api_tokens_of
 
-    return Token.objects.get(key=token).user_id
+    return api_tokens_of([token]).get().user_id
 
 
 def _histogram(statuses: list) -> dict:

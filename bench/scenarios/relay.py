@@ -245,14 +245,14 @@ def _stop(proc: subprocess.Popen) -> None:
 def run(ctx) -> dict:
     import redis
     from django.conf import settings
-    from rest_framework.authtoken.models import Token
 
+    from core.api_tokens import api_tokens_of
     from idempotency import relay
 
     # Many shoppers: one shopper's points are one row, and every event for
     # it would queue on that row (loyalty's optimistic retries), not on the relay.
     tokens = ctx.tokens(50)
-    owners = list(Token.objects.filter(key__in=tokens).values_list("user_id", flat=True))
+    owners = list(api_tokens_of(tokens).values_list("user_id", flat=True))
     n = 200 if ctx.quick else 5000
     runs = []
 

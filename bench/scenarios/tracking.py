@@ -96,12 +96,11 @@ def seed(*, owner, events: int = EVENTS, duplicate_share: float = DUPLICATE_SHAR
 
 def run(ctx) -> dict:
     """Read both shipments' first page at every concurrency level; report the ratio."""
-    from rest_framework.authtoken.models import Token
-
+    from core.api_tokens import api_tokens_of
     from orders import tracking
 
     [token] = ctx.tokens(1)
-    owner = Token.objects.select_related("user").get(key=token).user
+    owner = api_tokens_of([token]).select_related("user").get().user
     ids = seed(owner=owner)
     headers = ctx.auth_headers(token)
     runs, ratios = [], {}

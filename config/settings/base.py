@@ -44,7 +44,6 @@ INSTALLED_APPS = [
     "whitenoise.runserver_nostatic",
     "django.contrib.staticfiles",
     "rest_framework",
-    "rest_framework.authtoken",
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "core",
@@ -146,15 +145,11 @@ REST_FRAMEWORK = {
 }
 
 # An API token authenticates for this long after it was issued (database clock),
-# then answers 401 and the client asks POST /api/v1/auth/token/ again.
+# then answers 401 and the client asks POST /api/v1/auth/token/ again; the purge
+# (shop.purge_api_tokens, every API_TOKEN_PURGE_EVERY seconds) deletes the rows
+# past it. docs/security.md, "API tokens".
 API_TOKEN_LIFETIME = env.int("API_TOKEN_LIFETIME", default=30 * 24 * 3600)
-# Expired tokens are deleted by beat (docs/operations.md, "Retention").
 API_TOKEN_PURGE_EVERY = env.float("API_TOKEN_PURGE_EVERY", default=3600.0)
-API_TOKEN_PURGE_BATCH = env.int("API_TOKEN_PURGE_BATCH", default=1000)
-API_TOKEN_PURGE_MAX_BATCHES = env.int("API_TOKEN_PURGE_MAX_BATCHES", default=50)
-CELERY_BEAT_SCHEDULE["core.purge_expired_tokens"] = _beat_every(
-    "core.purge_expired_tokens", API_TOKEN_PURGE_EVERY
-)
 
 SPECTACULAR_SETTINGS: dict[str, Any] = {
     "TITLE": "Shop API",
@@ -436,6 +431,9 @@ SHOP_MAIL_PURGE_BATCH = env.int("SHOP_MAIL_PURGE_BATCH", default=1000)
 SHOP_MAIL_PURGE_MAX_BATCHES = env.int("SHOP_MAIL_PURGE_MAX_BATCHES", default=50)
 SHOP_MAIL_PURGE_EVERY = env.float("SHOP_MAIL_PURGE_EVERY", default=3600.0)
 CELERY_BEAT_SCHEDULE["shop.purge_mail"] = _beat_every("shop.purge_mail", SHOP_MAIL_PURGE_EVERY)
+CELERY_BEAT_SCHEDULE["shop.purge_api_tokens"] = _beat_every(
+    "shop.purge_api_tokens", API_TOKEN_PURGE_EVERY
+)
 DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="shop@example.com")
 # Settlement's outcome confirms or fails the order, in the transaction that records it.
 PAYMENTS_SETTLED_HANDLER = "orders.services.order_payment_settled"

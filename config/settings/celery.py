@@ -158,13 +158,13 @@ SHOP_QUEUES: dict[str, tuple[str, ...]] = {
         "orders.sweep_compensation",
         "shop.sweep_mail",
         "shop.purge_mail",
+        "shop.purge_api_tokens",
         "orders.expire_reservations",
         "idempotency.complete_abandoned_keys",
         "idempotency.purge_outbox",
         "idempotency.purge_inbox",
         "idempotency.purge_finished_keys",
         "core.clear_expired_sessions",
-        "core.purge_expired_tokens",
     ),
 }
 # Each queue is bound to its own direct exchange under its own name, as Celery's

@@ -53,7 +53,11 @@ class RegisterView(APIView):
 
 
 class TokenView(APIView):
-    """Exchange a username and password for the API token."""
+    """Exchange a username and password for a new API token (each log-in its own).
+
+    The token expires after API_TOKEN_LIFETIME and is revoked when the password
+    changes or the account is deleted (401 `not_authenticated`).
+    """
 
     authentication_classes: list = []
     permission_classes = [AllowAny]

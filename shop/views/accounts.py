@@ -1,7 +1,7 @@
 """Accounts: the account page, sign-up, log-in and log-out, password reset and change.
 
-The account page shows points and purchases and takes an e-mail change or a
-deletion; log-in is throttled like the token endpoint; password reset and
+The account page shows points and purchases and takes an e-mail change, a
+"Log out everywhere" or a deletion; log-in is throttled like the token endpoint; password reset and
 change are Django's views in the shop's templates.
 """
 
@@ -84,6 +84,18 @@ def account_delete(request: HttpRequest) -> HttpResponse:
     auth_logout(request)
     messages.success(request, "Your account was deleted. Your orders stay on record, anonymised.")
     return see_other(reverse("catalog"))
+
+
+@login_required
+@require_POST
+def account_logout_everywhere(request: HttpRequest) -> HttpResponse:
+    """ "Log out everywhere" on /account/: every API token and every session of the user
+    end (docs/storefront.md), this browser's too."""
+    # login_required: an authenticated User; the stubs cannot narrow request.user.
+    services.user_log_out_everywhere(user=request.user)  # type: ignore[arg-type]
+    auth_logout(request)
+    messages.success(request, "You are logged out on every device and every API token ended.")
+    return see_other(reverse("login"))
 
 
 def _safe_next(request: HttpRequest) -> str:

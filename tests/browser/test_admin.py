@@ -15,8 +15,8 @@ import pytest
 import requests
 from django.apps import apps
 from django.test import Client
-from rest_framework.authtoken.models import Token
 
+from core.api_tokens import api_token_issue
 from orders.models import CompensationStep, Order, ReturnRequest
 from payments.models import Refund
 from tests.browser import ui
@@ -34,7 +34,7 @@ ADDRESS = {
 
 
 def place_order_by_api(shop, user, lines: dict[str, int]) -> Order:
-    token = Token.objects.get_or_create(user=user)[0].key
+    token = api_token_issue(user=user).key
     response = requests.post(
         f"{shop.url}/api/v1/orders/",
         json={

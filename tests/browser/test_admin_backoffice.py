@@ -11,8 +11,8 @@ import uuid
 
 import pytest
 import requests
-from rest_framework.authtoken.models import Token
 
+from core.api_tokens import api_token_issue
 from inventory.models import StockItem
 from orders.models import Order, ReturnRequest, Shipment
 from payments.models import Refund
@@ -111,7 +111,7 @@ def test_staff_ship_adjust_refund_cancel_and_export_in_the_admin(
     assert str(order.number) in text and str(other.number) in text
 
     # Bulk "Mark received": the returns' changelist action asks first, then receives once.
-    token = Token.objects.get_or_create(user=shopper)[0].key
+    token = api_token_issue(user=shopper).key
     asked = requests.post(
         f"{shop.url}/api/v1/orders/{order.id}/returns/",
         json={"lines": [{"sku": "MUG", "quantity": 1}], "reason": "chipped"},

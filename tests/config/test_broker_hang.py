@@ -16,8 +16,8 @@ import time
 
 import pytest
 import requests
-from rest_framework.authtoken.models import Token
 
+from core.api_tokens import api_token_issue
 from payments.models import PaymentSettlement
 from tests.orders.conftest import ADDRESS
 from tests.support.redis_server import redis_server
@@ -44,7 +44,7 @@ def provider(tmp_path):
 def test_checkouts_answer_in_time_while_the_broker_hangs(gunicorn, provider, make_product,
                                                          make_user):  # fmt: skip
     make_product("TEE-M", price="19.99", stock=10)
-    token = Token.objects.get_or_create(user=make_user())[0].key
+    token = api_token_issue(user=make_user()).key
     with redis_server() as broker:
         server = gunicorn(
             PAYMENTS_PROVIDER_URL=provider.url,

@@ -18,9 +18,9 @@ import requests
 from celery.schedules import crontab
 from django.conf import settings
 from django.db import connection
-from rest_framework.authtoken.models import Token
 
 from config.celery import app
+from core.api_tokens import api_token_issue
 from idempotency.models import FINISHED, IdempotencyKey, OutboxMessage
 from orders import tasks as order_tasks
 from payments import tasks as payment_tasks
@@ -143,7 +143,7 @@ def test_a_task_whose_worker_process_is_killed_is_redelivered(
         rabbitmq.require()
         rabbitmq.purge()
         on_amqp["CELERY_BROKER_URL"] = rabbitmq.RABBITMQ_URL
-    token = Token.objects.create(user=shopper).key
+    token = api_token_issue(user=shopper).key
     server = gunicorn(
         failpoints="probe.run.recorded.after_commit=exit@1",
         IDEMPOTENCY_LEASE_TTL=str(LOCK_TTL),

@@ -8,8 +8,8 @@ import logging
 import uuid
 
 import pytest
-from rest_framework.authtoken.models import Token
 
+from core.api_tokens import api_token_issue
 from core.logging import JsonFormatter, TextFormatter, key_hash, log_context
 from tests.orders.conftest import ADDRESS
 
@@ -54,7 +54,7 @@ def test_keyed_checkout_logs_no_secret_and_the_key_hash(
 ):
     make_product("TEE-M", price="19.99", stock=5)
     user = make_user()
-    token = Token.objects.create(user=user).key
+    token = api_token_issue(user=user).key
     key = f"checkout-{uuid.uuid4().hex}"
     body = {
         "lines": [{"sku": "TEE-M", "quantity": 1}],

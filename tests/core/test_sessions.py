@@ -98,3 +98,24 @@ def test_wrong_twin_djangos_store_ends_sessions_by_the_host_clock(host_clock):
         expire_date=timezone.now() - timedelta(seconds=1)  # the twin's own (host) clock
     )
     assert read(store, host_clock, key, skew=-SKEW) == "shopper-1"
+
+
+def test_a_sessions_row_names_its_user_and_a_guests_none(client, make_user):
+    """The `user_id` column "Log out everywhere" reads (core.models.Session): written on
+    every save from the session's logged-in user; a guest's and a logged-out one's: none."""
+    model = sessions.SessionStore.get_model_class()
+    user = make_user()
+    client.get("/cart/")
+    client.session.save()
+    guest_key = client.session.session_key
+    assert model.objects.get(session_key=guest_key).user_id is None
+
+    client.post(
+        "/accounts/login/", {"username": user.username, "password": "correct horse battery"}
+    )
+    logged_in = client.session.session_key
+    assert model.objects.get(session_key=logged_in).user_id == user.pk
+
+    client.post("/accounts/logout/")
+    assert not model.objects.filter(user_id=user.pk).exists()
+    assert sessions.sessions_end(user_id=user.pk) == 0

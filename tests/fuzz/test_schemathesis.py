@@ -30,8 +30,8 @@ import requests
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
-from rest_framework.authtoken.models import Token
 
+from core.api_tokens import api_token_issue
 from tests.orders.conftest import ADDRESS
 
 schemathesis = pytest.importorskip("schemathesis")
@@ -259,8 +259,8 @@ def fuzz_shop(gunicorn, tmp_path, make_user, make_product):
             DB_POOL_MAX="2",
         )
         tokens = {
-            "shopper": Token.objects.get_or_create(user=shopper)[0].key,
-            "staff": Token.objects.get_or_create(user=staff)[0].key,
+            "shopper": api_token_issue(user=shopper).key,
+            "staff": api_token_issue(user=staff).key,
         }
         real = _seed(server.url, tokens["shopper"], tokens["staff"], products)
         yield server, tokens, real

@@ -10,8 +10,8 @@ import pytest
 import requests
 from django.db import connection
 from django.test import override_settings
-from rest_framework.authtoken.models import Token
 
+from core.api_tokens import api_token_issue
 from idempotency import keys
 from idempotency.models import FINISHED, IdempotencyKey, OutboxMessage
 from tests.support.models import ProbeRecord
@@ -39,7 +39,7 @@ BOUNDARIES = [
 
 @pytest.fixture
 def token(shopper) -> str:
-    return Token.objects.create(user=shopper).key
+    return api_token_issue(user=shopper).key
 
 
 def send(server, token: str, key: str, body=None, timeout: float = 30):

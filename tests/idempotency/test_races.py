@@ -10,9 +10,9 @@ import pytest
 from django.db import IntegrityError, connection
 from django.db.models.functions import Now
 from django.test import override_settings
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
+from core.api_tokens import api_token_issue
 from idempotency import failpoints
 from idempotency.keys import body_fingerprint
 from idempotency.models import FINISHED, IdempotencyKey, OutboxMessage
@@ -33,7 +33,7 @@ def stub(stub_service):
 
 
 def _client(user) -> APIClient:
-    token, _ = Token.objects.get_or_create(user=user)
+    token = api_token_issue(user=user)
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
     return client

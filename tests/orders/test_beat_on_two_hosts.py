@@ -24,6 +24,8 @@ from django.db.models.functions import Now
 
 from config.celery import app
 from core import due
+from core.api_tokens import api_token_issue
+from core.models import ApiToken
 from idempotency import keys
 from idempotency.keys import KeyRun
 from idempotency.models import FINISHED, Delivery, IdempotencyKey, OutboxMessage
@@ -65,7 +67,7 @@ COVERED_HERE = {
     "shop.purge_mail",
     "idempotency-purge-inbox",
     "core.clear_expired_sessions",
-    "core.purge_expired_tokens",
+    "shop.purge_api_tokens",
 }
 
 
@@ -296,7 +298,7 @@ def test_two_inbox_purges_delete_each_row_once(settings):
 def test_two_session_clears_delete_each_ended_session_once(settings):
     from importlib import import_module
 
-    from django.contrib.sessions.models import Session
+    from core.models import Session
 
     store = import_module(settings.SESSION_ENGINE).SessionStore
     for _ in range(8):
@@ -308,11 +310,10 @@ def test_two_session_clears_delete_each_ended_session_once(settings):
 
 
 def test_two_token_purges_delete_each_expired_token_once(make_user, settings):
-    from rest_framework.authtoken.models import Token
-
-    for i in range(8):
-        Token.objects.create(user=make_user(username=f"beat-token-{i}"))
-    Token.objects.update(created=Now() - timedelta(seconds=settings.API_TOKEN_LIFETIME + 1))
-    settings.API_TOKEN_PURGE_BATCH = 3
-    assert sum(twice_at_once(_entry("core.purge_expired_tokens"))) == 8
-    assert not Token.objects.exists()
+    users = [make_user() for _ in range(3)]
+    for user in users * 2:
+        api_token_issue(user=user)
+    ApiToken.objects.update(created=Now() - timedelta(hours=2))
+    settings.API_TOKEN_LIFETIME = 3600
+    assert sum(twice_at_once(_entry("shop.purge_api_tokens"))) == 6
+    assert not ApiToken.objects.exists()

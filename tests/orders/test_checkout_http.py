@@ -18,8 +18,8 @@ from decimal import Decimal
 import pytest
 import requests
 from django.db import transaction
-from rest_framework.authtoken.models import Token
 
+from core.api_tokens import api_token_issue
 from idempotency.keys import keys_complete_abandoned
 from idempotency.models import IdempotencyKey
 from inventory import selectors as inventory_selectors
@@ -54,7 +54,7 @@ def shop(gunicorn, provider):
 
 
 def token_for(user) -> str:
-    return Token.objects.get_or_create(user=user)[0].key
+    return api_token_issue(user=user).key
 
 
 def order_body(lines: dict[str, int], **extra) -> dict:

@@ -16,9 +16,9 @@ from decimal import Decimal
 import pytest
 from django.db import connection, transaction
 from django.db.models.functions import Now
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
+from core.api_tokens import api_token_issue
 from idempotency import failpoints
 from idempotency.keys import keys_complete_abandoned
 from idempotency.models import FINISHED, IdempotencyKey
@@ -47,7 +47,7 @@ def order_request(lines: dict[str, int], *, method: str = "pm_card_ok") -> dict:
 
 
 def client_for(user) -> APIClient:
-    token, _ = Token.objects.get_or_create(user=user)
+    token = api_token_issue(user=user)
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
     return client
@@ -229,7 +229,7 @@ def test_retry_racing_the_completer_on_a_crashed_checkout(
     make_product("TEE-M", price="19.99", stock=5)
     body = order_request({"TEE-M": 2})
     server = shop(failpoints=f"{point}=exit@1")
-    token = Token.objects.get_or_create(user=shopper)[0].key
+    token = api_token_issue(user=shopper).key
     with pytest.raises(requests.ConnectionError):
         requests.post(
             f"{server.url}{URL}",

@@ -21,8 +21,8 @@ import requests
 from django.conf import settings
 from django.db import connection, transaction
 from django.test import Client
-from rest_framework.authtoken.models import Token
 
+from core.api_tokens import api_token_issue
 from idempotency import metrics
 from idempotency.models import InboxMessage
 from orders.models import Order, OrderEvent
@@ -608,7 +608,7 @@ def test_webhook_before_the_shop_recorded_the_capture_confirms_the_order_once(
 ):
     server, sim = hooked_shop
     make_product("TEE-M", price="19.99", stock=5)
-    token = Token.objects.get_or_create(user=make_user())[0].key
+    token = api_token_issue(user=make_user()).key
     # Every event sent twice: the simulator's own redelivery must be suppressed too.
     sim.faults(webhook_duplicate_rate=1.0, webhooks_paused=arrives == "after_202")
     response = requests.post(

@@ -20,9 +20,9 @@ import uuid
 import pytest
 from django.conf import settings
 from django.test import Client
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
+from core.api_tokens import api_token_issue
 from core.logging import JsonFormatter, key_hash
 from orders.models import Order
 from payments.models import Refund
@@ -79,7 +79,7 @@ def test_checkout_refund_and_webhook_leave_no_secret_in_any_log(
     caplog.set_level(logging.DEBUG)  # the root logger: every logger propagates here
     make_product("TEE-M", price="10.00", stock=5)
     shopper = make_user()
-    token = Token.objects.create(user=shopper).key
+    token = api_token_issue(user=shopper).key
     api = APIClient()
     api.credentials(HTTP_AUTHORIZATION=f"Token {token}")
     checkout_key = f"checkout-{uuid.uuid4().hex}"
@@ -106,7 +106,7 @@ def test_checkout_refund_and_webhook_leave_no_secret_in_any_log(
     login = APIClient().post(
         "/api/v1/auth/token/", {"username": shopper.username, "password": PASSWORD}, format="json"
     )
-    assert login.json()["token"] == token
+    logged_in_token = login.json()["token"]  # a new token: each log-in is its own
     browser = Client()
     assert browser.post(
         "/accounts/login/", {"username": shopper.username, "password": PASSWORD}
@@ -148,6 +148,7 @@ def test_checkout_refund_and_webhook_leave_no_secret_in_any_log(
     assert len(caplog.records) > 10 and json_output.count("\n") > 10  # the logs were seen
     secrets = {
         "shopper token": token,
+        "logged-in token": logged_in_token,
         "staff token": staff_token,
         "password": PASSWORD,
         "session cookie": session_cookie,

@@ -1,7 +1,8 @@
 import pytest
 from django.contrib.auth import get_user_model
-from rest_framework.authtoken.models import Token
 
+from core.api_tokens import token_digest
+from core.models import ApiToken
 from tests.conftest import assert_problem
 
 pytestmark = pytest.mark.django_db
@@ -72,7 +73,8 @@ def test_token_for_good_credentials(api_client):
         "/api/v1/auth/token/", {"username": "alice", "password": GOOD["password"]}, format="json"
     )
     assert response.status_code == 200
-    assert response.json()["token"] == Token.objects.get(user__username="alice").key
+    token = response.json()["token"]
+    assert ApiToken.objects.get(digest=token_digest(token)).user.username == "alice"
 
 
 def test_bad_credentials_are_invalid_credentials(api_client, make_user):
@@ -130,14 +132,14 @@ def test_inactive_user_gets_no_token(api_client, make_user):
 
 
 def test_account_deletion_anonymises_and_revokes(shopper_client, shopper):
-    token = Token.objects.get(user=shopper).key
+    assert ApiToken.objects.filter(user=shopper).exists()
     assert shopper_client.delete("/api/v1/auth/account/").status_code == 204
     shopper.refresh_from_db()
     assert shopper.username.startswith("deleted-")
     assert shopper.email == ""
     assert not shopper.is_active
     assert not shopper.has_usable_password()
-    assert not Token.objects.filter(key=token).exists()
+    assert not ApiToken.objects.filter(user=shopper).exists()
     assert_problem(shopper_client.get("/api/v1/auth/account/"), 401, "not_authenticated")
 
 

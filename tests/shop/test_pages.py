@@ -246,6 +246,7 @@ def test_every_storefront_form_refuses_a_post_without_its_csrf_token(shopper, ca
         "/cart/": {"cart_version": "0", "sku": "TEE-M", "action": "remove"},
         "/checkout/": {**FORM_ADDRESS, "payment_method": "pm_card_ok", "on_shortage": "reject"},
         "/account/delete/": {"confirm": "yes"},
+        "/account/logout-everywhere/": {},
         "/accounts/logout/": {},
         "/accounts/signup/": {"username": "x", "email": "x@example.com", "password": "pw"},
         "/accounts/login/": {"username": "x", "password": "pw"},
