@@ -14,6 +14,7 @@ from decimal import Decimal
 from typing import TYPE_CHECKING
 
 from django.conf import settings
+from django.db import transaction
 from django.db.models import F, Sum
 from django.db.models.functions import Now
 
@@ -24,6 +25,7 @@ from payments import refunds as payment_refunds
 from payments import selectors as payment_selectors
 from payments.states import RefundOrigin, RefundStatus
 
+from . import lock_objects
 from .compensation_state import StepNeedsAttention, _finishing, _wait
 from .models import CompensationStep, Order, ReturnLine, ReturnRequest
 
@@ -100,9 +102,9 @@ def _refund(step: CompensationStep) -> str:
     succeeded refund, or with nothing when nothing is refundable (0.00). A
     cancellation waits until no refund of the order is in progress, then
     refunds everything captured and not refunded, and is done only when
-    `amount_refunded = amount_captured`.
+    `amount_refunded = amount_captured`, all read and decided under the
+    payment's row lock (`_cancellation_refund`).
     """
-    order = Order.objects.get(id=step.order_id)
     is_return = step.order_return_id is not None
     succeeded: list[Refund] = []
     for generation in range(MAX_REFUND_GENERATIONS):
@@ -130,64 +132,100 @@ def _refund(step: CompensationStep) -> str:
         return "waiting"
     else:
         raise StepNeedsAttention(f"more than {MAX_REFUND_GENERATIONS} refunds were asked for")
+    if not is_return:
+        return _cancellation_refund(step, refund_id=refund_id, succeeded=succeeded)
+    order = Order.objects.get(id=step.order_id)
     payment = (
         payment_selectors.payment_get_or_none(payment_id=order.payment_id)
         if order.payment_id
         else None
     )
-    if is_return:
-        at_most = _return_value(step.order_return_id)
-        reason = f"return {step.order_return_id}"
-        origin = RefundOrigin.RETURN
-    else:
-        if payment is not None and payment_refunds.refunds_in_progress(payment=payment) > 0:
-            # Waits as due work (the row is due again later; no task sleeps), not an
-            # attempt. A refund needing staff may take long: the sweeper looks again.
-            held = payment_selectors.payment_has_refund_needing_attention(payment_id=payment.id)
-            _wait(
-                step_id=step.id,
-                seconds=(
-                    settings.COMPENSATION_REFUND_HELD_RECHECK
-                    if held
-                    else settings.COMPENSATION_WAIT_SECONDS
-                ),
-                note="waiting: a refund of the order is in progress",
-                ring=not held,
-            )
-            return "waiting"
-        at_most = (
-            payment.amount_captured - payment.amount_refunded if payment is not None else Decimal(0)
-        )
-        reason = f"cancellation of order {order.number}"
-        origin = RefundOrigin.CANCELLATION
+    at_most = _return_value(step.order_return_id)
     if payment is None or at_most <= 0:
-        return _refund_done(
-            step,
-            refund_ids=[r.id for r in succeeded],
-            amount=sum((r.amount for r in succeeded), Decimal(0)),
-        )
+        return _refund_done(step, refund_ids=[], amount=Decimal(0))
     CompensationStep.objects.filter(id=step.id).update(refund_id=refund_id)
     try:
         refund = payment_refunds.refund_request_capped(
             refund_id=refund_id,
             payment_id=payment.id,
             at_most=at_most,
-            reason=reason,
-            origin=origin,
+            reason=f"return {step.order_return_id}",
+            origin=RefundOrigin.RETURN,
         )
     except ApplicationError as exc:  # 409: another payment holds the refund id
         raise StepNeedsAttention(f"the refund was refused: {exc.code}: {exc.detail}") from exc
     if refund is None:  # nothing refundable left: 0.00, and the run goes on
-        return _refund_done(
-            step,
-            refund_ids=[r.id for r in succeeded],
-            amount=sum((r.amount for r in succeeded), Decimal(0)),
-        )
+        return _refund_done(step, refund_ids=[], amount=Decimal(0))
+    return _asked(step, refund)
+
+
+def _asked(step: CompensationStep, refund: Refund) -> str:
+    """Requested (pending): the `payments.refund` task calls the provider; look again soon."""
     failpoint("compensation.refund.after_effect")
-    # Requested (pending): the `payments.refund` task calls the provider; look again soon.
     _wait(
         step_id=step.id,
         seconds=settings.COMPENSATION_WAIT_SECONDS,
         note=f"waiting for refund {refund.id} ({refund.status})",
     )
     return "waiting"
+
+
+def _cancellation_refund(step: CompensationStep, *, refund_id, succeeded: list[Refund]) -> str:
+    """A cancellation's refund: everything captured and not refunded, decided under the lock.
+
+    One transaction holds the payment's row lock (`order_read_payment_lock`,
+    the lock every refund request takes before it reserves) while it reads
+    "refunds in progress" and the cap, and then either asks for the rest
+    (the reservation in the same transaction), or, with nothing in progress
+    and `amount_refunded = amount_captured`, marks the step done. A goodwill
+    refund asked meanwhile comes before (the step waits for it) or after (it
+    finds nothing refundable), never between the read and the request.
+    Read without the lock, a goodwill refund of everything between the two
+    left the step done with nothing refunded (docs/compensation.md, "One
+    refund budget"). The provider is called later, by the refund's task.
+    """
+    wait: tuple[str, float, bool] | None = None
+    refund: Refund | None = None
+    try:
+        with transaction.atomic():
+            order = lock_objects.order_read_payment_lock(order_id=step.order_id)
+            payment = order.payment if order.payment_id is not None else None
+            in_progress = (
+                payment_refunds.refunds_in_progress(payment=payment) if payment else Decimal(0)
+            )
+            at_most = payment.amount_captured - payment.amount_refunded if payment else Decimal(0)
+            failpoint("compensation.refund.budget_read")
+            if payment is not None and in_progress > 0:
+                # Waits as due work (the row is due again later; no task sleeps), not an
+                # attempt. A refund needing staff may take long: the sweeper looks again.
+                held = payment_selectors.payment_has_refund_needing_attention(payment_id=payment.id)
+                wait = (
+                    "waiting: a refund of the order is in progress",
+                    settings.COMPENSATION_REFUND_HELD_RECHECK
+                    if held
+                    else settings.COMPENSATION_WAIT_SECONDS,
+                    not held,
+                )
+            elif payment is None or at_most <= 0:
+                return _refund_done(
+                    step,
+                    refund_ids=[r.id for r in succeeded],
+                    amount=sum((r.amount for r in succeeded), Decimal(0)),
+                )
+            else:
+                CompensationStep.objects.filter(id=step.id).update(refund_id=refund_id)
+                refund = payment_refunds.refund_request(
+                    refund_id=refund_id,
+                    payment_id=payment.id,
+                    amount=at_most,
+                    reason=f"cancellation of order {order.number}",
+                    origin=RefundOrigin.CANCELLATION,
+                )
+    except ApplicationError as exc:  # 409: not refundable, or another payment holds the id
+        raise StepNeedsAttention(f"the refund was refused: {exc.code}: {exc.detail}") from exc
+    if wait is not None:
+        note, seconds, ring = wait
+        _wait(step_id=step.id, seconds=seconds, note=note, ring=ring)
+        return "waiting"
+    assert refund is not None
+    return _asked(step, refund)

@@ -20,11 +20,12 @@ from django.db.models import F
 from django.db.models.functions import Greatest, Now
 
 from core import due
+from core.money import format_money
 from idempotency.failpoints import failpoint
 
 from . import lock_objects
-from .models import CompensationStep, OrderEvent, ReturnRequest
-from .states import CompensationKind, ReturnStatus, StepName, StepStatus
+from .models import CompensationStep, Order, OrderEvent, ReturnRequest
+from .states import CompensationKind, OrderStatus, ReturnStatus, StepName, StepStatus
 from .transitions import order_cancel_complete
 
 # The run's logger: its needs-attention lines keep their name wherever they are written.
@@ -82,10 +83,16 @@ def _wait(*, step_id, seconds: float, note: str, ring: bool = True) -> bool:
 
 
 def _lock_parent(step: CompensationStep):
-    """Lock the compensation's parent row: the return, or the cancelled order."""
+    """Lock the compensation's parent row: the return; or the cancelled order, after its payment.
+
+    A cancellation's transitions take the payment's row lock first (the lock
+    order: the payment, then the order), so the transaction that writes
+    `cancelled` reads what the payment refunded under the lock every refund
+    request takes (`_cancellation_complete`).
+    """
     if step.order_return_id is not None:
         return ReturnRequest.objects.select_for_update().get(id=step.order_return_id)
-    return lock_objects.order_lock(order_id=step.order_id)
+    return lock_objects.order_and_payment_lock(order_id=step.order_id)
 
 
 def _siblings(step: CompensationStep):
@@ -96,7 +103,7 @@ def _siblings(step: CompensationStep):
     )
 
 
-def _complete_if_all_done(step: CompensationStep) -> bool:
+def _complete_if_all_done(step: CompensationStep, parent) -> bool:
     """With the parent locked: every step done → the parent completes (once) with its event."""
     if _siblings(step).filter(done_at__isnull=True).exists():
         return False
@@ -114,7 +121,50 @@ def _complete_if_all_done(step: CompensationStep) -> bool:
                 data={"return_id": str(step.order_return_id)},
             )
         return bool(moved)
-    return order_cancel_complete(order_id=step.order_id)
+    return _cancellation_complete(step, parent)
+
+
+def _cancellation_complete(step: CompensationStep, parent: Order) -> bool:
+    """Every step done: `cancelling` → `cancelled` only when the payment refunded all it captured.
+
+    Checked in the transaction that writes `cancelled`, under the payment's
+    row lock (`_lock_parent`), by the transition's own conditional UPDATE
+    (`order_cancel_complete`). The refund step is done only when that holds
+    (`orders.compensation_refund`), so this finds it so; if it ever does
+    not, the refund step is reopened — pending, a fresh budget, due now,
+    rung, with a `compensation_reopened` event — and asks for the rest; its
+    done transaction completes the order then. Never a dead end.
+    """
+    if order_cancel_complete(order_id=step.order_id):
+        return True
+    payment = parent.payment if parent.payment_id is not None else None
+    if (
+        parent.status != OrderStatus.CANCELLING
+        or payment is None
+        or payment.amount_refunded == payment.amount_captured
+    ):
+        return False  # cancelled already (another transition won), or nothing owed
+    refund_step = _siblings(step).filter(name=StepName.REFUND, done_at__isnull=False).first()
+    if refund_step is None:
+        return False  # the refund step is on its way: its done transaction checks again
+    note = (
+        f"refunded {format_money(payment.amount_refunded, payment.currency)} of "
+        f"{format_money(payment.amount_captured, payment.currency)} captured: asking for the rest"
+    )
+    CompensationStep.objects.filter(id=refund_step.id, done_at__isnull=False).update(
+        status=StepStatus.PENDING, done_at=None, last_error=note, updated_at=Now()
+    )
+    due.retry_now(CompensationStep, pk=refund_step.id)
+    _event(
+        step=refund_step,
+        kind="compensation_reopened",
+        source=StepStatus.DONE,
+        target=StepStatus.PENDING,
+        refunded=format_money(payment.amount_refunded, payment.currency),
+        captured=format_money(payment.amount_captured, payment.currency),
+    )
+    logger.error("cancellation of order %s: %s", step.order_id, note)
+    return False
 
 
 @contextmanager
@@ -127,7 +177,7 @@ def _finishing(step: CompensationStep):
     committed yet), the parent's completion, and the dependents' bells.
     """
     with transaction.atomic():
-        _lock_parent(step)
+        parent = _lock_parent(step)
         won = bool(
             CompensationStep.objects.filter(id=step.id, done_at__isnull=True).update(
                 status=StepStatus.DONE,
@@ -153,7 +203,7 @@ def _finishing(step: CompensationStep):
         if dependents:
             CompensationStep.objects.filter(id__in=dependents).update(next_attempt_at=Now())
             due.ring_many_after_commit(CompensationStep, dependents)
-        _complete_if_all_done(step)
+        _complete_if_all_done(step, parent)
 
 
 def _attention(

@@ -3,7 +3,8 @@
 Lock order (docs/checkout.md): the order's payment, the order row, its lines
 (primary-key order), their reservation flags, then stock rows
 (`inventory.lock_objects`). A shipment takes only the order row and its
-lines, in that order.
+lines, in that order. A cancellation's step transitions take the payment,
+then the order (`order_and_payment_lock`).
 """
 
 from __future__ import annotations
@@ -67,4 +68,20 @@ def order_read_payment_lock(*, order_id) -> Order:
         return Order.objects.get(id=order_id)
     order = payment.order
     order.payment = payment
+    return order
+
+
+def order_and_payment_lock(*, order_id) -> Order:
+    """Lock an order's payment (if it has one), then the order row; return the order with it.
+
+    The lock order's first two places. The order is as last committed, and
+    its `payment` the row as locked: a cancellation's transitions read what
+    the payment refunded under the lock every refund request takes
+    (docs/compensation.md, "One refund budget").
+    """
+    assert connection.in_atomic_block, "a row lock outside a transaction is released at once"
+    payment = Payment.objects.select_for_update(of=("self",)).filter(order__id=order_id).first()
+    order = order_lock(order_id=order_id)
+    if payment is not None:
+        order.payment = payment
     return order

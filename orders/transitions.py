@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from django.db.models import Q
+from django.db.models import F, Q
 from django.db.models.functions import Now
 
 from core.money import format_money
@@ -97,13 +97,23 @@ def order_event_payload(*, order: Order, lines: Sequence[OrderLine] | None = Non
 
 
 def order_cancel_complete(*, order_id) -> bool:
-    """`cancelling` → `cancelled` once every cancellation step is done (order row locked)."""
+    """`cancelling` → `cancelled` once every cancellation step is done, and only when the
+    payment refunded everything it captured (or there is none).
+
+    The caller holds the payment's row lock, then the order's
+    (`lock_objects.order_and_payment_lock`); the condition is part of the
+    transition's conditional UPDATE, so `cancelled` is written only when
+    `amount_refunded = amount_captured` holds in that transaction
+    (docs/compensation.md, "One refund budget").
+    """
     return (
         order_transition(
             order=Order(id=order_id),
             source=OrderStatus.CANCELLING,
             target=OrderStatus.CANCELLED,
             kind="cancelled",
+            condition=Q(payment__isnull=True)
+            | Q(payment__amount_refunded=F("payment__amount_captured")),
         )
         is not None
     )

@@ -36,6 +36,7 @@ from .errors import (
 )
 from .gateway import Outcome, ProviderResult, get_gateway
 from .keys import install_id, provider_key
+from .lock_objects import payment_lock
 from .models import (
     Payment,
     PaymentEvent,
@@ -102,7 +103,9 @@ def refund_request(
 ) -> Refund:
     """Ask for a refund of `amount` of the payment, once per `refund_id`; return the refund row.
 
-    One transaction (a savepoint inside the caller's): the refund row and its
+    One transaction (a savepoint inside the caller's) that takes the payment's
+    row lock first (`payment_lock`: a cancellation's refund step reads the
+    budget under it, docs/compensation.md): the refund row and its
     provider call's transaction row are inserted first (the refund id's
     primary key and the derived key's unique constraint: the same refund id
     again is "already requested" and returns the existing row, whatever its
@@ -118,7 +121,9 @@ def refund_request(
     install = install_id()
     key = refund_provider_key(refund_id=refund_id, install=install)
     with transaction.atomic():
-        payment = Payment.objects.get(id=payment_id)
+        # The payment's row lock first (the lock order: the payment, then its rows): what a
+        # cancellation's refund step holds while it reads the budget and asks for the rest.
+        payment = payment_lock(payment_id=payment_id)
         _refund_amount_check(amount=amount, currency=payment.currency)
         sql = (
             f"WITH txn AS (INSERT INTO {sql_table(PaymentTransaction)}"

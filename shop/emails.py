@@ -17,7 +17,9 @@ Two steps, so that no mail is sent while a delivery waits (docs/events.md,
 2. **send** (due work, `core.due`): `mails_send` takes each row's attempt
    (`attempt_begin`: one runner, leased for one send's worst case, judged by
    the database clock), renders both parts, sends over one connection for
-   the task's rows and marks the row done. **At least once**: a crash
+   the task's rows within the send's total deadline (`core.mail`: the lease
+   covers the whole send, however slowly a live server answers) and marks
+   the row done. **At least once**: a crash
    between the send and the mark leaves the row due once the attempt's lease
    runs out, and it is sent again (the promise `notify` makes). A failing send
    records its error and is due again after the backoff; past its budget the
@@ -45,6 +47,7 @@ from django.template.loader import render_to_string
 
 from core import due
 from core.db import delete_in_batches
+from core.mail import send_deadline
 from idempotency.deliveries import Message
 from idempotency.failpoints import failpoint
 from idempotency.inbox import inbox_claim_many
@@ -267,7 +270,8 @@ def mails_send(*, mail_ids: Sequence[int]) -> SendResult:
     """Send the mail rows `mail_ids` that are due, each one attempt, over one connection.
 
     Per row: `attempt_begin` (committed before the send: one runner, leased
-    for the send's worst case), render, send, failpoint `mail.sent`, then
+    for the send's worst case: its total deadline `EMAIL_SEND_DEADLINE` and a
+    margin), render, open and send within that deadline, failpoint `mail.sent`, then
     `mark_done` fenced by the attempt. A failed send records its error
     (`attempt_failed`) and, past the budget, the row needs attention; the
     connection is opened again for the next row. No attempt begins after
@@ -299,10 +303,13 @@ def mails_send(*, mail_ids: Sequence[int]) -> SendResult:
             mail = Mail.objects.select_related("user").get(pk=mail_id)
             try:
                 message = mail_message(mail, connection=mail_connection)
-                if not opened:
-                    mail_connection.open()
-                    opened = True
-                message.send()
+                # Opening and sending within the send's total deadline: the attempt's
+                # lease (Mail.due_policy) covers them whatever the server's pace.
+                with send_deadline(mail_connection):
+                    if not opened:
+                        mail_connection.open()
+                        opened = True
+                    message.send()
             except SoftTimeLimitExceeded:
                 # The task must end now: the attempt's lease makes the row due again.
                 raise

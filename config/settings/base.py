@@ -8,7 +8,7 @@ before Django loads (see docs/running.md); settings never start anything.
 
 import tomllib
 from datetime import date
-from typing import Any
+from typing import Any, cast
 
 from config.settings.renamed import renamed
 
@@ -407,7 +407,12 @@ CELERY_BEAT_SCHEDULE["orders.sweep_compensation"] = _beat_every(
 # Where mail goes (the notify step's, the shopper e-mails', password resets'):
 # EMAIL_URL (config/settings/email_url.py); printed to the console by default,
 # make run writes it to var/mail/, production's default is SMTP on localhost.
-globals().update(email_settings(default="console://"))
+_EMAIL = email_settings(default="console://")
+globals().update(_EMAIL)
+# One send's total deadline (EMAIL_URL's ?deadline=, twice the timeout by default): the
+# SMTP backend (core/mail.py) bounds every socket operation by what is left of it, and a
+# mail's attempt lease covers it (docs/events.md, "Shopper e-mails").
+EMAIL_SEND_DEADLINE = float(cast(float, _EMAIL["EMAIL_SEND_DEADLINE"]))
 # The shopper e-mails consumer (shop/emails.py) is registered with the relay.
 SHOP_EMAILS = env.bool("SHOP_EMAILS", default=True)
 # Ids per e-mails ring (docs/events.md, "Shopper e-mails"): the consumer writes one mail

@@ -8,8 +8,11 @@
     locmem://                           kept in memory (django.core.mail.outbox)
 
 User and password are percent-encoded (`@` is `%40`); `?timeout=<seconds>`
-bounds each SMTP conversation (10 s by default). Its own module, importable
-without loading any settings, so that tests can parse URLs directly.
+bounds each socket operation of an SMTP conversation (10 s by default) and
+`?deadline=<seconds>` one send in total (twice the timeout by default:
+`core.mail.SMTPBackend`, docs/events.md "Shopper e-mails"). Its own module,
+importable without loading any settings, so that tests can parse URLs
+directly.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
 
-SMTP = "django.core.mail.backends.smtp.EmailBackend"
+# Django's SMTP backend with a total deadline on each send (core/mail.py).
+SMTP = "core.mail.SMTPBackend"
 BACKENDS = {
     "smtp": SMTP,
     "smtp+tls": SMTP,
@@ -61,6 +65,8 @@ class EmailConfig:
     use_ssl: bool = False
     file_path: str = ""
     timeout: float = DEFAULT_TIMEOUT
+    # One send in total (connect, conversation, answer): what a mail's attempt lease covers.
+    deadline: float = 2 * DEFAULT_TIMEOUT
 
 
 def parse(url: str) -> EmailConfig:
@@ -81,6 +87,10 @@ def parse(url: str) -> EmailConfig:
     if scheme not in DEFAULT_PORTS:
         return EmailConfig(backend=BACKENDS[scheme])
     query = parse_qs(parts.query)
+    timeout = float(query["timeout"][0]) if "timeout" in query else DEFAULT_TIMEOUT
+    deadline = float(query["deadline"][0]) if "deadline" in query else 2 * timeout
+    if not (timeout > 0 and deadline > 0):
+        raise ValueError("EMAIL_URL ?timeout= and ?deadline= must be positive seconds")
     return EmailConfig(
         backend=SMTP,
         host=parts.hostname or "localhost",
@@ -89,7 +99,8 @@ def parse(url: str) -> EmailConfig:
         password=unquote(parts.password or ""),
         use_tls=scheme == "smtp+tls",
         use_ssl=scheme in ("smtp+ssl", "smtps"),
-        timeout=float(query["timeout"][0]) if "timeout" in query else DEFAULT_TIMEOUT,
+        timeout=timeout,
+        deadline=deadline,
     )
 
 
@@ -123,4 +134,5 @@ def email_settings(default: str, environ: Mapping[str, str] = os.environ) -> dic
         "EMAIL_USE_SSL": config.use_ssl,
         "EMAIL_FILE_PATH": config.file_path,
         "EMAIL_TIMEOUT": config.timeout,
+        "EMAIL_SEND_DEADLINE": config.deadline,
     }

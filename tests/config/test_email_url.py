@@ -20,6 +20,21 @@ def test_smtp_with_starttls_credentials_and_a_timeout():
     assert (config.use_tls, config.use_ssl, config.timeout) == (True, False, 4.0)
 
 
+def test_a_send_has_a_total_deadline_twice_the_timeout_unless_the_url_says():
+    """`?deadline=` bounds one send in total (core.mail.SMTPBackend; a mail's lease covers it)."""
+    assert (parse("smtp://mx").timeout, parse("smtp://mx").deadline) == (10.0, 20.0)
+    assert parse("smtp://mx?timeout=4").deadline == 8.0
+    assert parse("smtp://mx?timeout=4&deadline=30").deadline == 30.0
+    assert (
+        email_settings("console://", environ={"EMAIL_URL": "smtp://mx?deadline=12"})[
+            "EMAIL_SEND_DEADLINE"
+        ]
+        == 12.0
+    )
+    with pytest.raises(ValueError, match="positive"):
+        parse("smtp://mx?deadline=0")
+
+
 @pytest.mark.parametrize(
     ("url", "port", "tls", "ssl"),
     [
