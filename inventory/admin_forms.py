@@ -92,7 +92,7 @@ def _adjust_submit(request, stock, form, *, key):
         set_to=None if is_delta else quantity,
         reason=form.cleaned_data["reason"],
         by=request.user,
-        form_scope=key.key,
+        form_scope=key.scope,
     )
 
 

@@ -112,7 +112,7 @@ class Reservation(models.Model):
 class StockAdjustment(models.Model):
     """One staff stock adjustment made through the admin's "Adjust stock" form.
 
-    `form_scope` is the form's key as rendered (the stock item as shown,
+    `form_scope` is the form's owner and key as rendered (the stock item as shown,
     inventory.admin_forms.stock_form_key): inserted first, in the
     transaction that changes the stock, so one form shown adjusts once for
     the row's whole life, also after its request key was purged

@@ -311,7 +311,7 @@ def stock_adjust_by_staff(
 
     The history entry (django.contrib.admin's LogEntry, the stock item's
     "History" page) commits with the change or not at all. With `form_scope`
-    (the admin form's key as rendered) a `StockAdjustment` row is inserted
+    (the admin form's owner and key as rendered) a `StockAdjustment` row is inserted
     FIRST: the same form sent again, even after its request key was purged,
     violates `inventory_stockadjustment_form_scope_uniq` and answers the
     stock item as it is, adjusting nothing (docs/idempotency.md, "Business

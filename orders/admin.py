@@ -92,7 +92,7 @@ def _refund_submit(request, order, *, key):
         amount=form.cleaned_data["amount"],
         reason=form.cleaned_data["reason"],
         requested_by=request.user,
-        refund_id=operations.form_refund_id(key.key),
+        refund_id=operations.form_refund_id(key.scope),
     )
 
 

@@ -139,7 +139,7 @@ def _shipment_submit(request, order, form, *, key):
         lines=form.cleaned_data["lines"],
         carrier=form.cleaned_data["carrier"] or None,
         tracking_number=form.cleaned_data["tracking_number"] or None,
-        form_scope=key.key,
+        form_scope=key.scope,
     )
 
 

@@ -172,7 +172,7 @@ class Shipment(models.Model):
     order = models.ForeignKey(Order, on_delete=models.PROTECT, related_name="shipments")
     carrier = models.CharField(max_length=64, null=True, blank=True)
     tracking_number = models.CharField(max_length=128, null=True, blank=True)
-    # The admin form's key as rendered: one shipment per form shown, for the
+    # The admin form's owner and key as rendered: one shipment per form shown, for the
     # row's whole life (docs/idempotency.md, "Business scopes that outlive
     # request keys"); null for the API's shipments (request keys only).
     form_scope = models.CharField(max_length=255, null=True, blank=True)
@@ -282,7 +282,7 @@ class ReturnRequest(models.Model):
     )
     received_at = models.DateTimeField(null=True, blank=True)
     completed_at = models.DateTimeField(null=True, blank=True)
-    # The storefront form's key as rendered: one return per form shown, for
+    # The storefront form's owner and key as rendered: one return per form shown, for
     # the row's whole life (docs/idempotency.md, "Business scopes that
     # outlive request keys"); null for the API's returns (request keys only).
     form_scope = models.CharField(max_length=255, null=True, blank=True)

@@ -198,7 +198,7 @@ def shipment_create_keyed(
 ) -> None:
     """Ship an order's units under a request key; refusals (409, 422) are stored like answers.
 
-    `form_scope`: the admin form's key, kept on the shipment (one per form shown)."""
+    `form_scope`: the admin form's owner and key, kept on the shipment (one per form shown)."""
     with refusals_presented(run, present), run.phase(next_point=SHIPPED):
         shipment = shipments.shipment_create(
             order_id=order_id,
@@ -210,19 +210,20 @@ def shipment_create_keyed(
         close_run(run, Result.done(shipment), present)
 
 
-# Refund ids of the admin's refund form: uuid5(FORM_REFUND_NAMESPACE, <the form's key>).
+# Refund ids of the admin's refund form: uuid5(FORM_REFUND_NAMESPACE, <owner>:<the form's key>).
 FORM_REFUND_NAMESPACE = uuid.UUID("0b7e2f4c-3d1a-5e6b-8f90-a1b2c3d4e5f6")
 
 
-def form_refund_id(form_key: str) -> uuid.UUID:
-    """The refund id a refund form names: uuid5 of its key (orders.admin.refund_form_key).
+def form_refund_id(form_scope: str) -> uuid.UUID:
+    """The refund id a refund form names: uuid5 of its scope (its owner and its key,
+    `KeyRequest.scope`; the key: orders.admin.refund_form_key).
 
     The refund's primary key and its provider key's `payments_refund_key_uniq`
     then make that form one refund for the refund's whole life, also after
     the request key was purged (docs/idempotency.md, "Business scopes that
     outlive request keys").
     """
-    return uuid.uuid5(FORM_REFUND_NAMESPACE, form_key)
+    return uuid.uuid5(FORM_REFUND_NAMESPACE, form_scope)
 
 
 def refund_create_keyed(
@@ -303,7 +304,7 @@ def return_create_keyed(
     """Ask for a return under a request key: one phase; refusals (422) are stored like answers.
 
     A 400 (a sku not in the order) is not stored: the key is released.
-    `form_scope`: the storefront form's key, kept on the return (one per form shown).
+    `form_scope`: the storefront form's owner and key, kept on the return (one per form shown).
     """
     from . import returns
 

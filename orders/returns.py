@@ -90,7 +90,7 @@ def return_request(
     422 `return_exceeds_order` (with `returnable` per line).
 
     The return row is inserted FIRST (after the 400, before the domain's
-    refusals) with `form_scope` (the storefront form's key as rendered,
+    refusals) with `form_scope` (the storefront form's owner and key as rendered,
     shop.returns.return_form_key): the same form sent again, even after its
     request key was purged, violates `orders_return_form_scope_uniq` and
     answers the return it made (docs/idempotency.md, "Business scopes that

@@ -21,6 +21,7 @@ from django.urls import reverse
 from idempotency.keys import keys_purge
 from idempotency.models import IdempotencyKey
 from inventory.models import StockAdjustment, StockItem
+from inventory.services import stock_adjust_by_staff
 from orders import shipments
 from orders.models import Order, ReturnRequest, Shipment
 from orders.returns import ReturnLineRequest, return_request
@@ -36,14 +37,19 @@ def quiet_bells(monkeypatch):
     monkeypatch.setattr(current_app, "send_task", lambda *a, **kw: None)
 
 
-@pytest.fixture
-def staff(make_user) -> Client:
+def staff_browser(make_user) -> Client:
     user = make_user(staff=True)
     user.is_superuser = True
     user.save(update_fields=["is_superuser"])
     client = Client()
     client.force_login(user)
+    client.user = user
     return client
+
+
+@pytest.fixture
+def staff(make_user) -> Client:
+    return staff_browser(make_user)
 
 
 def form_key(page) -> str:
@@ -69,7 +75,7 @@ def test_a_shipment_form_sent_after_its_key_was_purged_ships_once(staff, make_pr
     assert again["Location"] == first["Location"]
     assert "Idempotent-Replayed" not in again  # the key was gone: the shipment answered
     (shipment,) = Shipment.objects.filter(order=order)
-    assert shipment.form_scope == body["idempotency_key"]
+    assert shipment.form_scope == f"{staff.user.pk}:{body['idempotency_key']}"
     assert order.lines.get().quantity_shipped == 1
 
 
@@ -104,7 +110,29 @@ def test_a_stock_form_sent_after_its_key_was_purged_adjusts_once(staff, make_pro
     stock.refresh_from_db()
     assert stock.on_hand == 15
     (made,) = StockAdjustment.objects.all()
-    assert (made.delta, made.form_scope) == (5, body["idempotency_key"])
+    assert (made.delta, made.form_scope) == (5, f"{staff.user.pk}:{body['idempotency_key']}")
+
+
+def test_two_staff_sending_the_same_stock_form_adjust_once_each(staff, make_user, make_product):
+    """The scope is the key's: its owner and the key. Two people, two decisions (as before)."""
+    make_product("TEE-M", price="19.99", stock=10)
+    stock = StockItem.objects.get(product__sku="TEE-M")
+    url = reverse("admin:inventory_stockitem_adjust", args=[stock.pk])
+    other = staff_browser(make_user)
+    key = form_key(staff.get(url))
+    assert form_key(other.get(url)) == key  # the same form shown to both
+    body = {"idempotency_key": key, "mode": "delta", "quantity": "5", "reason": "delivery"}
+    assert staff.post(url, body).status_code == other.post(url, body).status_code == 303
+    stock.refresh_from_db()
+    assert stock.on_hand == 20 and StockAdjustment.objects.count() == 2
+
+
+def test_twin_a_stock_adjustment_without_its_scope_adjusts_again(make_user, make_product):
+    make_product("TEE-M", price="19.99", stock=10)
+    by = make_user(staff=True)
+    for _ in range(2):
+        stock_adjust_by_staff(sku="TEE-M", delta=5, set_to=None, reason="delivery", by=by)
+    assert StockItem.objects.get(product__sku="TEE-M").on_hand == 20
 
 
 def test_a_refund_form_sent_after_its_key_was_purged_refunds_once(
@@ -159,7 +187,7 @@ def test_a_return_form_sent_after_its_key_was_purged_returns_once(
     assert first.status_code == again.status_code == 303
     assert first["Location"] == again["Location"] == f"/orders/{order.id}/"
     (made,) = ReturnRequest.objects.filter(order=order)
-    assert made.form_scope == form["idempotency_key"]
+    assert made.form_scope == f"{browser.user.pk}:{form['idempotency_key']}"
 
 
 def test_twin_a_return_without_its_scope_returns_again(make_product, reserve):
