@@ -100,6 +100,17 @@ class KeyRequest:
         self.fingerprint: str | None = None
         self.run: KeyRun | None = None
 
+    @property
+    def scope(self) -> str:
+        """The business scope a form's key names: its owner and the key, as the key row has them.
+
+        A form's effect keeps it on the row it creates, under a unique
+        constraint, so the form acts once for that row's whole life, also
+        after the key row is purged (docs/idempotency.md, "Business scopes
+        that outlive request keys").
+        """
+        return f"{self.owner_id}:{self.key}"
+
     def stored_answer(self) -> Answer | None:
         """Read the key once; return its stored answer if this same request finished before.
 

@@ -5,7 +5,8 @@ on hand below what reservations hold) in the same one-phase keyed run, under
 the admin's own operation name, with the reason written to the stock item's
 admin history in the same transaction (`stock_adjust_by_staff`). The form's
 key names the stock item as shown (on hand, reserved, last change): a double
-click or a second tab of one form adjusts once. A refusal
+click or a second tab of one form adjusts once, also after the key is purged
+(the `StockAdjustment` row keeps the form's scope). A refusal
 (409 `stock_below_reserved`, 422 `stock_limit_exceeded`) comes back to the
 form as an admin message with the problem's title. Needs
 `inventory.change_stockitem`.
@@ -92,6 +93,7 @@ def _adjust_submit(request, stock, form, *, key):
         set_to=None if is_delta else quantity,
         reason=form.cleaned_data["reason"],
         by=request.user,
+        form_scope=key.scope,
     )
 
 

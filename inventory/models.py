@@ -2,6 +2,7 @@
 
 import uuid
 
+from django.conf import settings
 from django.db import models
 from django.db.models import F, Q
 from django.db.models.functions import Now
@@ -106,3 +107,41 @@ class Reservation(models.Model):
 
     def __str__(self) -> str:
         return f"{self.quantity} of stock {self.stock_id} ({self.state})"
+
+
+class StockAdjustment(models.Model):
+    """One staff stock adjustment made through the admin's "Adjust stock" form.
+
+    `form_scope` is the form's owner and key as rendered (the stock item as shown,
+    inventory.admin_forms.stock_form_key): inserted first, in the
+    transaction that changes the stock, so one form shown adjusts once for
+    the row's whole life, also after its request key was purged
+    (docs/idempotency.md, "Business scopes that outlive request keys").
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    stock = models.ForeignKey(StockItem, on_delete=models.PROTECT, related_name="adjustments")
+    delta = models.IntegerField(null=True, blank=True)
+    set_to = models.IntegerField(null=True, blank=True)
+    reason = models.CharField(max_length=500, blank=True, default="")
+    by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    form_scope = models.CharField(max_length=255)
+    created_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["form_scope"], name="inventory_stockadjustment_form_scope_uniq"
+            ),
+            models.CheckConstraint(
+                condition=Q(delta__isnull=False, set_to__isnull=True)
+                | Q(delta__isnull=True, set_to__isnull=False),
+                name="inventory_stockadjustment_one_of_delta_set",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        change = f"delta {self.delta:+d}" if self.delta is not None else f"set to {self.set_to}"
+        return f"stock {self.stock_id}: {change}"

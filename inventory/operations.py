@@ -37,8 +37,12 @@ def stock_adjust_by_staff_keyed(
     set_to: int | None,
     reason: str,
     by,
+    form_scope: str | None = None,
 ) -> None:
-    """The admin's "Adjust stock": the same one phase, with the reason in the admin history."""
+    """The admin's "Adjust stock": the same one phase, with the reason in the admin history
+    and the form's scope (`stock_adjust_by_staff`: one adjustment per form shown)."""
     with refusals_presented(run, present), run.phase(next_point=ADJUSTED):
-        stock = stock_adjust_by_staff(sku=sku, delta=delta, set_to=set_to, reason=reason, by=by)
+        stock = stock_adjust_by_staff(
+            sku=sku, delta=delta, set_to=set_to, reason=reason, by=by, form_scope=form_scope
+        )
         close_run(run, Result.done(stock), present)

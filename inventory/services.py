@@ -23,7 +23,7 @@ from core.errors import ApplicationError
 from core.money import check_currency
 
 from . import lock_objects, selectors
-from .models import Product, Reservation, StockItem
+from .models import Product, Reservation, StockAdjustment, StockItem
 
 # on_hand stays below this so that on_hand + any accepted delta fits in int4.
 MAX_ON_HAND = 1_000_000_000
@@ -294,17 +294,47 @@ def stock_adjust(*, sku: str, delta: int | None = None, set_to: int | None = Non
     return StockItem.objects.select_related("product").get(product_id=product.id)
 
 
+FORM_SCOPE_UNIQ = "inventory_stockadjustment_form_scope_uniq"
+
+
 @transaction.atomic
 def stock_adjust_by_staff(
-    *, sku: str, delta: int | None, set_to: int | None, reason: str, by
+    *,
+    sku: str,
+    delta: int | None,
+    set_to: int | None,
+    reason: str,
+    by,
+    form_scope: str | None = None,
 ) -> StockItem:
     """`stock_adjust` with who did it and why, in the stock item's admin history.
 
     The history entry (django.contrib.admin's LogEntry, the stock item's
-    "History" page) commits with the change or not at all.
+    "History" page) commits with the change or not at all. With `form_scope`
+    (the admin form's owner and key as rendered) a `StockAdjustment` row is inserted
+    FIRST: the same form sent again, even after its request key was purged,
+    violates `inventory_stockadjustment_form_scope_uniq` and answers the
+    stock item as it is, adjusting nothing (docs/idempotency.md, "Business
+    scopes that outlive request keys").
     """
     from django.contrib.admin.models import CHANGE, LogEntry
 
+    if form_scope is not None:
+        item = StockItem.objects.get(product_id=selectors.product_get(sku=sku).id)
+        try:
+            with transaction.atomic():
+                StockAdjustment.objects.create(
+                    stock=item,
+                    delta=delta,
+                    set_to=set_to,
+                    reason=reason[:500],
+                    by=by,
+                    form_scope=form_scope,
+                )
+        except IntegrityError as exc:
+            if violated_constraint(exc) != FORM_SCOPE_UNIQ:
+                raise
+            return StockItem.objects.select_related("product").get(pk=item.pk)
     stock = stock_adjust(sku=sku, delta=delta, set_to=set_to)
     change = f"delta {delta:+d}" if delta is not None else f"set to {set_to}"
     LogEntry.objects.log_actions(

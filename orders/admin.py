@@ -44,6 +44,8 @@ def refund_form_key(order, *, after: str = "") -> str:
     a replay, or 422 `idempotency_key_reused` with other values). A refund made
     moves the state, so the next form gets a new key; `after` (a refused
     submission's key) gives the form shown after a refusal a fresh one.
+    After the key is purged, the refund id derived from the form's scope
+    (`operations.form_refund_id`) keeps it one refund.
     """
     count = payment_selectors.refunds_of_payment(payment_id=order.payment_id).count()
     reserved = order.payment.refund_reserved if order.payment_id else 0
@@ -92,6 +94,7 @@ def _refund_submit(request, order, *, key):
         amount=form.cleaned_data["amount"],
         reason=form.cleaned_data["reason"],
         requested_by=request.user,
+        refund_id=operations.form_refund_id(key.scope),
     )
 
 

@@ -6,7 +6,8 @@ service and refusals) under the admin's own operation name, so an abandoned
 key is completed with the form's redirect. The form's key names the
 order's lines as shown (`shipment_form_key`): a double click, a refresh or a
 second tab of the same form ships once (the second is a replay; with other
-values, 422 `idempotency_key_reused`, told as a message). A refusal
+values, 422 `idempotency_key_reused`, told as a message); after the key is
+purged, the shipment's `form_scope` keeps it one shipment. A refusal
 (422 `exceeds_unshipped`, 409 `invalid_state` …) comes back to the form as an
 admin message with the problem's title. The page needs `orders.add_shipment`.
 
@@ -139,6 +140,7 @@ def _shipment_submit(request, order, form, *, key):
         lines=form.cleaned_data["lines"],
         carrier=form.cleaned_data["carrier"] or None,
         tracking_number=form.cleaned_data["tracking_number"] or None,
+        form_scope=key.scope,
     )
 
 

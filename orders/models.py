@@ -188,7 +188,16 @@ class Shipment(models.Model):
     order = models.ForeignKey(Order, on_delete=models.PROTECT, related_name="shipments")
     carrier = models.CharField(max_length=64, null=True, blank=True)
     tracking_number = models.CharField(max_length=128, null=True, blank=True)
+    # The admin form's owner and key as rendered: one shipment per form shown, for the
+    # row's whole life (docs/idempotency.md, "Business scopes that outlive
+    # request keys"); null for the API's shipments (request keys only).
+    form_scope = models.CharField(max_length=255, null=True, blank=True)
     created_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["form_scope"], name="orders_shipment_form_scope_uniq"),
+        ]
 
     def __str__(self) -> str:
         return f"shipment {self.id} of order {self.order_id}"
@@ -289,12 +298,17 @@ class ReturnRequest(models.Model):
     )
     received_at = models.DateTimeField(null=True, blank=True)
     completed_at = models.DateTimeField(null=True, blank=True)
+    # The storefront form's owner and key as rendered: one return per form shown, for
+    # the row's whole life (docs/idempotency.md, "Business scopes that
+    # outlive request keys"); null for the API's returns (request keys only).
+    form_scope = models.CharField(max_length=255, null=True, blank=True)
     created_at = models.DateTimeField(db_default=Now())
     updated_at = models.DateTimeField(db_default=Now())
 
     class Meta:
         constraints = [
             _choices_check("status", ReturnStatus, "orders_return_status_valid"),
+            models.UniqueConstraint(fields=["form_scope"], name="orders_return_form_scope_uniq"),
             models.CheckConstraint(
                 condition=Q(refund_amount__gte=0), name="orders_return_refund_non_negative"
             ),

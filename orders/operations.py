@@ -198,28 +198,60 @@ def shipment_create_keyed(
     lines: list[shipments.ShipmentLineRequest] | None,
     carrier: str | None,
     tracking_number: str | None,
+    form_scope: str | None = None,
 ) -> None:
-    """Ship an order's units under a request key; refusals (409, 422) are stored like answers."""
+    """Ship an order's units under a request key; refusals (409, 422) are stored like answers.
+
+    `form_scope`: the admin form's owner and key, kept on the shipment (one per form shown)."""
     with refusals_presented(run, present), run.phase(next_point=SHIPPED):
         shipment = shipments.shipment_create(
-            order_id=order_id, lines=lines, carrier=carrier, tracking_number=tracking_number
+            order_id=order_id,
+            lines=lines,
+            carrier=carrier,
+            tracking_number=tracking_number,
+            form_scope=form_scope,
         )
         close_run(run, Result.done(shipment), present)
 
 
+# Refund ids of the admin's refund form: uuid5(FORM_REFUND_NAMESPACE, <owner>:<the form's key>).
+FORM_REFUND_NAMESPACE = uuid.UUID("0b7e2f4c-3d1a-5e6b-8f90-a1b2c3d4e5f6")
+
+
+def form_refund_id(form_scope: str) -> uuid.UUID:
+    """The refund id a refund form names: uuid5 of its scope (its owner and its key,
+    `KeyRequest.scope`; the key: orders.admin.refund_form_key).
+
+    The refund's primary key and its provider key's `payments_refund_key_uniq`
+    then make that form one refund for the refund's whole life, also after
+    the request key was purged (docs/idempotency.md, "Business scopes that
+    outlive request keys").
+    """
+    return uuid.uuid5(FORM_REFUND_NAMESPACE, form_scope)
+
+
 def refund_create_keyed(
-    *, run: KeyRun, present: Presenter, order_id, amount: Decimal, reason: str, requested_by
+    *,
+    run: KeyRun,
+    present: Presenter,
+    order_id,
+    amount: Decimal,
+    reason: str,
+    requested_by,
+    refund_id: uuid.UUID | None = None,
 ) -> None:
     """Ask for a staff (goodwill) refund of an order's payment under a request key.
 
-    One phase: the refund id is minted HERE (uuid4) and committed with the
-    refund row, its reservation and the stored answer, so a retry of the key
-    replays that answer and never mints a second refund; a refusal (409
-    nothing captured, 422 more than refundable) is stored like an answer.
+    One phase: the refund id is minted HERE (uuid4; a form passes the one
+    its key names, `form_refund_id`) and committed with the refund row, its
+    reservation and the stored answer, so a retry of the key replays that
+    answer and never mints a second refund; a refusal (409 nothing captured,
+    422 more than refundable) is stored like an answer. The same refund id
+    again (a form sent after its key was purged) answers the refund it made.
     The value handed to the presenter is the refund with its `order_id`.
     """
     with refusals_presented(run, present), run.phase(next_point=REFUNDED) as data:
-        refund_id = uuid.uuid4()
+        refund_id = refund_id or uuid.uuid4()
         data["refund_id"] = str(refund_id)
         payment_id = Order.objects.values_list("payment_id", flat=True).get(id=order_id)
         if payment_id is None:
@@ -264,17 +296,29 @@ def order_resume(run: KeyRun, present: Presenter) -> None:
 
 
 def return_create_keyed(
-    *, run: KeyRun, present: Presenter, order_id, lines, reason: str, requested_by
+    *,
+    run: KeyRun,
+    present: Presenter,
+    order_id,
+    lines,
+    reason: str,
+    requested_by,
+    form_scope: str | None = None,
 ) -> None:
     """Ask for a return under a request key: one phase; refusals (422) are stored like answers.
 
     A 400 (a sku not in the order) is not stored: the key is released.
+    `form_scope`: the storefront form's owner and key, kept on the return (one per form shown).
     """
     from . import returns
 
     with refusals_presented(run, present), run.phase(next_point=RETURN_REQUESTED):
         order_return = returns.return_request(
-            order_id=order_id, lines=lines, reason=reason, requested_by=requested_by
+            order_id=order_id,
+            lines=lines,
+            reason=reason,
+            requested_by=requested_by,
+            form_scope=form_scope,
         )
         close_run(run, Result.done(order_return), present)
 

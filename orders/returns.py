@@ -21,10 +21,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.db.models import F, Sum
 from django.db.models.functions import Now
 
+from core.db import violated_constraint
 from core.errors import ApplicationError, InvalidRequest, InvalidState, NotFound
 from core.money import format_money
 from idempotency.failpoints import failpoint
@@ -70,15 +71,30 @@ def _open_units(*, order_id) -> dict[int, int]:
     return {row["order_line_id"]: row["units"] for row in rows}
 
 
+RETURN_FORM_SCOPE_UNIQ = "orders_return_form_scope_uniq"
+
+
 @transaction.atomic
 def return_request(
-    *, order_id, lines: Sequence[ReturnLineRequest], reason: str, requested_by=None
+    *,
+    order_id,
+    lines: Sequence[ReturnLineRequest],
+    reason: str,
+    requested_by=None,
+    form_scope: str | None = None,
 ) -> ReturnRequest:
-    """Ask to return shipped units of an order; refusals are raised before anything is written.
+    """Ask to return shipped units of an order; a refusal rolls back everything written.
 
     A sku not in the order → 400; a line with nothing shipped → 422
     `line_not_shipped`; more than shipped − returned − in open returns →
     422 `return_exceeds_order` (with `returnable` per line).
+
+    The return row is inserted FIRST (after the 400, before the domain's
+    refusals) with `form_scope` (the storefront form's owner and key as rendered,
+    shop.returns.return_form_key): the same form sent again, even after its
+    request key was purged, violates `orders_return_form_scope_uniq` and
+    answers the return it made (docs/idempotency.md, "Business scopes that
+    outlive request keys").
     """
     skus = [line.sku for line in lines]
     assert lines and len(set(skus)) == len(skus), "lines must be non-empty with distinct skus"
@@ -96,6 +112,26 @@ def return_request(
         raise InvalidRequest(
             "A return line names a sku the order does not have.", errors={"lines": unknown}
         )
+    amount = sum((by_sku[line.sku].unit_price * line.quantity for line in lines), Decimal(0))
+    order_return = ReturnRequest(
+        order=order,
+        status=ReturnStatus.REQUESTED,
+        reason=reason[:500],
+        refund_amount=amount,
+        currency=order.currency,
+        requested_by=requested_by,
+        form_scope=form_scope,
+    )
+    try:
+        with transaction.atomic():
+            order_return.save(force_insert=True)
+    except IntegrityError as exc:
+        if violated_constraint(exc) != RETURN_FORM_SCOPE_UNIQ:
+            raise
+        made = ReturnRequest.objects.get(form_scope=form_scope)
+        made.line_list = list(made.lines.order_by("id"))
+        made.step_list = list(made.steps.order_by("position"))
+        return made
     not_shipped = [
         {"index": index, "sku": line.sku}
         for index, line in enumerate(lines)
@@ -126,16 +162,6 @@ def return_request(
             "More units than were shipped and are not yet returned or being returned.",
             errors={"lines": over},
         )
-    amount = sum((by_sku[line.sku].unit_price * line.quantity for line in lines), Decimal(0))
-    order_return = ReturnRequest(
-        order=order,
-        status=ReturnStatus.REQUESTED,
-        reason=reason[:500],
-        refund_amount=amount,
-        currency=order.currency,
-        requested_by=requested_by,
-    )
-    order_return.save(force_insert=True)
     order_return.line_list = ReturnLine.objects.bulk_create(
         ReturnLine(
             order_return=order_return,

@@ -19,10 +19,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.db.models.functions import Now
 
+from core.db import violated_constraint
 from core.errors import ApplicationError, InvalidRequest, InvalidState
 from idempotency.failpoints import failpoint
 from idempotency.outbox import outbox_write
@@ -32,6 +33,7 @@ from .event_types import OrderEventType
 from .models import Order, OrderEvent, OrderLine, Shipment, ShipmentLine
 from .states import FULFILLMENT_TRANSITIONS, Fulfillment, LineStatus, OrderStatus, check_transition
 
+FORM_SCOPE_UNIQ = "orders_shipment_form_scope_uniq"
 SHIPPABLE_ORDER_STATUSES = frozenset({OrderStatus.CONFIRMED, OrderStatus.PARTIALLY_CONFIRMED})
 
 
@@ -112,12 +114,19 @@ def shipment_create(
     lines: Sequence[ShipmentLineRequest] | None,
     carrier: str | None,
     tracking_number: str | None,
+    form_scope: str | None = None,
 ) -> Shipment:
     """Ship confirmed units of an order: `lines` (None = everything confirmed and unshipped).
 
-    Refusals, raised before anything is written: an order that is not
+    Refusals, raised before anything else is written: an order that is not
     confirmed → 409 `invalid_state`; a sku not in the order → 400; more
     units than confirmed and not yet shipped → 422 `exceeds_unshipped`.
+
+    `form_scope` (the admin form's owner and key as rendered, orders.admin_forms) is
+    inserted FIRST with the shipment row: the same form sent again, even
+    after its request key was purged, violates `orders_shipment_form_scope_uniq`
+    and answers the shipment it made (docs/idempotency.md, "Business scopes
+    that outlive request keys").
     """
     skus = [line.sku for line in lines or ()]
     assert len(set(skus)) == len(skus), "a sku may appear once per shipment"
@@ -125,17 +134,27 @@ def shipment_create(
     order = lock_objects.order_lock(order_id=order_id)
     order_lines = lock_objects.order_lines_lock(order_id=order_id)
     failpoint("shipment.create.locked")
+    shipment = Shipment(
+        order=order,
+        carrier=carrier or None,
+        tracking_number=tracking_number or None,
+        form_scope=form_scope,
+    )
+    try:
+        with transaction.atomic():
+            shipment.save(force_insert=True)
+    except IntegrityError as exc:
+        if violated_constraint(exc) != FORM_SCOPE_UNIQ:
+            raise
+        made = Shipment.objects.get(form_scope=form_scope)
+        made.line_list = list(made.lines.order_by("id"))  # type: ignore[attr-defined]
+        return made
     if order.status not in SHIPPABLE_ORDER_STATUSES:
         raise OrderNotShippable(
             f"An order that is {order.status} cannot ship; only confirmed orders can.",
             extra={"order_id": str(order.id)},
         )
     wanted = _wanted(order_lines=order_lines, lines=lines)
-
-    shipment = Shipment(
-        order=order, carrier=carrier or None, tracking_number=tracking_number or None
-    )
-    shipment.save(force_insert=True)
     shipment_lines = ShipmentLine.objects.bulk_create(
         ShipmentLine(shipment=shipment, order_line=line, sku=line.sku, quantity=units)
         for line, units in wanted

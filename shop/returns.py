@@ -18,6 +18,9 @@ when the form is rendered (`return_form_key`). So:
   return made by accident;
 - once a return is made the order's state moves, so the next form rendered
   gets a new key (asking for another return is a new request);
+- the same form sent after its key was purged is still that one return: the
+  return keeps the form's scope (`ReturnRequest.form_scope`, docs/idempotency.md,
+  "Business scopes that outlive request keys");
 - a refusal (`return_exceeds_order`, `line_not_shipped`) is stored under its
   key like an answer; the form shown after it names the refused key
   (`after`), which gives it a fresh one, so the corrected form can be sent.

@@ -275,5 +275,6 @@ def _return_submit(request: HttpRequest, *, key, order) -> HttpResponse | None:
         ],
         reason=form.cleaned_data["reason"],
         requested_by=request.user,
+        form_scope=key.scope,
     )
     return None
