@@ -445,7 +445,6 @@ def form_key_of(html: str, action: str) -> str:
     return KEY.search(form)[1]
 
 
-@pytest.mark.xfail(strict=True, reason="one order per cart version: branch h/a1")
 def test_a_storefront_checkout_sent_again_after_its_key_was_purged_orders_once(
     worker, catalog, people, provider, settings
 ):

@@ -6,7 +6,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("orders", "0007_owner_number_index_includes_id"),
+        ("orders", "0009_owner_holding_index"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
