@@ -8,6 +8,8 @@ permissions once (`orders.permissions`, `inventory.permissions`,
 DRF's `initial()`, before the request key is read, so a refusal stores nothing.
 """
 
+import functools
+
 from rest_framework.permissions import BasePermission
 
 COURIERS_GROUP = "couriers"
@@ -47,6 +49,7 @@ class StaffWith(BasePermission):
         )
 
 
+@functools.cache  # one class per permission set, however often a view asks
 def staff_with(*required: str) -> type[StaffWith]:
     """The permission class of a staff action: `staff_with(permissions.REFUND)`."""
     return type(f"StaffWith({', '.join(required)})", (StaffWith,), {"required": required})
@@ -71,6 +74,7 @@ class OwnerOrStaffWith(BasePermission):
         return bool(user.is_staff and user.has_perms(self.required))
 
 
+@functools.cache
 def owner_or_staff_with(*required: str) -> type[OwnerOrStaffWith]:
     """The object permission class of an action an owner may take and staff need `required` for."""
     name = f"OwnerOrStaffWith({', '.join(required)})"
