@@ -29,12 +29,12 @@ from idempotency.admin_actions import admin_form_refusal, refusal_message, state
 from idempotency.operations import Reply, Result
 from idempotency.views import FORM_FIELD, idempotent_form
 
-from . import operations
+from . import operations, permissions
 from .models import StockItem
 from .services import MAX_ON_HAND
 
 ADMIN_STOCK_ADJUST = "admin.stock.adjust"
-ADJUST_PERMISSION = "inventory.change_stockitem"
+ADJUST_PERMISSION = permissions.ADJUST_STOCK  # as the API (docs/security.md)
 
 
 def stock_form_key(stock: StockItem, *, after: str = "") -> str:

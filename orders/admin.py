@@ -27,7 +27,7 @@ from idempotency.operations import Reply, Result
 from idempotency.views import FORM_FIELD, idempotent_form
 from payments import selectors as payment_selectors
 
-from . import operations, tracking
+from . import operations, permissions, tracking
 from .admin_forms import ORDER_CSV_COLUMNS, extend_order_admin_forms
 from .models import Order, OrderEvent, OrderLine, Shipment, ShipmentLine
 
@@ -282,7 +282,7 @@ class OrderAdmin(CsvExportMixin, ReadOnlyAdmin):
 
     def has_refund_permission(self, request, obj=None) -> bool:
         """Refunds move money: the custom `orders.refund_order` permission, not "change order"."""
-        return request.user.has_perm("orders.refund_order")
+        return request.user.has_perm(permissions.REFUND)
 
     @admin.action(description="Refund (amount and reason)", permissions=["refund"])
     def refund(self, request, queryset):

@@ -34,7 +34,7 @@ from idempotency.operations import Presenter, Reply, Result, close_run, refusals
 from idempotency.views import idempotent_form
 from payments import selectors as payment_selectors
 
-from . import compensation_refund, compensation_staff, returns, services
+from . import compensation_refund, compensation_staff, permissions, returns, services
 from .models import CompensationStep, Order, ReturnLine, ReturnRequest
 from .states import CompensationKind, Fulfillment, OrderStatus, StepStatus
 
@@ -240,7 +240,7 @@ class ReturnRequestAdmin(ReadOnlyAdmin):
     @admin.action(description="Mark received", permissions=["change_state"])
     def mark_received(self, request, queryset):
         """Bulk: a keyed confirmation (keyed_action); each return is received at most once."""
-        if not request.user.has_perm("orders.change_returnrequest"):
+        if not request.user.has_perm(permissions.RECEIVE_RETURN):
             raise PermissionDenied
         return keyed_action(
             self,
@@ -357,7 +357,7 @@ def extend_order_admin(order_admin: type[admin.ModelAdmin]) -> None:
 
     def cancel_view(self, request, object_id):
         """The confirmation: what cancelling this order does; its form's key names the status."""
-        require_permission(self.has_change_state_permission(request))  # orders.change_order
+        require_permission(request.user.has_perm(permissions.CANCEL))
         order = get_object_or_404(Order.objects.select_related("payment"), pk=object_id)
         if request.method == "POST":
             answer = _cancel_submit(request, order)

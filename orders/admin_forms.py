@@ -9,7 +9,8 @@ second tab of the same form ships once (the second is a replay; with other
 values, 422 `idempotency_key_reused`, told as a message); after the key is
 purged, the shipment's `form_scope` keeps it one shipment. A refusal
 (422 `exceeds_unshipped`, 409 `invalid_state` …) comes back to the form as an
-admin message with the problem's title. The page needs `orders.add_shipment`.
+admin message with the problem's title. The page needs `orders.change_order`,
+as the API does (orders.permissions.SHIP).
 
 The order page's buttons ("Create shipment", "Refund", "Cancel order") are in
 `templates/admin/orders/order/change_form.html`; "Refund" and "Cancel order"
@@ -32,13 +33,13 @@ from idempotency.admin_actions import admin_form_refusal, refusal_message, state
 from idempotency.operations import Reply, Result
 from idempotency.views import FORM_FIELD, idempotent_form
 
-from . import operations
+from . import operations, permissions
 from .models import Order, OrderLine
 from .shipments import ShipmentLineRequest
 from .states import LineStatus
 
 ADMIN_SHIPMENT_CREATE = "admin.shipment.create"
-SHIP_PERMISSION = "orders.add_shipment"
+SHIP_PERMISSION = permissions.SHIP  # docs/security.md "One permission map"
 
 # The orders' CSV export (core.admin_export.CsvExportMixin on OrderAdmin).
 ORDER_CSV_COLUMNS = [

@@ -1,4 +1,7 @@
-"""GET /api/v1/reports/daily-sales/ (staff): the published reports, newest day first."""
+"""GET /api/v1/reports/daily-sales/: the published reports, newest day first.
+
+Staff holding `reports.view_dailysalesreport` (reports.permissions) only.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +11,10 @@ from rest_framework.generics import GenericAPIView
 from rest_framework.permissions import IsAuthenticated
 
 from core.money import MoneyField
-from core.permissions import IsStaff
+from core.permissions import staff_with
 
 from .models import DailySalesReport
+from .permissions import VIEW_REPORTS
 
 
 class DailySalesReportOut(serializers.Serializer):
@@ -29,7 +33,7 @@ class DailySalesReportListView(GenericAPIView):
     """List published daily sales reports, newest day first (cursor pagination)."""
 
     serializer_class = DailySalesReportOut
-    permission_classes = [IsAuthenticated, IsStaff]
+    permission_classes = [IsAuthenticated, staff_with(VIEW_REPORTS)]
 
     def paginate_queryset(self, queryset):
         # One row per day: a unique, stable cursor. (The paginator is the settings'

@@ -131,3 +131,10 @@ FORM_REFUSALS = {
     "idempotency_key_missing": "This form is out of date. Open it again and resend it.",
     "idempotency_key_invalid": "This form is out of date. Open it again and resend it.",
 }
+
+
+# The storefront's answer to a courier on a page that changes something (views.common).
+COURIER_REFUSAL = (
+    "Couriers may only post tracking events, so nothing was changed. Shopping, returns and "
+    "account changes are for shoppers' accounts."
+)

@@ -22,18 +22,43 @@ def _clear_cache():
     yield
 
 
+def grant(user, *names: str) -> None:
+    """Give `user` these model permissions (`app_label.codename`); forget its cached ones."""
+    from django.contrib.auth.models import Permission
+
+    for name in names:
+        app, codename = name.split(".")
+        user.user_permissions.add(
+            Permission.objects.get(content_type__app_label=app, codename=codename)
+        )
+    for cached in ("_perm_cache", "_user_perm_cache"):
+        user.__dict__.pop(cached, None)
+
+
 @pytest.fixture
 def make_user(django_user_model):
-    def make(*, staff: bool = False, courier: bool = False, username: str | None = None):
+    def make(
+        *,
+        staff: bool = False,
+        courier: bool = False,
+        username: str | None = None,
+        actions: bool = False,
+    ):
+        """A user; `actions=True`: staff holding every staff action's permission
+        (config.permissions, docs/security.md "One permission map")."""
         name = username or f"user{next(_counter)}"
         user = django_user_model.objects.create_user(
             username=name,
             email=f"{name}@example.com",
             password="correct horse battery",
-            is_staff=staff,
+            is_staff=staff or actions,
         )
         if courier:
             user.groups.add(Group.objects.get_or_create(name="couriers")[0])
+        if actions:
+            from config.permissions import staff_permissions
+
+            grant(user, *sorted(staff_permissions()))
         return user
 
     return make
@@ -64,7 +89,8 @@ def shopper_client(shopper) -> APIClient:
 
 @pytest.fixture
 def staff_client(make_user) -> APIClient:
-    return _client_for(make_user(staff=True))
+    """Staff who may take every staff action (each needs its model permission)."""
+    return _client_for(make_user(actions=True))
 
 
 @pytest.fixture

@@ -4,10 +4,10 @@ from rest_framework.generics import GenericAPIView
 from rest_framework.permissions import AllowAny, IsAuthenticated
 from rest_framework.response import Response
 
-from core.permissions import IsStaff
+from core.permissions import staff_with
 from idempotency.views import KeyRequest, idempotent
 
-from .. import operations, selectors, services
+from .. import operations, permissions, selectors, services
 from . import presenters
 from .serializers import ProductIn, ProductOut, StockIn, StockOut
 
@@ -23,7 +23,7 @@ class ProductListView(GenericAPIView):
 
     def get_permissions(self):
         if self.request.method == "POST":
-            return [IsAuthenticated(), IsStaff()]
+            return [IsAuthenticated(), staff_with(permissions.ADD_PRODUCT)()]
         # The catalog is public, as in any shop.
         return [AllowAny()]
 
@@ -65,7 +65,7 @@ class StockView(GenericAPIView):
     """Change a product's units on hand (staff, keyed): `{"delta": n}` or `{"set": n}`."""
 
     serializer_class = StockOut
-    permission_classes = [IsAuthenticated, IsStaff]
+    permission_classes = [IsAuthenticated, staff_with(permissions.ADJUST_STOCK)]
 
     @extend_schema(
         request=StockIn,

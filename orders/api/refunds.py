@@ -14,11 +14,11 @@ from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework.generics import GenericAPIView
 from rest_framework.permissions import IsAuthenticated
 
-from core.permissions import IsNotCourier, IsStaff
+from core.permissions import IsNotCourier, staff_with
 from idempotency.views import KeyRequest, idempotent
 from payments import selectors as payment_selectors
 
-from .. import operations, selectors
+from .. import operations, permissions, selectors
 from . import presenters
 from .serializers import RefundIn, RefundOut, refund_body
 
@@ -32,7 +32,7 @@ class RefundsView(GenericAPIView):
 
     def get_permissions(self):
         if self.request.method == "POST":
-            return [IsAuthenticated(), IsStaff()]
+            return [IsAuthenticated(), staff_with(permissions.REFUND)()]
         return [IsAuthenticated(), IsNotCourier()]
 
     def paginate_queryset(self, queryset):

@@ -15,10 +15,10 @@ from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 
 from core.fields import ClosedSerializer, StrictCharField, StrictIntegerField
-from core.permissions import IsNotCourier, IsStaff
+from core.permissions import IsNotCourier, owner_or_staff_with, staff_with
 from idempotency.views import KeyRequest, idempotent
 
-from .. import operations, returns, selectors
+from .. import operations, permissions, returns, selectors
 from . import presenters
 from .serializers import sku_lines
 
@@ -43,7 +43,11 @@ class ReturnIn(ClosedSerializer):
 class OrderReturnsView(GenericAPIView):
     """Ask to return shipped units of an order (the order's shopper, or staff)."""
 
-    permission_classes = [IsAuthenticated, IsNotCourier]
+    permission_classes = [
+        IsAuthenticated,
+        IsNotCourier,
+        owner_or_staff_with(permissions.ASK_RETURN),
+    ]
     serializer_class = ReturnIn
 
     @extend_schema(
@@ -55,6 +59,7 @@ class OrderReturnsView(GenericAPIView):
         data = ReturnIn(data=request.data)
         data.is_valid(raise_exception=True)
         order = selectors.order_get_for_user(user=request.user, order_id=order_id)
+        self.check_object_permissions(request, order)
         operations.return_create_keyed(
             run=key.claim(),
             present=presenters.return_created,
@@ -79,7 +84,7 @@ class ReturnDetailView(GenericAPIView):
 class ReturnReceiveView(GenericAPIView):
     """A warehouse scanner (staff) marks a return received: 202, also when already received."""
 
-    permission_classes = [IsAuthenticated, IsStaff]
+    permission_classes = [IsAuthenticated, staff_with(permissions.RECEIVE_RETURN)]
 
     @extend_schema(request=None, responses={202: RETURN_BODY, 403: PROBLEM, 404: PROBLEM})
     @idempotent(operation=operations.RETURN_RECEIVE)

@@ -31,10 +31,10 @@ from rest_framework.utils.urls import replace_query_param
 from core.errors import InvalidRequest
 from core.fields import ClosedSerializer, StrictCharField, StrictIntegerField
 from core.pagination import CursorPage
-from core.permissions import IsCourierOrStaff, IsNotCourier, IsStaff
+from core.permissions import IsCourierOrStaff, IsNotCourier, staff_with
 from idempotency.views import KeyRequest, idempotent
 
-from .. import operations, selectors, shipments, tracking
+from .. import operations, permissions, selectors, shipments, tracking
 from ..states import TrackingStatus
 from . import presenters
 from .serializers import ShipmentOut, sku_lines
@@ -70,7 +70,7 @@ class ShipmentCreateView(GenericAPIView):
     """Ship confirmed units of an order (staff, keyed)."""
 
     serializer_class = ShipmentOut
-    permission_classes = [IsAuthenticated, IsStaff]
+    permission_classes = [IsAuthenticated, staff_with(permissions.SHIP)]
 
     @extend_schema(
         request=ShipmentIn,
@@ -199,7 +199,7 @@ class TrackingEventsView(GenericAPIView):
 
     def get_permissions(self):
         if self.request.method == "POST":
-            return [IsAuthenticated(), IsCourierOrStaff()]
+            return [IsAuthenticated(), IsCourierOrStaff(permissions.POST_TRACKING_EVENT)]
         # Couriers only post: reading is the order's shopper's or staff's.
         return [IsAuthenticated(), IsNotCourier()]
 

@@ -7,10 +7,10 @@ from rest_framework.generics import GenericAPIView
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 
-from core.permissions import IsNotCourier
+from core.permissions import IsNotCourier, owner_or_staff_with
 from idempotency.views import KeyRequest, idempotent
 
-from .. import operations, selectors
+from .. import operations, permissions, selectors
 from . import presenters
 from .serializers import OrderIn, OrderOut, order_body
 
@@ -106,10 +106,10 @@ class OrderConfirmView(GenericAPIView):
 
 
 class OrderCancelView(GenericAPIView):
-    """Cancel an order (for now: one awaiting the shopper's decision)."""
+    """Cancel an order: its shopper's own, or staff holding `orders.change_order`."""
 
     serializer_class = OrderOut
-    permission_classes = ORDER_PERMISSIONS
+    permission_classes = [*ORDER_PERMISSIONS, owner_or_staff_with(permissions.CANCEL)]
 
     @extend_schema(
         request=None, responses={200: OrderOut, 202: OrderOut, 404: PROBLEM, 409: PROBLEM}
@@ -117,6 +117,7 @@ class OrderCancelView(GenericAPIView):
     @idempotent(operation=operations.CANCEL)
     def post(self, request, order_id: str, *, key: KeyRequest):
         order = selectors.order_get_for_user(user=request.user, order_id=order_id)
+        self.check_object_permissions(request, order)
         operations.order_cancel_keyed(
             run=key.claim(), present=presenters.order_cancelled, order_id=order.id
         )

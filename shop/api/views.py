@@ -9,6 +9,7 @@ from rest_framework.views import APIView
 
 from core.fields import ClosedSerializer, StrictCharField
 from core.money import format_money, shop_currency
+from core.permissions import IsNotCourier
 
 from .. import history, loyalty, services
 from .throttles import RegisterThrottle, TokenAddressThrottle, TokenUsernameThrottle
@@ -73,9 +74,9 @@ class TokenView(APIView):
 
 
 class AccountView(APIView):
-    """Delete (anonymise) the caller's own account; orders and payments stay."""
+    """Delete (anonymise) the caller's own account; orders and payments stay. Not a courier's."""
 
-    permission_classes = [IsAuthenticated]
+    permission_classes = [IsAuthenticated, IsNotCourier]
 
     @extend_schema(request=None, responses={204: None})
     def delete(self, request):

@@ -36,7 +36,7 @@ from ..forms import (
     SetPasswordForm,
     SignupForm,
 )
-from .common import see_other
+from .common import refuse_couriers, see_other
 
 
 def _account_page(request: HttpRequest, *, email_form=None, status=200) -> HttpResponse:
@@ -61,6 +61,7 @@ def account_page(request: HttpRequest) -> HttpResponse:
 
 @login_required
 @require_POST
+@refuse_couriers
 def account_email(request: HttpRequest) -> HttpResponse:
     """ "Change email" on /account/: the new address and the current password; errors are
     the account page again (400) with them tied to the fields."""
@@ -75,6 +76,7 @@ def account_email(request: HttpRequest) -> HttpResponse:
 
 @login_required
 @require_POST
+@refuse_couriers
 def account_delete(request: HttpRequest) -> HttpResponse:
     if request.POST.get("confirm") != "yes":
         messages.error(request, "Tick the box to confirm that you want to delete your account.")

@@ -26,7 +26,7 @@ from orders import selectors as order_selectors
 from .. import cart as carts
 from .. import checkout
 from ..forms import CheckoutForm, QuantityForm
-from .common import form_refusal, problem_text, see_other
+from .common import form_refusal, problem_text, refuse_couriers, see_other
 
 SEARCH_MAX = 100  # characters of a catalog search that are used
 
@@ -50,6 +50,7 @@ def _product_or_404(sku: str):
 
 
 @require_http_methods(["GET", "POST"])
+@refuse_couriers
 def product_page(request: HttpRequest, sku: str) -> HttpResponse:
     product = _product_or_404(sku)
     form = QuantityForm()
@@ -96,6 +97,7 @@ def _cart_version(request: HttpRequest) -> int:
 
 
 @require_http_methods(["GET", "POST"])
+@refuse_couriers
 def cart_page(request: HttpRequest) -> HttpResponse:
     if not request.user.is_authenticated:
         return _guest_cart_page(request)
@@ -205,6 +207,7 @@ def _checkout_page(request, *, form=None, problem=None, status=200) -> HttpRespo
 
 @login_required
 @require_http_methods(["GET", "POST"])
+@refuse_couriers
 def checkout_page(request: HttpRequest) -> HttpResponse:
     if request.method != "POST":
         return _checkout_page(request, problem=request.GET.get("problem"))

@@ -30,7 +30,7 @@ from payments import selectors as payment_selectors
 from .. import checkout, words
 from .. import returns as shop_returns
 from ..forms import PAYMENT_METHODS, ReturnForm
-from .common import form_refusal, problem_text
+from .common import form_refusal, problem_text, refuse_couriers
 
 ORDERS_PAGE = 20  # orders per page of /orders/
 
@@ -172,6 +172,7 @@ def order_status_fragment(request: HttpRequest, order_id: str) -> HttpResponse:
 
 @login_required
 @require_POST
+@refuse_couriers
 def order_confirm(request: HttpRequest, order_id: str) -> HttpResponse:
     return _decide(request, order_id, _confirm_submit)
 
@@ -194,6 +195,7 @@ def _confirm_submit(request: HttpRequest, *, key, order) -> None:
 
 @login_required
 @require_POST
+@refuse_couriers
 def order_cancel(request: HttpRequest, order_id: str) -> HttpResponse:
     return _decide(request, order_id, _cancel_submit)
 
@@ -234,6 +236,7 @@ def _return_page(request, order, *, form=None, key=None, status=200) -> HttpResp
 
 @login_required
 @require_http_methods(["GET", "POST"])
+@refuse_couriers
 def order_return(request: HttpRequest, order_id: str) -> HttpResponse:
     """The return form: "Quantity" per shipped line and a reason; "Request return" is keyed
     (shop/returns.py) and answers 303 to the order page, or the form with the refusal."""

@@ -249,7 +249,7 @@ def fuzz_shop(gunicorn, tmp_path, make_user, make_product):
             make_product("FUZZ-LAST", price="3.00", stock=1),
         ]
         shopper = make_user()
-        staff = make_user(staff=True)
+        staff = make_user(actions=True)
         server = gunicorn(
             workers=2,
             PAYMENTS_PROVIDER_URL=simulator.url,

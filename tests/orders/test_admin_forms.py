@@ -233,7 +233,7 @@ def test_the_admin_form_and_the_api_racing_for_the_same_units_ship_once(
     from tests.concurrency import Workers, wait_for_lock_waiters
 
     key = form_key(admin_browser.get(ship_url(confirmed)))
-    api = client_for(make_user(staff=True))
+    api = client_for(make_user(actions=True))
     barrier = threading.Barrier(2)
     first_in = threading.Event()
 

@@ -180,7 +180,7 @@ def _payment_held(order):
 
 @pytest.mark.slow
 def test_twenty_concurrent_with_one_key_are_one_refund(paid_order, shop, make_user, provider):
-    token = api_token_issue(user=make_user(staff=True, username="ops")).key
+    token = api_token_issue(user=make_user(actions=True, username="ops")).key
     body = {"amount": "4.00", "currency": "EUR", "reason": "double click"}
     threads, answers = _send_all(shop, token, paid_order, [(body, "one-key")] * 20)
     with transaction.atomic():
@@ -210,7 +210,7 @@ def test_twenty_concurrent_with_one_key_are_one_refund(paid_order, shop, make_us
 
 @pytest.mark.slow
 def test_twenty_concurrent_refunds_never_exceed_captured(paid_order, shop, make_user, provider):
-    token = api_token_issue(user=make_user(staff=True, username="ops")).key
+    token = api_token_issue(user=make_user(actions=True, username="ops")).key
     amounts = ["1.50", "2.00", "3.00", "2.50"] * 5  # 45.00 asked of 20.00 captured
     requests_ = [
         ({"amount": a, "currency": "EUR", "reason": "race"}, uuid.uuid4().hex) for a in amounts

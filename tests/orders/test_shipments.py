@@ -255,7 +255,7 @@ def test_two_shipments_racing_for_the_same_units_one_wins(confirmed):
 
 @pytest.mark.django_db(transaction=True)
 def test_two_api_shipments_racing_one_201_one_422(confirmed, make_user, client_for):
-    staff = client_for(make_user(staff=True))
+    staff = client_for(make_user(actions=True))
     barrier = threading.Barrier(2)
 
     def contender(key):

@@ -110,7 +110,7 @@ def world(db, make_user, make_product, client_for) -> World:
         alice_client=client_for(alice),
         bob_client=client_for(bob),
         courier_client=client_for(make_user(courier=True)),
-        staff_client=client_for(make_user(staff=True)),
+        staff_client=client_for(make_user(actions=True)),
         anonymous=APIClient(),
         shipped=shipped,
         asked=asked,

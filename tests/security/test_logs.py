@@ -114,7 +114,7 @@ def test_checkout_refund_and_webhook_leave_no_secret_in_any_log(
     session_cookie = browser.cookies["sessionid"].value
 
     # The staff refund, its task's body, and the provider's webhook for it.
-    staff = client_for(make_user(staff=True))
+    staff = client_for(make_user(actions=True))
     staff_token = staff._credentials["HTTP_AUTHORIZATION"].split()[1]
     order = Order.objects.get(id=placed.json()["id"])
     refund_key = f"refund-{uuid.uuid4().hex}"

@@ -68,7 +68,7 @@ def test_same_key_other_body_from_another_shopper_is_not_a_conflict(world, make_
 
 def test_same_key_from_another_staff_member_changes_stock_again(world, make_user, client_for):
     """Two staff members, one key, one body: two independent stock changes."""
-    other_staff = client_for(make_user(staff=True))
+    other_staff = client_for(make_user(actions=True))
     path = "/api/v1/products/TEE-M/stock/"
     on_hand = StockItem.objects.get(product__sku="TEE-M").on_hand
     one = world.staff_client.post(path, {"delta": 5}, format="json", HTTP_IDEMPOTENCY_KEY=KEY)

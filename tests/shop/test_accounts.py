@@ -144,7 +144,7 @@ def test_account_deletion_anonymises_and_revokes(shopper_client, shopper):
 
 
 def test_session_authentication_works_for_api(client, make_user):
-    user = make_user(staff=True)
+    user = make_user(actions=True)
     client.force_login(user)
     response = client.post(
         "/api/v1/products/",

@@ -124,10 +124,13 @@ from django.contrib.auth.models import Group
 from core.permissions import COURIERS_GROUP
 from django.contrib.auth.models import Permission
 from config.needs_attention import ACTIONS, VIEW_PERMISSION
+from config.permissions import staff_permissions
 User = get_user_model()
 staff = User.objects.create_user("chaos-staff", password="{password}", is_staff=True)
-# The liveness phase works the admin's "Needs attention" page: what it shows and its actions.
-for name in set(VIEW_PERMISSION.values()) | set(a.permission for k in ACTIONS.values() for a in k):
+# The liveness phase works the admin's "Needs attention" page: what it shows and its actions;
+# the workload's staff API calls (refunds, shipments, ...) each need their permission.
+needed = set(VIEW_PERMISSION.values()) | set(a.permission for k in ACTIONS.values() for a in k)
+for name in needed | staff_permissions():
     app, codename = name.split(".")
     perm = Permission.objects.get(content_type__app_label=app, codename=codename)
     staff.user_permissions.add(perm)
