@@ -157,7 +157,7 @@ class MoneyLife(RuleBasedStateMachine):
         refund_budget=st.sampled_from([1, 2, 3]),
         preference=st.permutations(STAFF_ACTIONS),
         shipped=st.sampled_from(["nothing", "the tees", "everything"]),
-        capture=st.sampled_from(["asked", "asked", "asked", "more", "less"]),
+        capture=st.sampled_from(["asked", "asked", "asked", "asked", "more", "less"]),
         capture_preference=st.permutations(CAPTURE_ACTIONS),
     )
     def a_paid_order(

@@ -15,16 +15,23 @@ before, is the wrong twin: the next attempt flags the settlement again.
 from __future__ import annotations
 
 import re
+import threading
 from decimal import Decimal
 
 import pytest
+from django.db import transaction
 from django.test import Client
 
 from inventory.models import Reservation
 from orders.models import Order
+from payments.capture_differs import (
+    settlement_record_provider_capture,
+    settlement_refund_difference,
+)
 from payments.models import Payment, PaymentEvent, PaymentSettlement, Refund
 from payments.refunds import refund_run
 from payments.settlement import payment_settle
+from tests.concurrency import Workers, wait_for_lock_waiters
 from tests.config.attention_support import VIEW_ALL, grant
 from tests.orders.conftest import ADDRESS
 from tests.orders.money_model_support import deliver_webhook
@@ -247,3 +254,37 @@ def test_each_action_needs_its_permissions(make_user, boss, differing_order, act
     answer = login(clerk).post(PAGE, form)
     assert answer.status_code == 303
     assert Payment.objects.get(id=order.payment.id).status == "captured"
+
+
+def test_decisions_racing_each_other_decide_once(differing_order):
+    """Four staff decisions at the same moment (two of each): all wait on the payment's lock
+    (overlap observed in PostgreSQL), one decides, the others change nothing."""
+    order = differing_order("1.50")
+    settlement = PaymentSettlement.objects.get(transaction__payment=order.payment)
+    locked, release = threading.Event(), threading.Event()
+
+    def holder():
+        with transaction.atomic():
+            Payment.objects.select_for_update().get(id=order.payment.id)
+            locked.set()
+            release.wait(60)
+        return None
+
+    workers = Workers()
+    workers.start(holder)
+    assert locked.wait(30)
+    decisions = [settlement_record_provider_capture, settlement_refund_difference] * 2
+    for decide in decisions:
+        workers.start(decide, settlement_id=settlement.id)
+    wait_for_lock_waiters(len(decisions))
+    release.set()
+    results = [r for r in workers.join() if r is not None]
+    assert sorted(results) == [False, False, False, True]
+    payment = Payment.objects.get(id=order.payment.id)
+    assert payment.status == "captured" and payment.amount_captured == ASKED + Decimal("1.50")
+    moves = PaymentEvent.objects.filter(payment=payment, kind="transition", to_status="captured")
+    assert moves.count() == 1
+    assert Refund.objects.filter(payment=payment).count() <= 1
+    assert payment.refund_reserved == sum(r.amount for r in Refund.objects.filter(payment=payment))
+    order.refresh_from_db()
+    assert order.status == "confirmed" and held(order) == 0
