@@ -42,10 +42,10 @@ from idempotency.operations import Reply, Result, close_run, refusals_presented
 from idempotency.views import FORM_FIELD, idempotent_form
 from orders import compensation_staff
 from orders import selectors as orders_selectors
-from payments import refund_decisions
+from payments import capture_differs, refund_decisions
 from payments import selectors as payments_selectors
 from payments import settlement as payments_settlement
-from payments.states import RefundStatus
+from payments.states import RefundStatus, SettlementAttention
 from reports import days as report_days
 from reports import selectors as reports_selectors
 
@@ -95,6 +95,11 @@ class Action:
     run: Callable[[str, object], bool]  # (row pk, staff user) -> changed
     statuses: tuple[str, ...] = ()  # the row statuses it applies to (empty: any)
     explanation: str = ""
+    also: tuple[str, ...] = ()  # further permissions it needs (a refund: `orders.refund_order`)
+
+    def allowed(self, user) -> bool:
+        """Whether `user` holds every permission this action needs."""
+        return user.has_perms((self.permission, *self.also))
 
 
 ACTIONS: dict[str, tuple[Action, ...]] = {
@@ -105,6 +110,29 @@ ACTIONS: dict[str, tuple[Action, ...]] = {
             "payments.change_paymentsettlement",
             _settlement_retry,
             explanation="A fresh attempt budget, due now (the same provider key).",
+        ),
+        Action(
+            "record",
+            "Record what the provider captured",
+            "payments.change_paymentsettlement",
+            lambda pk, by: capture_differs.settlement_record_provider_capture(
+                settlement_id=int(pk), by=by
+            ),
+            statuses=(SettlementAttention.CAPTURED_MORE, SettlementAttention.CAPTURED_LESS),
+            explanation="The payment books the provider's amount and the order is paid "
+            "(less than asked: the shop bears the shortfall; more: the shop keeps it).",
+        ),
+        Action(
+            "refund_difference",
+            "Refund the difference",
+            "payments.change_paymentsettlement",
+            lambda pk, by: capture_differs.settlement_refund_difference(
+                settlement_id=int(pk), by=by
+            ),
+            statuses=(SettlementAttention.CAPTURED_MORE,),
+            explanation="The payment books the provider's amount, the order is paid and "
+            "what the provider took over the amount asked is refunded.",
+            also=("orders.refund_order",),
         ),
     ),
     attention.REFUND: (
@@ -310,9 +338,9 @@ def needs_attention_rows(user) -> dict[str, list[Row]]:
                         ),
                     }
                     for action in actions_of(item)
-                    if user.has_perm(action.permission)
+                    if action.allowed(user)
                 ],
-                forbidden=any(not user.has_perm(a.permission) for a in actions_of(item)),
+                forbidden=any(not a.allowed(user) for a in actions_of(item)),
             )
         )
     return rows
@@ -371,7 +399,7 @@ def needs_attention_view(request: HttpRequest) -> HttpResponse:
         action = action_for(kind, request.POST.get("action", ""))
         if action is None or not _valid_pk(kind, pk) or FORM_FIELD not in request.POST:
             return HttpResponseBadRequest("unknown action")
-        if not request.user.has_perm(action.permission):
+        if not action.allowed(request.user):
             raise PermissionDenied
         return _submit(request, action, pk)
     _show_note(request)

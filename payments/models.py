@@ -88,6 +88,10 @@ class Payment(models.Model):
     # (`refund_reserved + amount <= amount_captured`); released only by a
     # refund staff record as failed.
     refund_reserved = models.DecimalField(max_digits=12, decimal_places=2, default=0, db_default=0)
+    # Staff recorded a capture whose amount at the provider differs from the one
+    # asked (`payments.capture_differs`): only then may what was captured exceed
+    # `amount` (docs/payments.md, "A captured amount that differs").
+    capture_differs = models.BooleanField(default=False, db_default=False)
     created_at = models.DateTimeField(db_default=Now())
     updated_at = models.DateTimeField(db_default=Now())
 
@@ -114,7 +118,7 @@ class Payment(models.Model):
                 name="payments_payment_captured_le_authorized",
             ),
             models.CheckConstraint(
-                condition=Q(amount_authorized__lte=F("amount")),
+                condition=Q(amount_authorized__lte=F("amount")) | Q(capture_differs=True),
                 name="payments_payment_authorized_le_amount",
             ),
             models.CheckConstraint(
@@ -188,6 +192,10 @@ class PaymentSettlement(DueWork):
     transaction = models.ForeignKey(
         PaymentTransaction, on_delete=models.PROTECT, related_name="settlements"
     )
+    # What the provider reports it captured when that differs from the amount
+    # asked (the settlement then waits for staff: `payments.capture_differs`).
+    provider_amount = models.DecimalField(max_digits=12, decimal_places=2, null=True, blank=True)
+    provider_currency = models.CharField(max_length=3, blank=True, default="", db_default="")
     created_at = models.DateTimeField(db_default=Now())
     updated_at = models.DateTimeField(db_default=Now())
 

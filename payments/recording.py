@@ -166,6 +166,14 @@ def capture_record(
                 transaction_id=txn.id, result=stored, mode=mode, txn=txn, attempt=attempt
             )
     if mismatch:
+        # Kept for staff's exits (`payments.capture_differs`): the provider's
+        # record under a key never changes, so every recorder writes the same.
+        PaymentSettlement.objects.filter(transaction=txn, done_at__isnull=True).update(
+            provider_amount=result.amount, provider_currency=result.currency or ""
+        )
+        PaymentTransaction.objects.filter(id=txn.id).update(
+            provider_operation_id=result.operation_id[:64], updated_at=Now()
+        )
         mark_needs_attention(
             payment=payment,
             txn=txn,
@@ -203,6 +211,44 @@ def capture_record(
             ):
                 _attention_event(payment=payment, txn=txn, reason=reason)
     return payment
+
+
+def capture_record_differing(
+    *, payment: Payment, txn: PaymentTransaction, amount, operation_id: str, by=None
+) -> Payment | None:
+    """Record, by staff's decision, that the provider captured `amount`, not the one asked.
+
+    Called with the payment locked and `pending` (`payments.capture_differs`).
+    The same conditional transition as every other recorder (`pending` →
+    captured; a payment no longer pending: None, nothing written), with
+    `capture_differs` set first so the database accepts a capture above the
+    amount asked; the call's row takes the provider's amount (what moved, as
+    reconciliation compares it), its settlement ends, and the settled handler
+    moves the order, all in the caller's transaction.
+    """
+    Payment.objects.filter(id=payment.id, status=PaymentStatus.PENDING).update(
+        capture_differs=True, updated_at=Now()
+    )
+    moved = payment_transition(
+        payment=Payment(id=payment.id, status=PaymentStatus.PENDING),
+        to=PaymentStatus.CAPTURED,
+        detail={
+            "provider_key": txn.provider_key,
+            "via": "staff",
+            "asked": str(txn.amount),
+            "captured": str(amount),
+            "by": getattr(by, "username", None),
+        },
+        increments={"amount_authorized": amount, "amount_captured": amount},
+    )
+    if moved is None:
+        return None
+    PaymentTransaction.objects.filter(id=txn.id).update(amount=amount)
+    _transaction_close(
+        txn=txn, status=TransactionStatus.SUCCEEDED, operation_id=operation_id, error=""
+    )
+    _notify_settled(payment=moved, outcome=Outcome.SUCCEEDED)
+    return moved
 
 
 # Keyed by the kind as stored (a plain str, equal to its TransactionKind).

@@ -17,6 +17,7 @@ from .models import (
     Refund,
     RefundStatus,
 )
+from .states import SettlementAttention
 
 
 def payment_get(*, payment_id) -> Payment:
@@ -106,6 +107,7 @@ def needs_attention_items(*, limit: int = attention.PAGE_LIMIT) -> list[attentio
                 reason=settlement.last_error,
                 age=settlement.waiting,
                 state=attention.row_state(settlement),
+                status=settlement_attention(settlement=settlement),
                 payment_id=txn.payment_id,
             )
         )
@@ -124,6 +126,18 @@ def needs_attention_items(*, limit: int = attention.PAGE_LIMIT) -> list[attentio
             )
         )
     return items
+
+
+def settlement_attention(*, settlement: PaymentSettlement) -> str:
+    """Why a settlement waits for staff: its budget, or a captured amount that differs."""
+    txn = settlement.transaction
+    if settlement.provider_amount is None:
+        return SettlementAttention.BUDGET_SPENT
+    if settlement.provider_currency != txn.currency:
+        return SettlementAttention.OTHER_CURRENCY
+    if settlement.provider_amount > txn.amount:
+        return SettlementAttention.CAPTURED_MORE
+    return SettlementAttention.CAPTURED_LESS
 
 
 def refunds_by_status() -> dict[str, int]:

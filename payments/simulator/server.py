@@ -27,9 +27,13 @@ API port refuses connections):
                             reject_calls: 400|401|403|404|null,
                             webhook_duplicate_rate: 0..1, webhook_max_delay_ms: int,
                             webhooks_paused: bool,
-                            decline_refunds: bool}                   (any subset)
+                            decline_refunds: bool,
+                            capture_amount_delta: "0.50"|"-0.50"|null} (any subset)
                            decline_refunds: every new refund is declined
                            (402, decline_code `refund_declined`), stored like one
+                           capture_amount_delta: every new direct charge captures
+                           the amount asked plus this (a provider that captures
+                           another amount than the one asked), stored like one
     GET  /_control/webhooks every stored webhook event and its delivery state
     POST /_control/release  wake every paused request and clear `pause`
     POST /_control/reset    clear faults and counters (never the ledger)
@@ -140,6 +144,7 @@ class Simulator:
         self.reject_lookups: int | None = None
         self.reject_calls: int | None = None
         self.decline_refunds = False
+        self.capture_amount_delta: Decimal | None = None
         self.paused = 0
         self.delayed = 0  # calls sleeping in injected latency right now
         self.stats: Counter[str] = Counter()
@@ -219,6 +224,18 @@ class Simulator:
                 raise RequestError(400, "invalid_request", "decline_refunds must be a boolean")
             with self._lock:
                 self.decline_refunds = body["decline_refunds"]
+        if "capture_amount_delta" in body:
+            delta = body["capture_amount_delta"]
+            try:
+                parsed = None if delta is None else Decimal(delta)
+            except (ArithmeticError, TypeError, ValueError) as exc:
+                raise RequestError(
+                    400, "invalid_request", "capture_amount_delta: a decimal string or null"
+                ) from exc
+            if parsed is not None and not parsed.is_finite():
+                raise RequestError(400, "invalid_request", "capture_amount_delta must be finite")
+            with self._lock:
+                self.capture_amount_delta = parsed or None
         if "refuse_connections" in body:
             if body["refuse_connections"]:
                 self.stop_api()
@@ -240,6 +257,7 @@ class Simulator:
             self.reject_lookups = None
             self.reject_calls = None
             self.decline_refunds = False
+            self.capture_amount_delta = None
             self.stats.clear()
         self.webhooks.reset()
         return self.state()
@@ -256,6 +274,9 @@ class Simulator:
                 "reject_lookups": self.reject_lookups,
                 "reject_calls": self.reject_calls,
                 "decline_refunds": self.decline_refunds,
+                "capture_amount_delta": str(self.capture_amount_delta)
+                if self.capture_amount_delta is not None
+                else None,
                 "paused": self.paused,
                 "delayed": self.delayed,
                 "refusing": self.api_server is None,
@@ -373,12 +394,19 @@ class Simulator:
             decline_code = "card_declined" if declined else None
             if kind == "refund" and self.decline_refunds:
                 declined, decline_code = True, "refund_declined"
+            amount = Decimal(params["amount"]) if "amount" in params else None
+            with self._lock:
+                delta = self.capture_amount_delta
+            if kind == "capture" and parent_key is None and amount is not None and delta:
+                # Another amount than the one asked (never below one minor unit).
+                unit = Decimal(1).scaleb(int(amount.as_tuple().exponent))
+                amount = max((amount + delta).quantize(unit), unit)
             op, new = self.ledger.apply(
                 key=key,
                 kind=kind,
                 fp=fp,
                 status="declined" if declined else "succeeded",
-                amount=Decimal(params["amount"]) if "amount" in params else None,
+                amount=amount,
                 currency=params.get("currency"),
                 payment_method=method,
                 reference=params["reference"],

@@ -24,10 +24,16 @@ from idempotency.failpoints import hook
 from orders.compensation_staff import steps_retry_failed
 from orders.models import CompensationStep
 from payments import webhooks
+from payments.capture_differs import (
+    settlement_record_provider_capture,
+    settlement_refund_difference,
+)
 from payments.models import PaymentSettlement, Refund, RefundStatus
 from payments.refund_decisions import refund_record_failed, refund_record_outside, refund_retry_now
+from payments.selectors import settlement_attention
 from payments.settlement import settlement_retry_now
 from payments.simulator.webhooks import event_body
+from payments.states import SettlementAttention
 
 WEBHOOKS = "/api/v1/payments/webhooks/"
 # The kinds of due work an order's money life makes (refunds, compensation
@@ -204,7 +210,8 @@ def offered_actions(item: Item, *, simulator, by, preference: tuple[str, ...]) -
     provider's ledger shows it did not refund under the key (a person never
     records as failed or outside money the provider reports it moved).
     Compensation steps: "Retry now" (= "Retry failed steps" per row).
-    Settlements: "Retry now".
+    Settlements: "Retry now"; a captured amount that differs: "Record what the provider
+    captured", and "Refund the difference" when it took more.
     """
     if item.kind == "refund":
         refund = Refund.objects.get(id=item.pk)
@@ -216,12 +223,21 @@ def offered_actions(item: Item, *, simulator, by, preference: tuple[str, ...]) -
     if item.kind == "step":
         return [Action("retry steps", lambda: steps_retry_failed(step_ids=[item.pk], by=by))]
     if item.kind == "settlement":
-        return [
-            Action(
-                "retry",
-                lambda: not settlement_retry_now(settlement_id=item.pk, by=by).needs_attention,
+        # As the admin offers them (`config.needs_attention.ACTIONS`, by the item's status).
+        settlement = PaymentSettlement.objects.select_related("transaction").get(id=item.pk)
+        why = settlement_attention(settlement=settlement)
+        available = {
+            "retry": lambda: not settlement_retry_now(settlement_id=item.pk, by=by).needs_attention
+        }
+        if why in (SettlementAttention.CAPTURED_MORE, SettlementAttention.CAPTURED_LESS):
+            available["record"] = lambda: settlement_record_provider_capture(
+                settlement_id=item.pk, by=by
             )
-        ]
+        if why == SettlementAttention.CAPTURED_MORE:
+            available["refund_difference"] = lambda: settlement_refund_difference(
+                settlement_id=item.pk, by=by
+            )
+        return [Action(name, available[name]) for name in preference if name in available]
     raise AssertionError(f"unknown item {item}")
 
 
