@@ -235,6 +235,8 @@ ROUTES: dict[str, Row] = {
     # Invalid forms (no password, no confirmation): nothing changes for anyone let in.
     "account/email/": Row({"POST": CHANGE_SIGNED_IN_NOT_COURIER}, bodies={"POST": {}}),
     "account/delete/": Row({"POST": CHANGE_SIGNED_IN_NOT_COURIER}, bodies={"POST": {}}),
+    # Ends the user's own tokens and sessions: the account's own credentials, as log-out.
+    "account/logout-everywhere/": Row({"POST": SIGNED_IN_OK}, bodies={"POST": {}}, fresh=True),
     # The account's own credentials: open to couriers as to anyone.
     "accounts/signup/": Row(
         {"GET": EVERYONE_OK, "POST": EVERYONE_OK}, bodies={"POST": {}}, fresh=True
