@@ -17,6 +17,12 @@ Opening a connection and each message are bounded on their own; a caller
 that holds a lease for both (`shop.emails.mails_send`) bounds them together
 with `send_deadline(connection)`. The deadline is a duration measured on this
 host's monotonic clock, where it is spent.
+
+It overrides internals of CPython 3.11's smtplib (`SMTP.getreply`'s reader,
+`_get_socket`, `send`) and of Django 5.2's SMTP backend (`open`, `_send`,
+`_close_connection`, `connection_class`), because neither offers a total
+bound on a conversation; tests/core/test_mail_fence.py pins that upstream
+code and fails when an upgrade changes it.
 """
 
 from __future__ import annotations
