@@ -103,21 +103,21 @@ def on_exit(server):
     prometheus_multiproc.remove(_own_metrics_dir)
 
 
-# --- The cyclic garbage collector in a worker (docs/performance.md, issue 21 goal 4) ----
+# --- The cyclic garbage collector in a worker -------------------------------------
+# (docs/performance.md, "the gunicorn worker's RSS rise", has the measurements.)
 # Almost everything a request builds is held in reference cycles (a DRF
 # serializer and its bound fields point at each other, so do the view, its
-# request and the response's context), about 400 objects per keyed checkout
+# request and the response's context), hundreds of objects per keyed checkout
 # that only the cycle collector frees. Whatever of them is still alive when a
 # young collection runs is promoted, and CPython collects the oldest
 # generation only once what was promoted there since the last full collection
-# exceeds 25 % of what survived it: the loaded application's ~120,000
-# objects. So a worker carried ~1,500 checkouts' worth of dead objects (~3 MB)
-# between full collections, and its RSS rose by that much before levelling
-# off. Freezing what the loaded application holds moves it out of the
-# collector's reach (it lives as long as the worker anyway), so the 25 % is
-# counted against what the requests themselves left long-lived: full
-# collections come every ~300 keyed checkouts instead of ~1,700, and each
-# scans only what was made after the freeze.
+# exceeds 25 % of what survived it, the loaded application included. So a
+# worker carries a thousand or more checkouts' worth of dead objects between
+# full collections, and its RSS rises by that much before levelling off.
+# Freezing what the loaded application holds moves it out of the collector's
+# reach (it lives as long as the worker anyway), so the 25 % is counted
+# against what the requests themselves left long-lived: full collections come
+# several times as often, and each scans only what was made after the freeze.
 def post_worker_init(worker):
     import gc
 
@@ -131,8 +131,8 @@ def post_worker_init(worker):
 # master SIGKILL as its parent-death signal) leaves its workers to notice
 # within a second, finish their requests in flight for up to the graceful
 # timeout and exit only when every thread has, so a request waiting on a hung
-# database kept a worker running: the chaos run's supervisor_kill found two
-# such orphans 15 s later. A worker gets SIGKILL when its master dies; its
+# database would keep an orphaned worker running (docs/running.md, "Nothing
+# left running"). A worker gets SIGKILL when its master dies; its
 # requests are cut as a SIGKILLed host's are, and every one is built for that.
 # A graceful stop is unchanged: the master outlives its workers.
 _PR_SET_PDEATHSIG = 1

@@ -57,9 +57,9 @@ def _amqp_socket_bounded(producer, seconds: float) -> Iterator[None]:
     The confirm and the frame write have their own timeouts, but the publish
     first declares its queue on a connection that has not published to it
     yet (kombu's `maybe_declare`), and that RPC waits for the broker's answer
-    with none: on a partitioned link the ring of a web request waited until
-    the heal (25.8 s, past its 20 s deadline, in the 30-minute RabbitMQ chaos
-    run of 2026-12-03 09:22). With the socket's own timeout every wait on it
+    with none: on a partitioned link the ring of a web request would wait
+    until the heal, past the request's deadline (docs/failure-model.md, "What
+    broke, and what fixed it"). With the socket's own timeout every wait on it
     raises instead; the publish fails, the connection is thrown away and the
     row is rung again by its sweeper. Connecting is bounded by the broker
     connection timeout (CELERY_BROKER_CONNECTION_TIMEOUT). Redis: its

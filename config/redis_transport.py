@@ -27,12 +27,12 @@ database's sweepers publish the work again (the broker is a doorbell).
 The visibility timeout: kombu scores each delivered, unacknowledged message
 with the consumer host's `time()` and hands it out again once some worker's
 `time()` is past that score + the timeout. Two hosts whose clocks differ
-disagree: the chaos run's host 5 minutes ahead scored its messages 5
-minutes in the future, and when its worker was killed holding them, the
-other host's workers restored them 5 minutes late (a short run was quiet
-after 280 s of its 300). Here both the score and the restore's bound are
-the Redis server's clock (`TIME`), through an offset each channel reads
-once a minute: a decision every host shares, judged by one clock.
+disagree: a host ahead scores its messages in the future, and when its
+worker is killed holding them, the other hosts' workers restore them that
+much later (docs/failure-model.md, "What broke, and what fixed it"). Here
+both the score and the restore's bound are the Redis server's clock
+(`TIME`), through an offset each channel reads once a minute: a decision
+every host shares, judged by one clock.
 
 Selected with `CELERY_BROKER_TRANSPORT = "config.redis_transport:Transport"`;
 the URL stays `redis://...`.

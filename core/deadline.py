@@ -6,12 +6,12 @@ broker (`BROKER_SOCKET_TIMEOUT`, the publish confirm timeout), the cache's
 socket timeout, the provider (`PAYMENTS_PROVIDER_TIMEOUT`); `bounded()`
 shortens the pool's, the publish's and the provider's to what is left of
 the deadline, so none of them starts a full wait after it has passed. A statement on
-a database that accepted it and then stopped answering had none: the
+a database that accepted it and then stopped answering has none: the
 server's `statement_timeout` does not run on a stopped server, and a
 partitioned link whose packets are still acknowledged (a proxy, a stopped
-peer's kernel) never trips `tcp_user_timeout`. Such a request held its
-thread for as long as the fault lasted (the chaos run's 30 s partitions:
-no answer at all within the client's 30 s).
+peer's kernel) never trips `tcp_user_timeout`. Such a request would hold
+its thread for as long as the fault lasts, with no answer at all
+(docs/failure-model.md, "What broke, and what fixed it").
 
 `RequestDeadlineMiddleware` gives each web request `WEB_REQUEST_TIMEOUT`
 seconds from the moment it joined the queue for a thread (the web server

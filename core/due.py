@@ -117,11 +117,11 @@ def retry_eta(retries: int) -> datetime:
     """Return the ETA of a task's Celery retry number `retries + 1`, by the database clock.
 
     `self.retry(countdown=…)` would become an ETA on this host's clock, which
-    the worker that receives it judges by its own: a host 5 minutes ahead made
-    the others hold its retries 5 minutes (as it did its rings for later,
-    `ring`). The retry follows a lost connection, so the clock is not asked
-    again: `database_now_estimate` (this process's offset from the database
-    clock, as last read).
+    the worker that receives it judges by its own: the others would hold the
+    retries of a host ahead by as much as it is ahead (as they would its rings
+    for later, `ring`). The retry follows a lost connection, so the clock is
+    not asked again: `database_now_estimate` (this process's offset from the
+    database clock, as last read).
     """
     return datetime.fromtimestamp(database_now_estimate() + retry_countdown(retries), tz=UTC)
 
@@ -350,16 +350,15 @@ def sweep_room(task_name: str, *, limit: int) -> int:
     The feedback this cuts: a ring's row is leased for `policy.lease` (90 s
     for a compensation step), and a ring that waits in the queue longer than
     that is rung again by the next sweep. With the queue more than a lease
-    long, every sweep added one more ring per pending row: the 30-minute
-    Redis chaos run's broker ended with 20,133 messages, about 15 rings for
-    each of its 1,143 pending compensation steps, and 43% of the tasks its
-    workers ran found their row not due. Topping the queue up to one batch
-    bounds what the sweeps add to `limit` messages, whatever the rings from
-    requests do. A lost ring is still rung again once its lease runs out and
-    the queue is short (a broker that restarted empty has room at once).
-    When the broker does not say (`queued` is None) the sweep takes its
-    whole batch, as without this: ringing then fails and frees the rows, or
-    it works; a sweep never stops for a count it could not read.
+    long, every sweep adds one more ring per pending row, and the workers
+    spend their time on tasks that find their row not due
+    (docs/architecture.md, "Due work", `sweep`). Topping the queue up to one
+    batch bounds what the sweeps add to `limit` messages, whatever the rings
+    from requests do. A lost ring is still rung again once its lease runs out
+    and the queue is short (a broker that restarted empty has room at once).
+    When the broker does not say (`queued` is None) the sweep takes its whole
+    batch, as without this: ringing then fails and frees the rows, or it
+    works; a sweep never stops for a count it could not read.
     """
     waiting = queued(task_name)
     if waiting is None:
@@ -614,15 +613,16 @@ def rings_paused() -> bool:
 def lease_for_ring(model: type[DueWork], pks: Sequence) -> str | None:
     """Lease rows a ring is about to be sent for, as a sweep leases the rows it rings for.
 
-    Without it every sweep (5 s) rang a row again while its first ring still
-    waited in a queue behind a backlog, and again each time a lease ran out:
-    the long chaos run's broker held 6,745 messages at its end, mostly rings
-    of the same rows, and a worker behind on 2 cores got more behind. The
-    lease runs `policy.lease` past the row's due time (a ring for later
-    arrives then); a row an attempt holds is left alone. In the caller's
-    transaction when one is open: it commits with the row, or not at all.
-    Return the owner, or None when nothing will be rung (no task; this
-    process's rings are paused: the sweeper rings the row when due).
+    Without it every sweep (5 s) rings a row again while its first ring still
+    waits in a queue behind a backlog, and again each time a lease runs out:
+    the broker fills with rings of the same rows, and a worker behind gets
+    further behind (docs/failure-model.md, "What broke, and what fixed it": a
+    backlog that fed itself). The lease runs `policy.lease` past the row's due
+    time (a ring for later arrives then); a row an attempt holds is left
+    alone. In the caller's transaction when one is open: it commits with the
+    row, or not at all. Return the owner, or None when nothing will be rung
+    (no task; this process's rings are paused: the sweeper rings the row when
+    due).
     """
     policy = model.due_policy()
     if policy.task is None or rings_paused() or not pks:
@@ -663,18 +663,19 @@ def ring(model: type[DueWork], pk, *, delay: float = 0.0, leased_by: str | None 
     never waits long: a failed one (a hung broker waits its socket timeout,
     1 s) pauses this process's rings for BROKER_RING_PAUSE seconds, and every
     request meanwhile goes on without one, instead of each waiting in turn
-    (the chaos run's hung Redis held every web thread that way).
+    (which holds every web thread while the broker hangs:
+    docs/failure-model.md, "What broke, and what fixed it").
 
     A ring for later carries an ETA by the database clock, never a Celery
     countdown: Celery turns a countdown into an ETA on the sending host's
-    clock, and the receiving worker judges it by its own, so the chaos run's
-    host 5 minutes ahead sent rings that the other host's workers held for 5
-    minutes (297 in one 180 s run, still unacked when the run had to be
-    quiet). By the database clock, a worker on a host ahead of it runs the
-    ring early: the row is not due yet, `attempt_begin` refuses it, and the
-    sweeper rings it when it is. A worker on a host behind the database
-    clock reads the ETA by the database clock too (`core.worker_clock`), so
-    it does not hold the ring that much longer.
+    clock, and the receiving worker judges it by its own, so the other hosts'
+    workers would hold the rings of a host ahead by as much as it is ahead
+    (docs/failure-model.md, "What broke, and what fixed it"). By the database
+    clock, a worker on a host ahead of it runs the ring early: the row is not
+    due yet, `attempt_begin` refuses it, and the sweeper rings it when it is.
+    A worker on a host behind the database clock reads the ETA by the database
+    clock too (`core.worker_clock`), so it does not hold the ring that much
+    longer.
 
     The row is leased for the ring first (`lease_for_ring`; `leased_by`: the
     caller did, in its transaction), and a ring that is not sent frees it.

@@ -3,9 +3,9 @@
 Django's own `db` backend sets `expire_date` from the host's clock and reads
 a session only while `expire_date > timezone.now()`, the host's clock again.
 With hosts whose clocks differ, a session written on a host behind expires
-early everywhere, and one read on a host ahead is refused minutes early (5
-minutes with the chaos run's skewed host: docs/failure-model.md, "Dependency
-faults"); on a host behind, a session past its end is still accepted. Here
+early everywhere, and one read on a host ahead is refused early by as much
+as that host is ahead (docs/failure-model.md, "What broke, and what fixed
+it"); on a host behind, a session past its end is still accepted. Here
 both the end written and the end checked are the database's `now()`, the
 clock every host shares: the same decision on every host.
 

@@ -3,10 +3,9 @@
 Every ETA this shop sends is a database-clock time (`core.due.ring(delay=)`,
 `core.due.retry_eta`). Celery's worker holds a message with an ETA until its
 own host's clock reaches it, so a worker on a host *behind* the database
-clock held every such message that much longer: the chaos run's host 5
-minutes behind (`--skew=-5m`) still held three rings, unacknowledged, when
-the run's 300 s wait for a quiet system ran out. (A host ahead runs them
-early, which the row refuses until it is due; that was already safe.)
+clock would hold every such message that much longer (docs/failure-model.md,
+"What broke, and what fixed it": a host behind the database clock). A host
+ahead runs them early, which the row refuses until it is due: safe as it is.
 
 `DatabaseClockRequest` is every task's request class (config/celery.py):
 its `eta` is the message's database-clock ETA moved onto this host's clock by

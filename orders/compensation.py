@@ -214,10 +214,9 @@ def _held_by_the_step_before(step: CompensationStep) -> str | None:
     No polling either way: that step's done transaction (`_finishing`) makes
     this one due now and rings it, so the re-check is only a safety net the
     sweeper finds (COMPENSATION_AFTER_RECHECK while that step is on its way,
-    COMPENSATION_PARKED_RECHECK while it needs staff). Before, a waiting
-    step looked again every 5 s: in the 30-minute Redis chaos run of
-    2026-12-03 06:18, 39 % of the compensation tasks of the drain after the
-    workload were such looks, and the run was quiet 7 s inside its bound.
+    COMPENSATION_PARKED_RECHECK while it needs staff). A waiting step that
+    polled would fill the workers with looks that find the step before not
+    done (docs/compensation.md, "Order of the steps").
 
     The look and the wait happen under the parent's lock, which
     `_finishing` takes before it marks a step done and makes its dependents

@@ -244,8 +244,9 @@ def parse_event(body: bytes) -> WebhookEvent:
 
 def webhook_receive(*, body: bytes, signature: str | None) -> WebhookOutcome:
     """Verify, store and apply one webhook delivery (the endpoint's whole job)."""
-    # The window is judged by the database clock, not this host's: a host 5
-    # minutes ahead refused every webhook (the chaos run's skewed host).
+    # The window is judged by the database clock, not this host's: by its own
+    # clock a host ahead by more than the window refuses every webhook
+    # (docs/failure-model.md, "What broke, and what fixed it").
     verify_signature(
         header=signature,
         body=body,

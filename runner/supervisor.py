@@ -309,8 +309,8 @@ class Supervisor:
             process_group=0,
             # SIGKILL when the supervisor dies, not SIGTERM: SIGTERM is a warm
             # shutdown for Celery, which waits for running tasks with no time
-            # bound, and a worker SIGKILLed supervisor left behind kept its
-            # work (the chaos run's supervisor_kill). Every program is built
+            # bound, so a worker that a SIGKILLed supervisor leaves behind
+            # keeps running with its work. Every program is built
             # to be SIGKILLed at any moment (late acks redeliver, leases are
             # fenced, keys are taken over), and the orderly stop, whose SIGTERM
             # stop_all sends, is not what a killed supervisor can give anyway.

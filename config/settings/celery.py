@@ -49,7 +49,8 @@ if BROKER_IS_REDIS:
         # A broker that hangs (SIGSTOP, a partition): a publish fails after
         # this instead of holding the request that rings (the row stays due;
         # the sweeper rings again). 1 s: a request makes a publish or two,
-        # and the chaos run's hung Redis held every web thread at 5 s each.
+        # and at 5 s each a hung Redis holds every web thread
+        # (docs/failure-model.md, "What broke, and what fixed it").
         # A worker raises it (BROKER_WORKER_SOCKET_TIMEOUT, config/celery.py):
         # its consumer waits in BRPOP 1 s at a time, which 1 s would trip.
         "socket_connect_timeout": env.float("REDIS_CONNECT_TIMEOUT", default=1.0),

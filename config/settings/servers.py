@@ -53,8 +53,9 @@ DB_STATEMENT_TIMEOUT = env.float("DB_STATEMENT_TIMEOUT", default=30.0)
 DB_LOCK_TIMEOUT = env.float("DB_LOCK_TIMEOUT", default=15.0)
 # A transaction left open by a client that is gone (a partitioned host, a hung
 # process) holds its row locks until the server ends it: the server does, after
-# this long idle inside a transaction (found by the chaos run's partitions:
-# loyalty rows locked for minutes by sessions whose worker had given up).
+# this long idle inside a transaction; without it such a session holds its rows
+# (loyalty rows every later delivery waits on) with no bound in time
+# (docs/failure-model.md, "What broke, and what fixed it").
 DB_IDLE_IN_TRANSACTION_TIMEOUT = env.float("DB_IDLE_IN_TRANSACTION_TIMEOUT", default=60.0)
 # A web request's deadline (core/deadline.py): no wait on the database outlives
 # it, whatever the database or the link does. Above every bound a request adds

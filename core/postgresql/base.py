@@ -2,11 +2,12 @@
 
 `DeadlineConnection` (core/deadline.py) bounds every wait on a connection's
 socket by the web request's deadline; the wait for a connection from the
-pool came before any socket and had only the pool's own `timeout`
-(`DB_POOL_TIMEOUT`, 10 s). A request whose deadline had passed (the old
-connection closed by it, the error path writing again) could still wait
-those 10 s for a new one: the chaos run's requests that answered 503 "the
-database cannot be reached" past their deadline + 2 s.
+pool comes before any socket and has only the pool's own `timeout`
+(`DB_POOL_TIMEOUT`, 10 s). A request whose deadline has passed (its
+connection closed by it, the error path writing again) would still wait
+those 10 s for a new one and answer 503 "the database cannot be reached"
+long past its deadline; here that wait is cut to what is left of the
+deadline (docs/failure-model.md, "What broke, and what fixed it").
 """
 
 from __future__ import annotations

@@ -190,8 +190,8 @@ def _declares_over_a_partition(settings) -> dict[str, object]:
 def test_a_publish_that_declares_its_queue_on_a_partitioned_link_raises_within_its_bound(
     settings,
 ):
-    """Found by the 30-minute RabbitMQ chaos run of 2026-12-03 09:22: a web request's ring
-    waited 25.8 s, until a broker partition healed, in kombu's declare of its queue."""
+    """A web request's ring in a RabbitMQ chaos run waited 25.8 s, until a broker partition
+    healed, in kombu's declare of its queue (docs/failure-model.md, "What broke")."""
     outcome = _declares_over_a_partition(settings)
     assert outcome["finished"], "the declare waited for the heal"
     assert outcome["result"] != "published"

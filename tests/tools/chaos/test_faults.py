@@ -112,7 +112,7 @@ def test_judge_reports_a_late_503_a_slow_answer_and_a_missing_200():
 
 
 def test_a_503_that_arrived_within_2_s_counts_though_its_sample_was_sent_before_the_fault():
-    """The 30-minute Redis run of 2026-12-03 02:12: host a healthy, a db_partition at 100.0;
+    """A long Redis run's case: host a healthy, a db_partition at 100.0;
     the sample sent at 99.81 was answered 503 at 101.58, the next (sent at 102.08) got no
     answer (the run killed a's web worker at 102.09), the one after was 503 at 103.6."""
     fault = Fault("db_partition", "a", start=100.0, end=115.0)
@@ -408,7 +408,7 @@ def test_a_fault_that_began_while_a_killed_web_worker_booted_again_is_judged_fro
 
 
 def test_a_fault_a_host_had_no_server_for_is_not_late():
-    """The 30-minute RabbitMQ run of 2026-12-03 10:17: both of host b's gunicorn workers
+    """A long RabbitMQ run's case: both of host b's gunicorn workers
     exited by failpoints 0.75 s and 1.15 s into a broker partition, the killer took its
     master at 4.95 s, and the host's first answer came after the heal (a 200, rightly)."""
     fault = Fault("broker_partition", "b", start=100.0, end=115.56)
@@ -446,7 +446,7 @@ def test_failpoint_exits_in_a_web_worker_are_kills_of_its_hosts_server(tmp_path)
 
 
 def test_a_fault_that_began_while_a_killed_master_was_still_starting_is_judged_from_its_answer():
-    """The 30-minute RabbitMQ run of 2026-12-03 10:55: host b's gunicorn master SIGKILLed
+    """A long RabbitMQ run's case: host b's gunicorn master SIGKILLed
     6.1 s before a broker partition; no answer until its first, a 503 at 3.3 s."""
     fault = Fault("broker_partition", "b", start=100.0, end=126.2)
     samples = (
