@@ -46,10 +46,13 @@ fuzz-money: $(STAMP)
 	SHOP_FUZZ_MONEY=$(FUZZ_MONEY_SECONDS) $(BIN)/python -m pytest -m fuzz_money -s --timeout 0 \
 		tests/orders/test_money_model.py $(PYTEST_ARGS)
 
-## Lint, then type-check the apps (docs/testing.md, "Type checking").
+## Lint, check that every model change has its migration, then type-check the
+## apps (docs/testing.md, "Lint checks" and "Type checking"); .pre-commit-config.yaml
+## runs the first three on a commit.
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/python manage.py makemigrations --check --dry-run
 	$(BIN)/mypy
 
 format: $(STAMP)
