@@ -163,7 +163,7 @@ def test_every_page_accessible_and_served_from_the_shop_alone(shop, page, make_p
     ui.check_page(page, "order-return")
     ui.visit(page, "/account/")
     ui.check_page(page, "account")
-    page.get_by_role("button", name="Log out").click()
+    page.get_by_role("button", name="Log out", exact=True).click()
     page.wait_for_load_state()
     ui.visit(page, "/accounts/login/")
     ui.check_page(page, "login")
@@ -450,7 +450,7 @@ def test_a_shopper_resets_a_forgotten_password_then_changes_it_and_the_email(
         mailing = ui.LiveShop(url=server.url, simulator=live_shop.simulator, server=server)
         page = new_context(mailing).new_page()
         username = ui.signup(page)
-        page.get_by_role("button", name="Log out").click()
+        page.get_by_role("button", name="Log out", exact=True).click()
         page.wait_for_load_state()
 
         ui.visit(page, "/accounts/login/")

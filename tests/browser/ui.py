@@ -166,7 +166,7 @@ def signup(page, username: str | None = None, *, password: str = PASSWORD) -> st
     _field(page, "Password").fill(password)
     page.get_by_role("button", name="Sign up").click()
     page.wait_for_load_state()
-    if not page.get_by_role("button", name="Log out").count():
+    if not page.get_by_role("button", name="Log out", exact=True).count():
         # The sign-up page may send a new shopper to the login form instead.
         login(page, username, password=password)
     return username
@@ -178,7 +178,7 @@ def login(page, username: str, *, password: str = PASSWORD) -> None:
     _field(page, "Password").fill(password)
     page.get_by_role("button", name="Log in").click()
     page.wait_for_load_state()
-    assert page.get_by_role("button", name="Log out").count(), (
+    assert page.get_by_role("button", name="Log out", exact=True).count(), (
         f"not logged in after the login form: {page.url}"
     )
 
