@@ -61,6 +61,22 @@ def violated_constraint(exc: IntegrityError) -> str | None:
     return getattr(diag, "constraint_name", None)
 
 
+def insert_first(instance, *, constraint: str) -> bool:
+    """Insert `instance` in a savepoint; False when `constraint` refused it (already done).
+
+    Let the constraint decide: the caller then reads the row that holds the
+    scope. Any other integrity error is raised.
+    """
+    try:
+        with transaction.atomic():
+            instance.save(force_insert=True)
+    except IntegrityError as exc:
+        if violated_constraint(exc) != constraint:
+            raise
+        return False
+    return True
+
+
 # Hot tables vacuum and analyze after ~1-2 % of their rows changed, not the
 # defaults' 20 % / 10 %: a table of millions of keys or deliveries would
 # otherwise carry hundreds of thousands of dead tuples (a day's purge) in its

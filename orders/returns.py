@@ -21,11 +21,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 
-from django.db import IntegrityError, transaction
+from django.db import transaction
 from django.db.models import F, Sum
 from django.db.models.functions import Now
 
-from core.db import violated_constraint
+from core.db import insert_first
 from core.errors import ApplicationError, InvalidRequest, InvalidState, NotFound
 from core.money import format_money
 from idempotency.failpoints import failpoint
@@ -122,12 +122,7 @@ def return_request(
         requested_by=requested_by,
         form_scope=form_scope,
     )
-    try:
-        with transaction.atomic():
-            order_return.save(force_insert=True)
-    except IntegrityError as exc:
-        if violated_constraint(exc) != RETURN_FORM_SCOPE_UNIQ:
-            raise
+    if not insert_first(order_return, constraint=RETURN_FORM_SCOPE_UNIQ):
         made = ReturnRequest.objects.get(form_scope=form_scope)
         made.line_list = list(made.lines.order_by("id"))
         made.step_list = list(made.steps.order_by("position"))

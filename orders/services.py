@@ -24,12 +24,12 @@ from decimal import Decimal
 from typing import TYPE_CHECKING
 
 from django.conf import settings
-from django.db import IntegrityError, connection, transaction
+from django.db import connection, transaction
 from django.db.models import Q
 from django.db.models.functions import Now
 from django.utils.module_loading import import_string
 
-from core.db import violated_constraint
+from core.db import insert_first
 from core.errors import ApplicationError, InvalidState
 from core.money import format_money, minor_units
 from idempotency.failpoints import failpoint
@@ -165,16 +165,9 @@ def _order_insert(order: Order) -> None:
     if order.scope is None:
         order.save(force_insert=True)
         return
-    try:
-        with transaction.atomic():
-            order.save(force_insert=True)
-    except IntegrityError as exc:
-        if violated_constraint(exc) != SCOPE_CONSTRAINT:
-            raise
+    if not insert_first(order, constraint=SCOPE_CONSTRAINT):
         existing = Order.objects.values_list("id", flat=True).get(scope=order.scope)
-        raise AlreadyOrdered(
-            "This cart was already ordered.", extra={"order_id": str(existing)}
-        ) from None
+        raise AlreadyOrdered("This cart was already ordered.", extra={"order_id": str(existing)})
 
 
 @transaction.atomic

@@ -19,11 +19,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from django.db import IntegrityError, transaction
+from django.db import transaction
 from django.db.models import F
 from django.db.models.functions import Now
 
-from core.db import violated_constraint
+from core.db import insert_first
 from core.errors import ApplicationError, InvalidRequest, InvalidState
 from idempotency.failpoints import failpoint
 from idempotency.outbox import outbox_write
@@ -140,12 +140,7 @@ def shipment_create(
         tracking_number=tracking_number or None,
         form_scope=form_scope,
     )
-    try:
-        with transaction.atomic():
-            shipment.save(force_insert=True)
-    except IntegrityError as exc:
-        if violated_constraint(exc) != FORM_SCOPE_UNIQ:
-            raise
+    if not insert_first(shipment, constraint=FORM_SCOPE_UNIQ):
         made = Shipment.objects.get(form_scope=form_scope)
         made.line_list = list(made.lines.order_by("id"))  # type: ignore[attr-defined]
         return made
