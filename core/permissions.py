@@ -27,15 +27,6 @@ def is_courier(user) -> bool:
     return user.groups.filter(name=COURIERS_GROUP).exists()
 
 
-class IsStaff(BasePermission):
-    """Allow staff users only (no model permission: reading, e.g. any order)."""
-
-    message = "Only staff may do this."
-
-    def has_permission(self, request, view) -> bool:
-        return bool(request.user and request.user.is_authenticated and request.user.is_staff)
-
-
 class StaffWith(BasePermission):
     """Staff holding every model permission in `required` (a class made by `staff_with`)."""
 
