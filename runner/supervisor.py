@@ -106,7 +106,7 @@ PROGRAMS: list[Program] = [
         # ledger file, reached over loopback like a real provider.
         "payments-simulator",
         (
-            "{python}", "-m", "payments.simulator", "--host", "127.0.0.1",
+            "{python}", "-m", "devtools.simulator", "--host", "127.0.0.1",
             "--port", "{sim_port}", "--db", "{var}/payments-simulator.sqlite3",
         ),
     ),

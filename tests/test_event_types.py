@@ -33,7 +33,7 @@ EMITTED = frozenset(str(member) for enum in OWNERS.values() for member in enum)
 DECLARED_UNCONSUMED = frozenset(str(t) for t in (*ORDERS_UNCONSUMED, *PAYMENTS_UNCONSUMED))
 # The provider's webhook type names (what the provider sends the shop, not what the
 # shop publishes): `refund.succeeded` is spelled the same there, as the provider names it.
-PROVIDER_NAMES = {Path("payments/provider_events.py"), Path("payments/simulator/ledger.py")}
+PROVIDER_NAMES = {Path("payments/provider_events.py"), Path("devtools/simulator/ledger.py")}
 
 
 def _subscriptions() -> dict[str, frozenset[str]]:

@@ -26,6 +26,9 @@ CONFIG = "config"
 RUNNER = "runner"
 # Not production: development and measuring tools. They have rows in the table too.
 TOOLING = ("tools", "bench")
+# Not production: the development component (the simulated provider, the demo data).
+# The development settings install its demo app; production settings do not.
+DEVELOPMENT = "devtools"
 # The test settings install the test-support app; they are not production.
 NOT_PRODUCTION = {Path("config/settings/test.py")}
 
@@ -35,7 +38,11 @@ def _project_apps() -> list[str]:
     from django.conf import settings
 
     tops = {app.split(".")[0] for app in settings.INSTALLED_APPS}
-    return sorted(top for top in tops if (ROOT / top / "__init__.py").exists() and top != "tests")
+    return sorted(
+        top
+        for top in tops
+        if (ROOT / top / "__init__.py").exists() and top not in ("tests", DEVELOPMENT)
+    )
 
 
 def _graph_table(text: str | None = None) -> dict[str, set[str]]:
@@ -50,7 +57,7 @@ DOMAIN_APPS = tuple(app for app in _project_apps() if app not in (CORE, IDEMPOTE
 PRODUCTION = (CONFIG, *_project_apps(), RUNNER)
 # Every top-level package of the repository, so that "a project app" is not
 # confused with a third-party module.
-PROJECT = (*PRODUCTION, *TOOLING, "tests")
+PROJECT = (*PRODUCTION, *TOOLING, DEVELOPMENT, "tests")
 
 
 def _modules(app: str) -> list[Path]:
@@ -109,12 +116,12 @@ def test_every_app_has_modules_to_check(app):
 
 def test_the_table_has_a_row_for_every_package_and_no_cycle():
     table = _graph_table()
-    assert set(table) == {*PRODUCTION, *TOOLING}
+    assert set(table) == {*PRODUCTION, *TOOLING, DEVELOPMENT}
     assert all(allowed <= set(PROJECT) for allowed in table.values())
     assert _cycles({name: allowed & set(table) for name, allowed in table.items()}) == []
 
 
-@pytest.mark.parametrize("app", (*PRODUCTION, *TOOLING))
+@pytest.mark.parametrize("app", (*PRODUCTION, *TOOLING, DEVELOPMENT))
 def test_every_import_is_one_the_table_allows(app):
     allowed = _graph_table()[app]
     wrong = [(where, m) for where, m in _project_imports(app) if _top(m) not in allowed]
@@ -327,3 +334,39 @@ def test_the_reader_sees_relative_and_late_imports(tmp_path, monkeypatch):
         "config.celery",
     ]
     assert [m for _, m in _project_imports("payments")] == ["orders", "config.celery"]
+
+
+# --- The development component (devtools/): outside production ----------------
+
+
+def test_the_development_component_is_no_production_package():
+    # Neither an app of production nor a package production's row may name.
+    assert (ROOT / DEVELOPMENT / "__init__.py").exists()
+    assert DEVELOPMENT not in PRODUCTION and DEVELOPMENT not in DOMAIN_APPS
+    table = _graph_table()
+    assert [app for app in PRODUCTION if DEVELOPMENT in table[app]] == []
+
+
+def _development_imports(apps) -> list[tuple[str, str]]:
+    return [
+        (where, m) for app in apps for where, m in _project_imports(app) if _top(m) == DEVELOPMENT
+    ]
+
+
+def test_no_production_module_imports_the_development_component():
+    # Read from the source, imports inside functions included: production runs
+    # without the simulator and the demo data (docs/architecture.md).
+    assert _development_imports(PRODUCTION) == []
+
+
+def test_the_development_import_rule_sees_a_late_import(tmp_path, monkeypatch):
+    app = tmp_path / "shop"
+    app.mkdir()
+    (app / "views.py").write_text(
+        "def seed():\n    from devtools.demo.seeding import demo_seed\nimport devtools.simulator\n"
+    )
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    assert sorted(m for _, m in _development_imports(["shop"])) == [
+        "devtools.demo.seeding",
+        "devtools.simulator",
+    ]

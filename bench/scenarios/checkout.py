@@ -1,7 +1,7 @@
 """Checkout: keyed POST /api/v1/orders/ paid through the simulated provider.
 
 The harness's gunicorn knows no provider, so this scenario starts its own
-simulator (`python -m payments.simulator --port 0`) and a second gunicorn
+simulator (`python -m devtools.simulator --port 0`) and a second gunicorn
 with the same environment plus `PAYMENTS_PROVIDER_URL`; both are stopped at
 the end whatever happens.
 
@@ -127,7 +127,7 @@ def _shop_with_provider(stack: contextlib.ExitStack, ctx, *, prefix: str):
 def _simulator(workdir: Path):
     """Run the simulated provider on a free port; yield its base URL."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "payments.simulator", "--port", "0"]
+        [sys.executable, "-m", "devtools.simulator", "--port", "0"]
         + ["--db", str(workdir / "simulator.sqlite3")],
         cwd=ROOT,
         stdout=subprocess.PIPE,

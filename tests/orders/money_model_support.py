@@ -20,6 +20,7 @@ from django.db import connection, models
 from django.test import Client
 
 from core.errors import ApplicationError
+from devtools.simulator.webhooks import event_body
 from idempotency.failpoints import hook
 from orders.compensation_staff import steps_retry_failed
 from orders.models import CompensationStep
@@ -32,7 +33,6 @@ from payments.models import PaymentSettlement, Refund, RefundStatus
 from payments.refund_decisions import refund_record_failed, refund_record_outside, refund_retry_now
 from payments.selectors import settlement_attention
 from payments.settlement import settlement_retry_now
-from payments.simulator.webhooks import event_body
 from payments.states import SettlementAttention
 
 WEBHOOKS = "/api/v1/payments/webhooks/"

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 class Simulator:
-    """A `python -m payments.simulator` process on a free port, with its ledger file."""
+    """A `python -m devtools.simulator` process on a free port, with its ledger file."""
 
     def __init__(self, workdir: Path, *, webhook_url: str | None = None) -> None:
         self.workdir = workdir
@@ -60,7 +60,7 @@ class Simulator:
             if self.webhook_url:
                 webhooks += ["--webhook-url", self.webhook_url, "--webhook-timeout", "5"]
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "payments.simulator", "--port", str(self.port)]
+                [sys.executable, "-m", "devtools.simulator", "--port", str(self.port)]
                 + ["--db", str(self.db_path), "--hold-seconds", "30"]
                 + webhooks,
                 env={**os.environ, "SIMULATOR_WEBHOOK_SECRET": settings.PAYMENTS_WEBHOOK_SECRET},

@@ -49,7 +49,7 @@ from urllib.parse import urlsplit
 import psutil
 import requests
 
-from payments.simulator.webhooks import event_body, sign_webhook
+from devtools.simulator.webhooks import event_body, sign_webhook
 from runner.processes import die_with_parent, free_port, stop_group, tail
 
 from . import liveness, plot
@@ -222,7 +222,7 @@ class Simulator:
         self.port = free_port()
         self.control_port = free_port()
         self.argv = [
-            sys.executable, "-m", "payments.simulator", "--host", "127.0.0.1",
+            sys.executable, "-m", "devtools.simulator", "--host", "127.0.0.1",
             "--port", str(self.port), "--control-port", str(self.control_port),
             "--db", str(run_dir / "provider.sqlite3"),
             "--webhook-url", webhook_url, "--webhook-secret", secret,

@@ -54,7 +54,7 @@ class FakeProcess:
          "worker-child"),
         (["python", "-m", "celery", "--app", "config.celery:app", "beat"], None, "beat"),
         (["python", "manage.py", "relay_outbox"], None, "relay"),
-        (["python", "-m", "payments.simulator"], None, None),
+        (["python", "-m", "devtools.simulator"], None, None),
     ],
 )  # fmt: skip
 def test_roles_come_from_the_command_line(cmdline, parent, role):

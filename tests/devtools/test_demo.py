@@ -4,11 +4,11 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 
+from devtools.demo.seeding import DEMO_ORDERS, DEMO_PRODUCTS, DEMO_USERS
 from inventory.models import Product, StockItem
 from orders import tracking
 from orders.models import CompensationStep, Order, ReturnRequest, Shipment
 from payments.models import Refund
-from shop.demo import DEMO_ORDERS, DEMO_PRODUCTS, DEMO_USERS
 
 # transaction=True: the demo orders' payments are provider calls, made outside any transaction.
 pytestmark = [pytest.mark.embedded, pytest.mark.django_db(transaction=True)]

@@ -29,6 +29,7 @@ from django.utils import timezone
 
 from core.money import minor_units, shop_currency
 from core.permissions import COURIERS_GROUP
+from devtools.simulator.server import Simulator
 from inventory import selectors as inventory_selectors
 from inventory.services import SkuExists, product_create
 from orders import selectors as order_selectors
@@ -216,8 +217,6 @@ def _demo_provider() -> Iterator[None]:
     if _provider_answers(settings.PAYMENTS_PROVIDER_URL):
         yield
         return
-    from payments.simulator.server import Simulator
-
     folder = Path(os.environ.get("SHOP_VAR_DIR") or settings.BASE_DIR / "var")
     folder.mkdir(parents=True, exist_ok=True)
     simulator = Simulator(db_path=str(folder / "payments-simulator.sqlite3"))
@@ -316,6 +315,10 @@ def _return_one(order, kind: str, *, staff) -> None:
         _drive(order_return)
         return
     _drive(order_return, names=["restock"])
+    # Forced: the state shown is a refund step stopped for staff before any refund
+    # exists, so that "Retry failed steps" refunds it. No provider answer leads
+    # there (a declined refund is stored and stays declined on a retry), so the
+    # step is flagged through the staff service that stops a step by hand.
     from orders.compensation_staff import step_flag_attention
 
     refund_step = order_selectors.return_step(order_return_id=order_return.id, name="refund")

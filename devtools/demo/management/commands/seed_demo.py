@@ -2,7 +2,7 @@ import os
 
 from django.core.management.base import BaseCommand, CommandError
 
-from shop.demo import DEMO_USERS, demo_orders, demo_seed
+from devtools.demo.seeding import DEMO_USERS, demo_orders, demo_seed
 
 
 class Command(BaseCommand):

@@ -56,7 +56,7 @@ from urllib.parse import parse_qs, urlsplit
 from .ledger import Ledger, RequestError, fingerprint, parse_amount
 from .webhooks import WebhookSender, sign_webhook  # noqa: F401 - sign_webhook: re-exported
 
-logger = logging.getLogger("payments.simulator")
+logger = logging.getLogger("devtools.simulator")
 
 METHODS = ("pm_card_ok", "pm_card_declined", "pm_card_timeout", "pm_card_unavailable")
 UNAVAILABLE_ATTEMPTS = 2

@@ -1,4 +1,4 @@
-"""Run the simulated provider: `python -m payments.simulator --port P --db PATH`.
+"""Run the simulated provider: `python -m devtools.simulator --port P --db PATH`.
 
 Prints one JSON line `{"event": "listening", "port": ..., "control_port": ...,
 "pid": ...}` once both sockets listen (`--port 0` picks a free port), then
@@ -19,7 +19,7 @@ from .server import Simulator
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m payments.simulator", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m devtools.simulator", description=__doc__)
     parser.add_argument("--port", type=int, required=True, help="API port (0: any free port)")
     parser.add_argument("--db", required=True, help="SQLite ledger file (created if missing)")
     parser.add_argument("--host", default="127.0.0.1")

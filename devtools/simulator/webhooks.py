@@ -40,7 +40,7 @@ from typing import Any
 
 from .ledger import Ledger
 
-logger = logging.getLogger("payments.simulator.webhooks")
+logger = logging.getLogger("devtools.simulator.webhooks")
 
 BACKOFF_BASE = 0.5  # seconds before the first retry
 BACKOFF_MAX = 30.0
