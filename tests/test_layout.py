@@ -1,7 +1,8 @@
 """Imports go one way: config → domain apps → idempotency → core (docs/architecture.md).
 
 Read with `ast` from the production modules' source (migrations excluded;
-`tests/`, `bench/` and the test settings are not production), so an import
+`tests/`, `bench/`, `tools/`, `devtools/` and the test settings are not
+production), so an import
 inside a function counts as much as one at the top. Imports by dotted string
 (`import_string`, settings such as `PAYMENTS_SETTLED_HANDLER`) are not seen:
 they are how an inner layer is told about an outer one without importing it.
