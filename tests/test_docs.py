@@ -440,3 +440,84 @@ def test_the_run_story_check_flags_a_story_and_passes_a_rule():
         ["m.py:5", "a date"],
         ["m.py:2", "a run's figures"],
     ]
+
+
+# --- links and section citations: a moved section takes its readers along -----------
+
+_LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+# `docs/payments.md, "Refunds"`, `docs/events.md "Shopper e-mails"`, `[x.md](x.md), "lease"`.
+_CITE = re.compile(r'\b((?:docs/)?[\w/-]+\.md)(?:\]\([^)\s]*\))?,? \(?"([^"]{2,90})"')
+
+
+def _slug(heading: str) -> str:
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _broken_links(path: str, text: str) -> list[str]:
+    """Relative links of one markdown file whose file or `#heading` does not exist."""
+    broken = []
+    for target in _LINK.findall(re.sub(r"```.*?```", "", text, flags=re.S)):
+        if re.match(r"[a-z]+:", target):
+            continue  # http:, mailto:
+        file, _, anchor = target.partition("#")
+        dest = (ROOT / path).parent / file if file else ROOT / path
+        if not dest.exists():
+            broken.append(f"{path}: {target} (no such file)")
+        elif anchor and dest.suffix == ".md":
+            headings = [line.lstrip("#") for line in dest.read_text().splitlines()]
+            if anchor not in {_slug(h) for h in headings if h}:
+                broken.append(f"{path}: {target} (no such heading)")
+    return broken
+
+
+def _titles(doc: Path) -> list[str]:
+    """A doc's headings and bold lead-ins (`**Bounded waits.**`), flattened, lower case."""
+    text = doc.read_text()
+    headings = [re.sub(r"^#+\s*", "", line) for line in text.splitlines() if line.startswith("#")]
+    bold = re.findall(r"(?:^|\n)\s*(?:- |\d+\. )?\*\*([^*]+)\*\*", text)
+    return [" ".join(title.split()).lower() for title in headings + bold]
+
+
+def _broken_citations(path: str, text: str) -> list[str]:
+    """`<doc>.md, "<section>"` in `text` (from `path`) whose doc has no such section."""
+    broken = []
+    for doc, section in _CITE.findall(" ".join(text.replace("#", " ").split())):
+        base = (ROOT / path).parent if path.endswith(".md") else ROOT / "docs"
+        dest = ROOT / doc if doc.startswith("docs/") else base / doc
+        if dest.suffix != ".md" or not dest.exists():
+            continue
+        wanted = " ".join(section.split()).lower()
+        if not any(title.startswith(wanted) or wanted in title for title in _titles(dest)):
+            broken.append(f'{path}: {doc}, "{section}" (no such section)')
+    return broken
+
+
+def test_every_relative_link_and_section_citation_resolves():
+    """Links in the markdown, and `docs/x.md, "Section"` in it and in code's prose, land."""
+    broken = []
+    for path in _tracked("*.md"):
+        text = (ROOT / path).read_text()
+        broken += _broken_links(path, text) + _broken_citations(path, text)
+    for path in _tracked("*.py"):
+        if "docs/" in (source := (ROOT / path).read_text()) or '.md"' in source:
+            broken += [
+                cite
+                for _, prose in _prose(source)
+                for cite in _broken_citations(path, prose.replace("\n", " "))
+            ]
+    assert broken == []
+
+
+def test_the_link_checks_find_a_moved_section():
+    text = (
+        "[due](due-work.md) [gone](no-such.md) [anchor](glossary.md#lease)"
+        ' [bad anchor](glossary.md#renames) [glossary.md](glossary.md), "Renames"\n'
+        'docs/runs/bench.md, "Statements of one keyed checkout" and'
+        ' docs/performance.md, "Statements of one keyed checkout"'
+    )
+    assert _broken_links("docs/x.md", text) + _broken_citations("docs/x.md", text) == [
+        "docs/x.md: no-such.md (no such file)",
+        "docs/x.md: glossary.md#renames (no such heading)",
+        'docs/x.md: glossary.md, "Renames" (no such section)',
+        'docs/x.md: docs/performance.md, "Statements of one keyed checkout" (no such section)',
+    ]
