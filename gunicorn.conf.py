@@ -104,7 +104,7 @@ def on_exit(server):
 
 
 # --- The cyclic garbage collector in a worker -------------------------------------
-# (docs/performance.md, "the gunicorn worker's RSS rise", has the measurements.)
+# (docs/runs/bench.md, "the gunicorn worker's RSS rise", has the measurements.)
 # Almost everything a request builds is held in reference cycles (a DRF
 # serializer and its bound fields point at each other, so do the view, its
 # request and the response's context), hundreds of objects per keyed checkout

@@ -371,3 +371,73 @@ def test_the_development_import_rule_sees_a_late_import(tmp_path, monkeypatch):
         "devtools.demo.seeding",
         "devtools.simulator",
     ]
+
+
+# --- sizes and names: a module stays readable, a family of files is a package ----------
+# (docs/architecture.md, "Layout"; docs/contributing.md).
+
+MAX_MODULE_LINES = 600
+# Three files of one folder whose names share a first word (`compensation.py`,
+# `compensation_state.py`, `compensation_steps.py`) are a package flattened into names.
+PREFIX_FAMILY = 3
+
+
+def _oversized(apps) -> list[str]:
+    """Every production module over MAX_MODULE_LINES, as "<path>: <lines> lines"."""
+    found = []
+    for app in apps:
+        for path in _modules(app):
+            lines = len((ROOT / path).read_text().splitlines())
+            if lines > MAX_MODULE_LINES:
+                found.append(f"{path}: {lines} lines")
+    return found
+
+
+def _prefix_families(apps) -> list[str]:
+    """Every folder where PREFIX_FAMILY or more modules share the first word of their
+    names (`__init__.py` has none), as "<folder>/<word>_*: <names>"."""
+    families: dict[tuple[Path, str], list[str]] = defaultdict(list)
+    for app in apps:
+        for path in _modules(app):
+            word = path.stem.lstrip("_").split("_")[0]
+            if path.stem != "__init__" and word:
+                families[(path.parent, word)].append(path.name)
+    return [
+        f"{folder}/{word}_*: {', '.join(sorted(names))}"
+        for (folder, word), names in sorted(families.items())
+        if len(names) >= PREFIX_FAMILY
+    ]
+
+
+def test_no_production_module_is_over_600_lines():
+    assert _oversized(PRODUCTION) == []
+
+
+def test_no_folder_holds_a_family_of_files_a_package_should_carry():
+    assert _prefix_families(PRODUCTION) == []
+
+
+def test_the_size_rule_finds_a_long_module(tmp_path, monkeypatch):
+    app = tmp_path / "core"
+    (app / "migrations").mkdir(parents=True)
+    (app / "due.py").write_text("x = 1\n" * (MAX_MODULE_LINES + 1))
+    (app / "db.py").write_text("x = 1\n" * MAX_MODULE_LINES)
+    (app / "migrations" / "0001_initial.py").write_text("x = 1\n" * 2000)
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    assert _oversized(["core"]) == [f"core/due.py: {MAX_MODULE_LINES + 1} lines"]
+
+
+def test_the_family_rule_finds_a_prefix_family_and_passes_a_package(tmp_path, monkeypatch):
+    orders = tmp_path / "orders"
+    (orders / "compensation").mkdir(parents=True)
+    for name in ("__init__", "admin", "admin_forms", "admin_compensation", "models"):
+        (orders / f"{name}.py").write_text("")
+    for name in ("__init__", "state", "steps", "refund", "_run"):
+        (orders / "compensation" / f"{name}.py").write_text("")
+    # Two of a word are not yet a family; nor are a package's own modules.
+    (orders / "lock_objects.py").write_text("")
+    (orders / "lock_rows.py").write_text("")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    assert _prefix_families(["orders"]) == [
+        "orders/admin_*: admin.py, admin_compensation.py, admin_forms.py"
+    ]

@@ -2,7 +2,7 @@
 
 A deployment's environment (or `.env`) outlives a release, so a renamed
 variable is read under its old name for one release, with a warning that
-says which name to set instead (docs/glossary.md, "Renames").
+says which name to set instead (docs/configuration.md, "Renamed variables").
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ hold a graph of containers in a reference cycle while they run (so the young
 collections promote part of it, as they do a real request's), then drop it.
 Sampled every 50 requests: the objects the collector holds beyond those it
 held before the first request, i.e. the dead cycles still waiting for a
-full collection (docs/performance.md, issue 21 goal 4).
+full collection (docs/runs/bench.md, "Goal 4").
 """
 
 from __future__ import annotations

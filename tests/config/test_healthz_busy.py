@@ -5,12 +5,12 @@ reaches the database through a fault proxy; the proxy drops everything (a
 partition), requests that need the database hang, and then /healthz must
 still answer in time.
 
-- With sync workers (one request each) two hung requests held both workers
-  and /healthz queued behind them: the chaos run's partitions saw its 503
-  late. Threads fixed that while a thread was free.
+- With sync workers (one request each) two hung requests hold both workers
+  and /healthz queues behind them, so its 503 comes late; threads answer it
+  while a thread is free.
 - With every thread held (more hung requests than threads, as on a loaded
-  host: the CI chaos run's database fault), gthread queued /healthz behind
-  them all; config/gunicorn_worker.py answers it from threads of its own.
+  host in a database fault), gthread queues /healthz behind them all;
+  config/gunicorn_worker.py answers it from threads of its own.
   The second test shows both: the shipped worker class answers, plain
   gthread (the wrong twin) does not.
 """

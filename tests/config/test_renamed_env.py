@@ -1,7 +1,7 @@
 """A renamed environment variable still works under its old name, with one warning.
 
 `IDEMPOTENCY_LOCK_TTL` / `_MARGIN` became `IDEMPOTENCY_LEASE_TTL` / `_MARGIN`
-(docs/glossary.md, "Renames"): a deployment that still sets the old name keeps
+(docs/configuration.md, "Renamed variables"): a deployment that still sets the old name keeps
 its value for one release and is told, once, which name to set instead.
 """
 

@@ -199,8 +199,8 @@ def _rings_of_one_row(ring_after_commit, monkeypatch, rang) -> int:
 def test_a_row_rung_at_commit_is_not_rung_again_by_a_sweep_while_its_ring_is_on_its_way(
     rang, monkeypatch
 ):
-    # The long chaos run's broker held 6,745 messages at its end, mostly the same rows
-    # rung by every sweep while their first ring waited behind a backlog.
+    # Without the ring's lease every sweep rings the row again while its first ring
+    # waits behind a backlog, and the broker fills with copies of the same rows.
     assert _rings_of_one_row(due.ring_after_commit, monkeypatch, rang) == 1
 
 
@@ -311,9 +311,8 @@ def _rings_waiting_after_their_leases_ran_out(sweep, client, queue) -> list[int]
 def test_a_sweep_tops_its_queue_up_to_one_batch_and_rings_no_more_while_it_waits(
     maintenance_queue,
 ):
-    # The 30-minute Redis chaos run ended with 20,133 messages for 1,143 pending
-    # compensation steps: every sweep rang again the rows whose ring had waited in
-    # the queue longer than its lease.
+    # A ring that waits in the queue longer than its lease is rung again by every
+    # sweep: without the room check a backlog multiplies itself (docs/due-work.md).
     client, queue = maintenance_queue
     assert _rings_waiting_after_their_leases_ran_out(due.sweep, client, queue) == [4, 4, 4]
     assert due.sweep_room("testsupport.work_chore", limit=4) == 0

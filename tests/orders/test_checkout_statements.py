@@ -30,7 +30,7 @@ CONTROL = ("BEGIN", "COMMIT", "SAVEPOINT", "RELEASE SAVEPOINT")
 # the capture's two payment transactions (5, payments/capture.py); phase 3 (order with
 # its payment lock, lines, transition, reservation commit, outbox, answer: 8). 30 before
 # issue 21: the courier check, the payment lock and the stock update were statements
-# of their own (docs/performance.md, "Statements of one keyed checkout"); 29 since the
+# of their own (docs/runs/bench.md, "Statements of one keyed checkout"); 29 since the
 # limits per shopper (docs/checkout.md, "Limits per shopper").
 STATEMENTS = 29
 TRANSACTIONS = 4  # phase 1, the capture's two, phase 3

@@ -145,10 +145,9 @@ def test_run_refuses_a_taken_port_and_stops_the_embedded_servers(short_tmp, mark
 
 def test_a_killed_supervisor_leaves_no_celery_worker_running_a_task(short_tmp, marker):
     # A supervisor SIGKILLed while a Celery worker runs a long task. With
-    # SIGTERM as the parent-death signal the worker began a warm shutdown that
-    # waits for the task (no time bound), so it outlived the supervisor still
-    # holding its work: the chaos run's supervisor_kill found it 15 s later.
-    # With SIGKILL the worker dies at once, its pool child with it (Celery's
+    # SIGTERM as the parent-death signal the worker begins a warm shutdown that
+    # waits for the task (no time bound), so it outlives the supervisor still
+    # holding its work. With SIGKILL the worker dies at once, its pool child with it (Celery's
     # own parent-death signal), and the task's message, acknowledged late, is
     # delivered again (docs/failure-model.md, "Dependency faults").
     from config.celery import app
@@ -191,11 +190,10 @@ def test_a_killed_supervisor_leaves_no_celery_worker_running_a_task(short_tmp, m
 
 def test_a_killed_supervisor_leaves_no_gunicorn_worker_holding_a_request(short_tmp, marker):
     # A supervisor SIGKILLed while a web request waits on a hung (partitioned)
-    # database. gunicorn's master dies of its parent-death signal; its worker
-    # noticed, then finished its request for up to the 10 s graceful timeout
-    # and exited only with its threads: the chaos run's supervisor_kill found
-    # such workers still running 15 s later. Each worker now dies with its
-    # master (gunicorn.conf.py's post_fork).
+    # database. gunicorn's master dies of its parent-death signal; without more,
+    # its worker notices, then finishes its request for up to the 10 s graceful
+    # timeout and exits only with its threads, outliving the supervisor. Each
+    # worker dies with its master instead (gunicorn.conf.py's post_fork).
     import threading
 
     from tests.support.servers import database_behind_proxy, server_env

@@ -114,9 +114,10 @@ class Faults:
     # PR_SET_PDEATHSIG (runner.processes.die_with_parent) fires when the THREAD
     # that forked the child ends, not its process: a server started again from
     # a fault's own short-lived thread got its parent-death signal the moment
-    # that thread ended (the first runs lost PostgreSQL 0.6 s after its crash
-    # recovery). So whatever a fault starts again is started from this one
-    # thread, which lives as long as the run.
+    # that thread ended (PostgreSQL shut down just after its crash recovery;
+    # docs/failure-model.md, "What broke, and what fixed it"). So whatever a
+    # fault starts again is started from this one thread, which lives as long
+    # as the run.
     skipped: list[str] = field(default_factory=list)
     gap: float = GAP  # quiet seconds after each fault heals
     # One fault at a time, each followed by GAP quiet seconds, even when one
@@ -441,8 +442,8 @@ KILL_REACH = SUPERVISOR_SLOT
 # A web server killed this long before a fault may still be booting when the fault
 # begins (a gunicorn worker boots in about 3 s on a loaded machine). An earlier kill
 # counts too while the host has not answered since: a killed master is started
-# again by its supervisor after a pause, then boots its workers (9.4 s from the
-# kill to the first answer in the RabbitMQ run of 2026-12-03 10:55).
+# again by its supervisor after a pause, then boots its workers (about 10 s from
+# the kill to the first answer; docs/failure-model.md, "Dependency faults").
 KILL_REACH_DOWN = 5.0
 
 
@@ -486,9 +487,9 @@ def _seen_after_a_kill(
             return True
         # No server answered from that kill until the fault was over (killed again,
         # or still booting): the host had nothing to say 503 with, and its first
-        # answer is the heal's to judge (the 30-minute RabbitMQ run of 2026-12-03
-        # 10:17: both of host b's gunicorn workers exited by failpoints 0.75 s and
-        # 1.15 s into a broker partition, then the killer took its master).
+        # answer is the heal's to judge (both of a host's gunicorn workers may exit
+        # by failpoints early in a fault and the killer take its master; the run's
+        # log: docs/runs/chaos.md).
         if first > fault.end:
             return True
     return False
@@ -516,13 +517,11 @@ def _answered_503_in_time(fault: Fault, touched: list[dict]) -> bool:
     """A touched host's answer that *arrived* within DOWN_WITHIN of the fault's start was a
     503, and that host's last answer before the start was a 200 (so the fault made it).
 
-    The sample that straddles the start counts: in the 30-minute Redis run of
-    2026-12-03 02:12 a `db_partition`'s only 503 in its first 2 s answered a
-    sample sent 0.19 s before the fault began (at 1.58 s), and the next
-    sample, sent at 2.08 s, found the web worker just killed by the run. The
-    host did say 503 within 2 s, as the issue asks; counting samples by when
-    they were sent missed it. (Decided before the next run, not to pass
-    that one: it stays reported as failed.)
+    The sample that straddles the start counts: a fault's only 503 in its first
+    2 s may answer a sample sent just before the fault began, while the next
+    sample finds the web worker just killed by the run. The host did say 503
+    within 2 s, as the contract asks; counting samples by when they were sent
+    would miss it (docs/failure-model.md, "Dependency faults").
     """
     for host in sorted({s["host"] for s in touched}):
         answers = sorted(

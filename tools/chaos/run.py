@@ -395,9 +395,9 @@ class Timeline:
             self.file.close()
 
 
-# Judged since every wait of a web request is cut to what is left of its deadline
-# (core.deadline.bounded: the pool, a publish, the provider); measured only before,
-# when the short runs had 4-8 of 108-163 over (docs/failure-model.md, "What broke").
+# Judged because every wait of a web request is cut to what is left of its deadline
+# (core.deadline.bounded: the pool, a publish, the provider; docs/failure-model.md,
+# "What broke").
 HUNG_ROW = "no request past its deadline + 2 s in a dependency fault"
 
 

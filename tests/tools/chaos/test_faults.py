@@ -345,7 +345,7 @@ def test_a_request_is_judged_by_how_long_the_server_had_it():
 
     made = [Fault("db_partition", "a", start=103.4, end=120.8)]
     answers = [
-        # The long RabbitMQ run's 22.6 s checkout, had it said 20.1 s in the server.
+        # A 22.6 s checkout of which the server had 20.1 s: within its deadline + 2 s.
         {"t": 100.0, "took": 22.6, "server_took": 20.1, "host": "a", "status": 503},
         {"t": 104.0, "took": 24.0, "server_took": 23.9, "host": "a", "status": 503},
         {"t": 105.0, "took": 30.0, "server_took": None, "host": "a", "status": None},
