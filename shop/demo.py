@@ -316,7 +316,7 @@ def _return_one(order, kind: str, *, staff) -> None:
         _drive(order_return)
         return
     _drive(order_return, names=["restock"])
-    from orders.compensation_staff import step_flag_attention
+    from orders.compensation import step_flag_attention
 
     refund_step = order_selectors.return_step(order_return_id=order_return.id, name="refund")
     step_flag_attention(step_id=refund_step.id, reason=ATTENTION_REASON)
