@@ -262,7 +262,7 @@ def _cancellation_request(
         raise StepNeedsAttention(f"the refund was refused: {exc.code}: {exc.detail}") from exc
     if wait is not None:
         note, seconds, ring = wait
-        step_wait(step_id=step.id, seconds=seconds, note=note, ring=ring)
+        step_wait(step_id=step.id, attempt=attempt, seconds=seconds, note=note, ring=ring)
         return "waiting"
     assert refund is not None
-    return _asked(step, refund)
+    return _asked(step, attempt, refund)
