@@ -33,8 +33,8 @@ class OrdersConfig(AppConfig):
             resume=single_phase_resume,
             present=presenters.refund_created,
         )
-        # The admin's refund form (orders/admin.py) answers with redirects.
-        from . import admin as orders_admin
+        # The admin's refund form (orders/admin/order.py) answers with redirects.
+        from .admin import order as orders_admin
 
         register_operation(
             orders_admin.ADMIN_REFUND_CREATE,
@@ -52,8 +52,8 @@ class OrdersConfig(AppConfig):
             resume=single_phase_resume,
             present=presenters.return_received,
         )
-        # The admin's "Create shipment" form (orders/admin_forms.py) answers with redirects.
-        from . import admin_forms
+        # The admin's "Create shipment" form (orders/admin/forms.py) answers with redirects.
+        from .admin import forms as admin_forms
 
         register_operation(
             admin_forms.ADMIN_SHIPMENT_CREATE,
@@ -61,7 +61,7 @@ class OrdersConfig(AppConfig):
             present=admin_forms.shipment_redirect,
         )
         # The admin's return and cancel forms answer with redirects.
-        from . import admin_compensation
+        from .admin import compensation as admin_compensation
 
         for name, present in (
             (admin_compensation.ADMIN_RETURN_RECEIVE, admin_compensation.return_redirect),

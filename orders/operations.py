@@ -220,7 +220,7 @@ FORM_REFUND_NAMESPACE = uuid.UUID("0b7e2f4c-3d1a-5e6b-8f90-a1b2c3d4e5f6")
 
 def form_refund_id(form_scope: str) -> uuid.UUID:
     """The refund id a refund form names: uuid5 of its scope (its owner and its key,
-    `KeyRequest.scope`; the key: orders.admin.refund_form_key).
+    `KeyRequest.scope`; the key: orders.admin.order.refund_form_key).
 
     The refund's primary key and its provider key's `payments_refund_key_uniq`
     then make that form one refund for the refund's whole life, also after

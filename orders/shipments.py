@@ -122,7 +122,7 @@ def shipment_create(
     confirmed → 409 `invalid_state`; a sku not in the order → 400; more
     units than confirmed and not yet shipped → 422 `exceeds_unshipped`.
 
-    `form_scope` (the admin form's owner and key as rendered, orders.admin_forms) is
+    `form_scope` (the admin form's owner and key as rendered, orders.admin.forms) is
     inserted FIRST with the shipment row: the same form sent again, even
     after its request key was purged, violates `orders_shipment_form_scope_uniq`
     and answers the shipment it made (docs/idempotency.md, "Business scopes

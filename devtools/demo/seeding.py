@@ -319,7 +319,7 @@ def _return_one(order, kind: str, *, staff) -> None:
     # exists, so that "Retry failed steps" refunds it. No provider answer leads
     # there (a declined refund is stored and stays declined on a retry), so the
     # step is flagged through the staff service that stops a step by hand.
-    from orders.compensation_staff import step_flag_attention
+    from orders.compensation import step_flag_attention
 
     refund_step = order_selectors.return_step(order_return_id=order_return.id, name="refund")
     step_flag_attention(step_id=refund_step.id, reason=ATTENTION_REASON)

@@ -22,7 +22,7 @@ from django.test import Client
 from core.errors import ApplicationError
 from devtools.simulator.webhooks import event_body
 from idempotency.failpoints import hook
-from orders.compensation_staff import steps_retry_failed
+from orders.compensation import steps_retry_failed
 from orders.models import CompensationStep
 from payments import webhooks
 from payments.capture_differs import (

@@ -17,7 +17,7 @@ from core.errors import ApplicationError
 from idempotency.failpoints import hits
 from idempotency.models import OutboxMessage
 from inventory.models import StockItem
-from orders.compensation_refund import cancellation_refund_id
+from orders.compensation import cancellation_refund_id
 from orders.models import CompensationStep, Order, Shipment
 from orders.services import order_cancel
 from orders.tasks import sweep_compensation

@@ -20,8 +20,7 @@ from django.db.models.functions import Now
 from idempotency.failpoints import hook
 from idempotency.models import OutboxMessage
 from inventory.models import StockItem
-from orders.compensation_refund import return_refund_id
-from orders.compensation_staff import steps_retry_failed
+from orders.compensation import return_refund_id, steps_retry_failed
 from orders.models import CompensationStep, OrderEvent, ReturnRequest
 from payments.models import Refund
 from payments.refund_decisions import refund_record_outside

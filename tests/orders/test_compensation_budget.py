@@ -18,9 +18,12 @@ from celery import current_app
 from django.core import mail
 
 from idempotency.models import OutboxMessage
-from orders.compensation import step_run
-from orders.compensation_refund import cancellation_refund_id, return_refund_id
-from orders.compensation_staff import steps_retry_failed
+from orders.compensation import (
+    cancellation_refund_id,
+    return_refund_id,
+    step_run,
+    steps_retry_failed,
+)
 from orders.models import CompensationStep, Order, ReturnRequest
 from orders.services import order_cancel
 from payments.models import Payment, Refund, RefundOrigin, RefundStatus
@@ -233,7 +236,7 @@ def test_a_return_whose_refund_staff_record_as_failed_asks_again_and_completes(
     drive(order_return=ret)
     ret.refresh_from_db()
     assert ret.status == "completed"
-    from orders.compensation_refund import step_refund_id
+    from orders.compensation import step_refund_id
 
     second = Refund.objects.get(id=step_refund_id(step, generation=1))
     assert second.id != first.id and second.amount == Decimal("15.50")
@@ -264,7 +267,7 @@ def test_a_cancellation_whose_refund_staff_record_as_failed_asks_again_and_compl
     assert order.status == "cancelled"
     payment = payment_of(order)
     assert payment.amount_refunded == payment.amount_captured == Decimal("25.50")
-    from orders.compensation_refund import step_refund_id
+    from orders.compensation import step_refund_id
 
     assert Refund.objects.get(id=step_refund_id(step, generation=1)).amount == Decimal("25.50")
     assert OutboxMessage.objects.filter(event_type="order.cancelled").count() == 1

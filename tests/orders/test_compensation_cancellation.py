@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from celery import current_app
 
-from orders.compensation_staff import steps_retry_failed
+from orders.compensation import steps_retry_failed
 from payments.models import Refund
 from payments.refund_decisions import refund_record_outside
 from tests.orders.compensation_support import drive, paid_order, steps_of

@@ -5,7 +5,7 @@ commit together or not at all, and "Retry failed steps" takes up a step
 left flagged but `running` by the old two-transaction flag. Finding 4: no
 second attempt begins while the first's lease runs (no second e-mail), and
 a stale runner (its lease run out, another attempt begun) writes nothing:
-its `_wait` cannot set a flagged step back to pending. Each guarantee has a
+its `step_wait` cannot set a flagged step back to pending. Each guarantee has a
 deliberately wrong twin here that shows the bug.
 """
 
@@ -22,9 +22,10 @@ from django.db.models.functions import Greatest, Now
 
 from core import due
 from idempotency.failpoints import hook
-from orders import compensation_refund, compensation_state
-from orders.compensation import step_run
-from orders.compensation_staff import return_retry_failed_steps
+from orders.compensation import refund as compensation_refund
+from orders.compensation import return_retry_failed_steps, step_run
+from orders.compensation import run as compensation_run
+from orders.compensation import state as compensation_state
 from orders.models import CompensationStep, OrderEvent, ReturnRequest
 from orders.states import StepStatus
 from payments.models import Refund, RefundStatus
@@ -77,7 +78,7 @@ def test_flag_and_failed_commit_together_when_the_status_write_fails(
 ):
     settings.COMPENSATION_MAX_ATTEMPTS = 1
     refund = step(received, "refund")
-    real_event = compensation_state._event
+    real_event = compensation_state.step_event
     broken: list = []
 
     def event_once_broken(**kwargs):
@@ -87,7 +88,7 @@ def test_flag_and_failed_commit_together_when_the_status_write_fails(
             raise OperationalError("server closed the connection unexpectedly")
         return real_event(**kwargs)
 
-    monkeypatch.setattr(compensation_state, "_event", event_once_broken)
+    monkeypatch.setattr(compensation_state, "step_event", event_once_broken)
     with hook("compensation.refund.before_effect", provider_down):
         make_due(refund)
         with pytest.raises(OperationalError):
@@ -136,8 +137,8 @@ def test_retry_failed_steps_takes_up_a_step_left_flagged_but_running(received):
 # -- finding 4: one attempt at a time, and a stale runner writes nothing ------------------------
 
 
-def unfenced_wait(*, step_id, seconds: float, note: str, ring: bool = True) -> bool:
-    """WRONG (the earlier `_wait`): filtered on `done_at` only, so a stale runner sets a step
+def unfenced_wait(*, step_id, attempt, seconds: float, note: str, ring: bool = True) -> bool:
+    """WRONG (the earlier `step_wait`): filtered on `done_at` only, so a stale runner sets a step
     that another attempt flagged for staff back to pending."""
     CompensationStep.objects.filter(id=step_id, done_at__isnull=True).update(
         attempts=Greatest(F("attempts") - 1, 0),
@@ -202,14 +203,14 @@ def _stale_refund_runner(received):
 
 def test_a_stale_runners_wait_cannot_set_a_flagged_step_back_to_pending(received):
     _, row = _stale_refund_runner(received)
-    # a's `_wait` had row count 0 (fenced): it stopped quietly, the step stays failed.
+    # a's `step_wait` had row count 0 (fenced): it stopped quietly, the step stays failed.
     assert row.status == StepStatus.FAILED and row.needs_attention
     received.refresh_from_db()
     assert received.status == "needs_attention"
 
 
 def test_wrong_twin_unfenced_wait_sets_the_flagged_step_back_to_pending(received, monkeypatch):
-    monkeypatch.setattr(compensation_refund, "_wait", unfenced_wait)
+    monkeypatch.setattr(compensation_refund, "step_wait", unfenced_wait)
     a, row = _stale_refund_runner(received)
     assert a == "waiting"
     # Flagged for staff yet `pending`: not failed, so "Retry failed steps" never showed it.
@@ -253,10 +254,8 @@ def test_wrong_twin_without_an_attempt_lease_sends_the_email_twice(received, mon
 # -- a step waiting for the one before: no polling, and no lost wake-up ---------------------------
 
 
-def unlocked_held_by_the_step_before(step_row: CompensationStep) -> str | None:
+def unlocked_held_by_the_step_before(step_row: CompensationStep, attempt) -> str | None:
     """Wrong twin: the look at the step before without the parent's lock (the code before)."""
-    from orders import compensation
-
     before = (
         steps_of(order_return=step_row.order_return_id)
         .filter(name=step_row.after)
@@ -264,7 +263,9 @@ def unlocked_held_by_the_step_before(step_row: CompensationStep) -> str | None:
     )
     if before["done_at"] is not None:
         return None
-    waited = compensation._wait(step_id=step_row.id, seconds=60.0, note="w", ring=False)
+    waited = compensation_run.step_wait(
+        step_id=step_row.id, attempt=attempt, seconds=60.0, note="w", ring=False
+    )
     return "waiting" if waited else "stale"
 
 
@@ -272,24 +273,22 @@ def _refund_step_done_between_historys_look_and_wait(monkeypatch, rung: list) ->
     """History's runner (thread d) has seen the refund step not done and stalls before it
     waits; the refund step's done transaction (`_finishing`, thread f) runs meanwhile.
     Return d's outcome, whether f had to wait for a lock d held, history's row, its rings."""
-    from orders import compensation
-
     looked, release = threading.Event(), threading.Event()
-    wait = compensation._wait
+    wait = compensation_run.step_wait
 
     def stall_then_wait(**kwargs):
         looked.set()
         assert release.wait(TIMEOUT)
         return wait(**kwargs)
 
-    monkeypatch.setattr(compensation, "_wait", stall_then_wait)
+    monkeypatch.setattr(compensation_run, "step_wait", stall_then_wait)
     ret = ReturnRequest.objects.get()
     refund_step, history = step(ret, "refund"), step(ret, "history")
     make_due(history)
     rung.clear()
 
     def finish_refund_step() -> bool:
-        with compensation_state._finishing(refund_step) as won:
+        with compensation_state.finishing(refund_step) as won:
             return won
 
     running, finishing = Workers(), Workers()
@@ -352,9 +351,9 @@ def test_a_step_before_done_while_its_dependent_looks_wakes_it(received, monkeyp
 
 
 def test_wrong_twin_an_unlocked_look_loses_the_wake_up(received, monkeypatch, bells):  # noqa: F811
-    from orders import compensation
-
-    monkeypatch.setattr(compensation, "_held_by_the_step_before", unlocked_held_by_the_step_before)
+    monkeypatch.setattr(
+        compensation_run, "_held_by_the_step_before", unlocked_held_by_the_step_before
+    )
     seen = _refund_step_done_between_historys_look_and_wait(monkeypatch, bells)
     # The done transaction committed in between and made history due and rang it; then
     # the wait pushed history back a whole re-check, though nothing holds it any more,

@@ -27,15 +27,16 @@ from django.db.models.functions import Now
 
 from core.errors import ApplicationError
 from idempotency.failpoints import failpoint, hook
-from orders import compensation, compensation_state
+from orders.compensation import run as compensation_run
+from orders.compensation import state as compensation_state
 from orders.compensation import step_run
-from orders.compensation_refund import (
+from orders.compensation.refund import (
     MAX_REFUND_GENERATIONS,
     _refund_done,
     cancellation_refund_id,
     step_refund_id,
 )
-from orders.compensation_state import StepNeedsAttention, _wait
+from orders.compensation.state import StepNeedsAttention, step_wait
 from orders.models import CompensationStep, Order, OrderEvent
 from orders.services import order_cancel
 from orders.states import StepName, StepStatus
@@ -143,7 +144,7 @@ def decline_and_record_failed(provider) -> list[Refund]:
 # -- the wrong twins: the read path and the completion before -------------------------------
 
 
-def unlocked_refund(step: CompensationStep) -> str:
+def unlocked_refund(step: CompensationStep, attempt) -> str:
     """WRONG (the cancellation's refund step before): "in progress" and the cap are read on one
     unlocked read of the payment, then `refund_request_capped` sizes the request; when a refund
     took the whole budget in between, nothing is refundable and the step is done."""
@@ -160,11 +161,16 @@ def unlocked_refund(step: CompensationStep) -> str:
             continue
         if refund.status == RefundStatus.NEEDS_ATTENTION:
             raise StepNeedsAttention(f"refund {refund.id} needs attention")
-        _wait(step_id=step.id, seconds=0.01, note="waiting for the refund")
+        step_wait(step_id=step.id, attempt=attempt, seconds=0.01, note="waiting for the refund")
         return "waiting"
     payment = Payment.objects.get(id=Order.objects.get(id=step.order_id).payment_id)
     if payment_refunds.refunds_in_progress(payment=payment) > 0:
-        _wait(step_id=step.id, seconds=0.01, note="waiting: a refund of the order is in progress")
+        step_wait(
+            step_id=step.id,
+            attempt=attempt,
+            seconds=0.01,
+            note="waiting: a refund of the order is in progress",
+        )
         return "waiting"
     at_most = payment.amount_captured - payment.amount_refunded
     failpoint(BUDGET_READ)
@@ -180,7 +186,9 @@ def unlocked_refund(step: CompensationStep) -> str:
     )
     if refund is None:  # nothing refundable left now: done, with what was refunded so far
         return _refund_done(step, refund_ids=[r.id for r in succeeded], amount=done)
-    _wait(step_id=step.id, seconds=0.01, note=f"waiting for refund {refund.id}")
+    step_wait(
+        step_id=step.id, attempt=attempt, seconds=0.01, note=f"waiting for refund {refund.id}"
+    )
     return "waiting"
 
 
@@ -197,7 +205,7 @@ def unchecked_cancellation_complete(step: CompensationStep, parent) -> bool:
 
 @pytest.fixture
 def unlocked_read(monkeypatch):
-    monkeypatch.setitem(compensation._HANDLERS, StepName.REFUND, unlocked_refund)
+    monkeypatch.setitem(compensation_run._HANDLERS, StepName.REFUND, unlocked_refund)
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ refund budget".
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
 from decimal import Decimal
 from typing import TYPE_CHECKING
 
@@ -18,6 +19,7 @@ from django.db import transaction
 from django.db.models import F, Sum
 from django.db.models.functions import Now
 
+from core import due
 from core.errors import ApplicationError
 from core.money import format_money
 from idempotency.failpoints import failpoint
@@ -25,9 +27,9 @@ from payments import refunds as payment_refunds
 from payments import selectors as payment_selectors
 from payments.states import RefundOrigin, RefundStatus
 
-from . import lock_objects
-from .compensation_state import StepNeedsAttention, _finishing, _wait
-from .models import CompensationStep, Order, ReturnLine, ReturnRequest
+from .. import lock_objects
+from ..models import CompensationStep, Order, ReturnLine, ReturnRequest
+from .state import StepNeedsAttention, finishing, step_wait
 
 if TYPE_CHECKING:  # an annotation only: refunds are read through payments' selectors
     from payments.models import Refund
@@ -72,7 +74,7 @@ def _return_value(order_return_id) -> Decimal:
 def _refund_done(step: CompensationStep, *, refund_ids: list, amount: Decimal) -> str:
     """The refund step's done transaction: what it refunded is recorded on the step and,
     for a return, as the return's `refund_amount` (the capped amount, 0.00 when nothing)."""
-    with _finishing(step) as won:
+    with finishing(step) as won:
         if won:
             CompensationStep.objects.filter(id=step.id).update(
                 refund_id=refund_ids[-1] if refund_ids else None,
@@ -90,7 +92,7 @@ def _refund_done(step: CompensationStep, *, refund_ids: list, amount: Decimal) -
     return "done" if refund_ids else "nothing to refund"
 
 
-def _refund(step: CompensationStep) -> str:
+def refund_step(step: CompensationStep, attempt: due.Attempt) -> str:
     """One look at the refund step: its refunds so far decide; then ask, wait, or finish.
 
     The step's refunds are its derived refund ids by generation
@@ -98,42 +100,55 @@ def _refund(step: CompensationStep) -> str:
     reservation: the step asks again under the next generation for what is
     still refundable (docs/compensation.md, "No dead ends"). One pending →
     wait; one needing attention → the step needs attention (staff decide
-    the refund, then "Retry failed steps"). A return is done with its first
-    succeeded refund, or with nothing when nothing is refundable (0.00). A
-    cancellation waits until no refund of the order is in progress, then
-    refunds everything captured and not refunded, and is done only when
-    `amount_refunded = amount_captured`, all read and decided under the
-    payment's row lock (`_cancellation_refund`).
+    the refund, then "Retry failed steps"). A return and a cancellation
+    read their refunds alike and decide apart (`_return_refund`,
+    `_cancellation_refund`).
     """
-    is_return = step.order_return_id is not None
-    succeeded: list[Refund] = []
+    if step.order_return_id is not None:
+        return _return_refund(step, attempt)
+    return _cancellation_refund(step, attempt)
+
+
+def _refunds_not_failed(step: CompensationStep) -> Iterator[tuple[uuid.UUID, Refund | None]]:
+    """The step's refunds by generation, those recorded `failed` left out, up to and with the
+    first refund id not asked for yet (its refund None). Read lazily: the caller stops early.
+    """
     for generation in range(MAX_REFUND_GENERATIONS):
         refund_id = step_refund_id(step, generation=generation)
         refund = payment_selectors.refund_get_or_none(refund_id=refund_id)
         if refund is None:
-            break
-        if refund.status == RefundStatus.FAILED:
-            continue  # recorded failed (nothing refunded, reservation released): ask again
-        if refund.status == RefundStatus.SUCCEEDED:
-            if is_return:
-                failpoint("compensation.refund.after_effect")
-                return _refund_done(step, refund_ids=[refund.id], amount=refund.amount)
-            succeeded.append(refund)
-            continue  # a cancellation refunds until nothing captured is left unrefunded
-        if refund.status == RefundStatus.NEEDS_ATTENTION:
-            raise StepNeedsAttention(
-                f"refund {refund.id} is {refund.status}: {refund.last_error or 'see the refund'}"
-            )
-        _wait(
-            step_id=step.id,
-            seconds=settings.COMPENSATION_WAIT_SECONDS,
-            note=f"waiting for refund {refund.id} ({refund.status})",
+            yield refund_id, None
+            return
+        if refund.status != RefundStatus.FAILED:
+            yield refund_id, refund
+    raise StepNeedsAttention(f"more than {MAX_REFUND_GENERATIONS} refunds were asked for")
+
+
+def _unsettled(step: CompensationStep, attempt: due.Attempt, refund: Refund) -> str:
+    """A refund neither succeeded nor failed: needing attention, the step does; else wait."""
+    if refund.status == RefundStatus.NEEDS_ATTENTION:
+        raise StepNeedsAttention(
+            f"refund {refund.id} is {refund.status}: {refund.last_error or 'see the refund'}"
         )
-        return "waiting"
-    else:
-        raise StepNeedsAttention(f"more than {MAX_REFUND_GENERATIONS} refunds were asked for")
-    if not is_return:
-        return _cancellation_refund(step, refund_id=refund_id, succeeded=succeeded)
+    _wait_for(step, attempt, refund)
+    return "waiting"
+
+
+def _return_refund(step: CompensationStep, attempt: due.Attempt) -> str:
+    """A return: its first refund not recorded failed decides. Succeeded → done with it;
+    none yet → ask (`_return_request`); else wait or need attention (`_unsettled`)."""
+    refund_id, refund = next(_refunds_not_failed(step))
+    if refund is None:
+        return _return_request(step, attempt, refund_id=refund_id)
+    if refund.status == RefundStatus.SUCCEEDED:
+        failpoint("compensation.refund.after_effect")
+        return _refund_done(step, refund_ids=[refund.id], amount=refund.amount)
+    return _unsettled(step, attempt, refund)
+
+
+def _return_request(step: CompensationStep, attempt: due.Attempt, *, refund_id) -> str:
+    """Ask for the return's value, capped by what is still refundable; with nothing to
+    refund (no payment, no value, nothing left) the step is done at 0.00."""
     order = Order.objects.get(id=step.order_id)
     payment = (
         payment_selectors.payment_get_or_none(payment_id=order.payment_id)
@@ -156,22 +171,44 @@ def _refund(step: CompensationStep) -> str:
         raise StepNeedsAttention(f"the refund was refused: {exc.code}: {exc.detail}") from exc
     if refund is None:  # nothing refundable left: 0.00, and the run goes on
         return _refund_done(step, refund_ids=[], amount=Decimal(0))
-    return _asked(step, refund)
+    return _asked(step, attempt, refund)
 
 
-def _asked(step: CompensationStep, refund: Refund) -> str:
-    """Requested (pending): the `payments.refund` task calls the provider; look again soon."""
-    failpoint("compensation.refund.after_effect")
-    _wait(
+def _cancellation_refund(step: CompensationStep, attempt: due.Attempt) -> str:
+    """A cancellation: its succeeded refunds add up; the first one neither succeeded nor
+    failed waits or needs attention (`_unsettled`); none left → `_cancellation_request`
+    asks for the rest, or finishes once `amount_refunded = amount_captured`."""
+    succeeded: list[Refund] = []
+    refunds = _refunds_not_failed(step)
+    refund_id, refund = next(refunds)
+    while refund is not None and refund.status == RefundStatus.SUCCEEDED:
+        succeeded.append(refund)
+        refund_id, refund = next(refunds)
+    if refund is not None:
+        return _unsettled(step, attempt, refund)
+    return _cancellation_request(step, attempt, refund_id=refund_id, succeeded=succeeded)
+
+
+def _wait_for(step: CompensationStep, attempt: due.Attempt, refund: Refund) -> None:
+    step_wait(
         step_id=step.id,
+        attempt=attempt,
         seconds=settings.COMPENSATION_WAIT_SECONDS,
         note=f"waiting for refund {refund.id} ({refund.status})",
     )
+
+
+def _asked(step: CompensationStep, attempt: due.Attempt, refund: Refund) -> str:
+    """Requested (pending): the `payments.refund` task calls the provider; look again soon."""
+    failpoint("compensation.refund.after_effect")
+    _wait_for(step, attempt, refund)
     return "waiting"
 
 
-def _cancellation_refund(step: CompensationStep, *, refund_id, succeeded: list[Refund]) -> str:
-    """A cancellation's refund: everything captured and not refunded, decided under the lock.
+def _cancellation_request(
+    step: CompensationStep, attempt: due.Attempt, *, refund_id, succeeded: list[Refund]
+) -> str:
+    """A cancellation's request: everything captured and not refunded, decided under the lock.
 
     One transaction holds the payment's row lock (`order_read_payment_lock`,
     the lock every refund request takes before it reserves) while it reads
@@ -225,7 +262,7 @@ def _cancellation_refund(step: CompensationStep, *, refund_id, succeeded: list[R
         raise StepNeedsAttention(f"the refund was refused: {exc.code}: {exc.detail}") from exc
     if wait is not None:
         note, seconds, ring = wait
-        _wait(step_id=step.id, seconds=seconds, note=note, ring=ring)
+        step_wait(step_id=step.id, attempt=attempt, seconds=seconds, note=note, ring=ring)
         return "waiting"
     assert refund is not None
-    return _asked(step, refund)
+    return _asked(step, attempt, refund)

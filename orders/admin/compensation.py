@@ -34,9 +34,9 @@ from idempotency.operations import Presenter, Reply, Result, close_run, refusals
 from idempotency.views import idempotent_form
 from payments import selectors as payment_selectors
 
-from . import compensation_refund, compensation_staff, permissions, returns, services
-from .models import CompensationStep, Order, ReturnLine, ReturnRequest
-from .states import CompensationKind, Fulfillment, OrderStatus, StepStatus
+from .. import compensation, permissions, returns, services
+from ..models import CompensationStep, Order, ReturnLine, ReturnRequest
+from ..states import CompensationKind, Fulfillment, OrderStatus, StepStatus
 
 ADMIN_RETURN_RECEIVE = "admin.return.receive"
 ADMIN_RETURN_RETRY = "admin.return.retry"
@@ -99,7 +99,7 @@ def _retry_submit(request, order_return, *, key):
         return None
 
     def retry():
-        compensation_staff.return_retry_failed_steps(return_id=order_return.id, by=request.user)
+        compensation.return_retry_failed_steps(return_id=order_return.id, by=request.user)
         return ReturnRequest.objects.get(id=order_return.id)
 
     _one_phase(key.claim(), _back_to(return_redirect, request, order_return), retry)
@@ -216,7 +216,7 @@ class ReturnRequestAdmin(ReadOnlyAdmin):
     @admin.display(description="refund")
     def refund_row(self, obj):
         refund = payment_selectors.refund_get_or_none(
-            refund_id=compensation_refund.return_refund_id(obj.id)
+            refund_id=compensation.return_refund_id(obj.id)
         )
         if refund is None:
             return "-"
@@ -310,7 +310,7 @@ class CompensationStepAdmin(DueWorkAdmin):
     ordering = ["-id"]
 
     def retry_one(self, request, pk) -> bool:
-        return bool(compensation_staff.steps_retry_failed(step_ids=[pk], by=request.user))
+        return bool(compensation.steps_retry_failed(step_ids=[pk], by=request.user))
 
 
 class ReturnInline(ReadOnlyInline):
@@ -340,20 +340,23 @@ class CancellationStepInline(ReadOnlyInline):
         return super().get_queryset(request).filter(kind=CompensationKind.CANCELLATION)
 
 
-def extend_order_admin(order_admin: type[admin.ModelAdmin]) -> None:
-    """Add returns, cancellation steps and the "Cancel order" action to the orders' admin."""
-    order_admin.inlines = [*order_admin.inlines, ReturnInline, CancellationStepInline]
+class CancelOrderMixin(admin.ModelAdmin):
+    """The orders' admin: the "Cancel order" action and its confirmation page."""
 
     @admin.action(description="Cancel order", permissions=["change_state"])
-    def cancel_order(modeladmin, request, queryset):
+    def cancel_order(self, request, queryset):
         ids = list(queryset.values_list("id", flat=True)[:2])
         if len(ids) != 1:
-            modeladmin.message_user(request, "Select exactly one order.", level="warning")
+            self.message_user(request, "Select exactly one order.", level="warning")
             return None
         return HttpResponseRedirect(reverse("admin:orders_order_cancel", args=[ids[0]]))
 
-    order_admin.actions = [*(order_admin.actions or ()), cancel_order]
-    base_urls = order_admin.get_urls
+    def get_urls(self):
+        view = self.admin_site.admin_view(self.cancel_view)
+        return [
+            path("<path:object_id>/cancel-order/", view, name="orders_order_cancel"),
+            *super().get_urls(),
+        ]
 
     def cancel_view(self, request, object_id):
         """The confirmation: what cancelling this order does; its form's key names the status."""
@@ -377,12 +380,3 @@ def extend_order_admin(order_admin: type[admin.ModelAdmin]) -> None:
                 "button": "Cancel order",
             },
         )
-
-    def get_urls(self):
-        view = self.admin_site.admin_view(functools.partial(cancel_view, self))
-        return [
-            path("<path:object_id>/cancel-order/", view, name="orders_order_cancel"),
-            *base_urls(self),
-        ]
-
-    order_admin.get_urls = get_urls  # type: ignore[method-assign]  # extending the class is the point

@@ -1,7 +1,7 @@
 """Staff's actions on compensation steps: retry the failed ones, stop one for staff.
 
 Each locks the compensation's parent row (the return, or the cancelled
-order) like the run's own transitions (`orders.compensation_state`).
+order) like the run's own transitions (`orders.compensation.state`).
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from django.db.models.functions import Now
 
 from core import due
 
-from .compensation_state import _attention, _event, _lock_parent
-from .models import CompensationStep, OrderEvent, ReturnRequest
-from .states import CompensationKind, ReturnStatus, StepStatus
+from ..models import CompensationStep, OrderEvent, ReturnRequest
+from ..states import CompensationKind, ReturnStatus, StepStatus
+from .state import lock_parent, step_attention, step_event
 
 # Steps "Retry failed steps" offers: failed, and any flagged one (a row flagged
 # before its status moved, by the two-transaction flag of earlier versions).
@@ -27,7 +27,7 @@ def step_flag_attention(*, step_id, reason: str) -> None:
     """Stop a pending step for staff, as a refusal would (`failed`, its return
     `needs_attention`); "Retry failed steps" takes it up again. For demo data and drills."""
     step = CompensationStep.objects.get(id=step_id)
-    _attention(step=step, reason=reason, flag=True)
+    step_attention(step=step, reason=reason, flag=True)
 
 
 def steps_retry_failed(*, step_ids: Iterable, by=None) -> int:
@@ -41,7 +41,7 @@ def steps_retry_failed(*, step_ids: Iterable, by=None) -> int:
     retried = 0
     for step in CompensationStep.objects.filter(id__in=list(step_ids)).order_by("id"):
         with transaction.atomic():
-            parent = _lock_parent(step)
+            parent = lock_parent(step)
             source = (
                 CompensationStep.objects.filter(NEEDS_STAFF, id=step.id, done_at__isnull=True)
                 .values_list("status", flat=True)
@@ -53,7 +53,7 @@ def steps_retry_failed(*, step_ids: Iterable, by=None) -> int:
                 continue
             CompensationStep.objects.filter(id=step.id).update(status=StepStatus.PENDING)
             retried += 1
-            _event(
+            step_event(
                 step=step,
                 kind="compensation_retry",
                 source=source,

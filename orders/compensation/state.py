@@ -1,18 +1,17 @@
 """A compensation step row's shared transitions: done, waiting, needs attention.
 
-Used by the run (`orders.compensation`), the steps
-(`orders.compensation_steps`, `orders.compensation_refund`) and staff's
-actions (`orders.compensation_staff`). Every one locks the compensation's
+Used by the run (`orders.compensation.run`), the steps
+(`orders.compensation.steps`, `orders.compensation.refund`) and staff's
+actions (`orders.compensation.staff`). Every one locks the compensation's
 parent row first (the return, or the cancelled order): the last step to be
 done sees every other one done and completes the parent (conditional UPDATE,
-once) with its event (`_finishing`).
+once) with its event (`finishing`).
 """
 
 from __future__ import annotations
 
 import logging
 from contextlib import contextmanager
-from contextvars import ContextVar
 from datetime import timedelta
 
 from django.db import transaction
@@ -23,25 +22,20 @@ from core import due
 from core.money import format_money
 from idempotency.failpoints import failpoint
 
-from . import lock_objects
-from .models import CompensationStep, Order, OrderEvent, ReturnRequest
-from .states import CompensationKind, OrderStatus, ReturnStatus, StepName, StepStatus
-from .transitions import order_cancel_complete
+from .. import lock_objects
+from ..models import CompensationStep, Order, OrderEvent, ReturnRequest
+from ..states import CompensationKind, OrderStatus, ReturnStatus, StepName, StepStatus
+from ..transitions import order_cancel_complete
 
 # The run's logger: its needs-attention lines keep their name wherever they are written.
 logger = logging.getLogger("orders.compensation")
-
-
-# The attempt `step_run` is making, so that the handlers' writes of it (`_wait`) are
-# fenced on its token without every handler passing it along.
-_current_attempt: ContextVar[due.Attempt | None] = ContextVar("compensation_attempt", default=None)
 
 
 class StepNeedsAttention(Exception):
     """A step met something retrying will not fix (a refused or flagged refund): staff decide."""
 
 
-def _event(*, step: CompensationStep, kind: str, source: str, target: str, **data) -> None:
+def step_event(*, step: CompensationStep, kind: str, source: str, target: str, **data) -> None:
     OrderEvent.objects.create(
         order_id=step.order_id,
         kind=kind,
@@ -56,17 +50,18 @@ def _event(*, step: CompensationStep, kind: str, source: str, target: str, **dat
     )
 
 
-def _wait(*, step_id, seconds: float, note: str, ring: bool = True) -> bool:
-    """Not an attempt: give the attempt back and look again in `seconds` (database clock).
+def step_wait(
+    *, step_id, attempt: due.Attempt, seconds: float, note: str, ring: bool = True
+) -> bool:
+    """Not an attempt: give `attempt` back and look again in `seconds` (database clock).
 
-    Fenced on the running attempt's token (`_current_attempt`): a stale runner
-    (its lease ran out, another attempt flagged or finished the step) sets
-    nothing back to pending and rings nothing; return False then. Without
-    `ring` nothing is enqueued: the sweeper finds the row when it is due.
+    Fenced on the attempt's token: a stale runner (its lease ran out, another
+    attempt flagged or finished the step) sets nothing back to pending and
+    rings nothing; return False then. Without `ring` nothing is enqueued: the
+    sweeper finds the row when it is due.
     """
     rows = CompensationStep.objects.filter(id=step_id, done_at__isnull=True, needs_attention=False)
-    attempt = _current_attempt.get()
-    moved = due.fence(rows, attempt if attempt is not None and attempt.pk == step_id else None)
+    moved = due.fence(rows, attempt)
     if not moved.update(
         attempts=Greatest(F("attempts") - 1, 0),
         next_attempt_at=Now() + timedelta(seconds=seconds),
@@ -82,7 +77,7 @@ def _wait(*, step_id, seconds: float, note: str, ring: bool = True) -> bool:
     return True
 
 
-def _lock_parent(step: CompensationStep):
+def lock_parent(step: CompensationStep):
     """Lock the compensation's parent row: the return; or the cancelled order, after its payment.
 
     A cancellation's transitions take the payment's row lock first (the lock
@@ -95,7 +90,7 @@ def _lock_parent(step: CompensationStep):
     return lock_objects.order_and_payment_lock(order_id=step.order_id)
 
 
-def _siblings(step: CompensationStep):
+def siblings(step: CompensationStep):
     if step.order_return_id is not None:
         return CompensationStep.objects.filter(order_return_id=step.order_return_id)
     return CompensationStep.objects.filter(
@@ -105,7 +100,7 @@ def _siblings(step: CompensationStep):
 
 def _complete_if_all_done(step: CompensationStep, parent) -> bool:
     """With the parent locked: every step done → the parent completes (once) with its event."""
-    if _siblings(step).filter(done_at__isnull=True).exists():
+    if siblings(step).filter(done_at__isnull=True).exists():
         return False
     if step.order_return_id is not None:
         moved = ReturnRequest.objects.filter(
@@ -128,9 +123,9 @@ def _cancellation_complete(step: CompensationStep, parent: Order) -> bool:
     """Every step done: `cancelling` → `cancelled` only when the payment refunded all it captured.
 
     Checked in the transaction that writes `cancelled`, under the payment's
-    row lock (`_lock_parent`), by the transition's own conditional UPDATE
+    row lock (`lock_parent`), by the transition's own conditional UPDATE
     (`order_cancel_complete`). The refund step is done only when that holds
-    (`orders.compensation_refund`), so this finds it so; if it ever does
+    (`orders.compensation.refund`), so this finds it so; if it ever does
     not, the refund step is reopened — pending, a fresh budget, due now,
     rung, with a `compensation_reopened` event — and asks for the rest; its
     done transaction completes the order then. Never a dead end.
@@ -144,7 +139,7 @@ def _cancellation_complete(step: CompensationStep, parent: Order) -> bool:
         or payment.amount_refunded == payment.amount_captured
     ):
         return False  # cancelled already (another transition won), or nothing owed
-    refund_step = _siblings(step).filter(name=StepName.REFUND, done_at__isnull=False).first()
+    refund_step = siblings(step).filter(name=StepName.REFUND, done_at__isnull=False).first()
     if refund_step is None:
         return False  # the refund step is on its way: its done transaction checks again
     note = (
@@ -155,7 +150,7 @@ def _cancellation_complete(step: CompensationStep, parent: Order) -> bool:
         status=StepStatus.PENDING, done_at=None, last_error=note, updated_at=Now()
     )
     due.retry_now(CompensationStep, pk=refund_step.id)
-    _event(
+    step_event(
         step=refund_step,
         kind="compensation_reopened",
         source=StepStatus.DONE,
@@ -168,7 +163,7 @@ def _cancellation_complete(step: CompensationStep, parent: Order) -> bool:
 
 
 @contextmanager
-def _finishing(step: CompensationStep):
+def finishing(step: CompensationStep):
     """The step's done transaction: parent locked, done transition first; yields True if won.
 
     The step's transactional effect runs inside the block only when it won,
@@ -177,7 +172,7 @@ def _finishing(step: CompensationStep):
     committed yet), the parent's completion, and the dependents' bells.
     """
     with transaction.atomic():
-        parent = _lock_parent(step)
+        parent = lock_parent(step)
         won = bool(
             CompensationStep.objects.filter(id=step.id, done_at__isnull=True).update(
                 status=StepStatus.DONE,
@@ -194,9 +189,9 @@ def _finishing(step: CompensationStep):
             return
         if step.name != StepName.REFUND and step.name != StepName.NOTIFY:
             failpoint(f"compensation.{step.name}.after_effect")
-        _event(step=step, kind="compensation_step", source=step.status, target=StepStatus.DONE)
+        step_event(step=step, kind="compensation_step", source=step.status, target=StepStatus.DONE)
         dependents = list(
-            _siblings(step)
+            siblings(step)
             .filter(after=step.name, done_at__isnull=True, needs_attention=False)
             .values_list("id", flat=True)
         )
@@ -206,7 +201,7 @@ def _finishing(step: CompensationStep):
         _complete_if_all_done(step, parent)
 
 
-def _attention(
+def step_attention(
     *, step: CompensationStep, reason: str, flag: bool = True, attempt: due.Attempt | None = None
 ) -> bool:
     """The step stops for staff: flagged and `failed` in one UPDATE, its return
@@ -216,7 +211,7 @@ def _attention(
     runner changes nothing). `flag=False`: the caller flagged it already.
     """
     with transaction.atomic():
-        parent = _lock_parent(step)
+        parent = lock_parent(step)
         if flag:
             moved = due.flag_attention(
                 CompensationStep,
@@ -235,14 +230,14 @@ def _attention(
             )
         if not moved:
             return False
-        _attention_effects(step=step, parent=parent, reason=reason)
+        attention_effects(step=step, parent=parent, reason=reason)
     logger.error("compensation step %s (%s) needs attention: %s", step.id, step.name, reason)
     return True
 
 
-def _attention_effects(*, step: CompensationStep, parent, reason: str) -> None:
+def attention_effects(*, step: CompensationStep, parent, reason: str) -> None:
     """Events of a step that became `failed`; its return `needs_attention` (parent locked)."""
-    _event(
+    step_event(
         step=step,
         kind="compensation_step",
         source=step.status,

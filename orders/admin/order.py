@@ -27,9 +27,10 @@ from idempotency.operations import Reply, Result
 from idempotency.views import FORM_FIELD, idempotent_form
 from payments import selectors as payment_selectors
 
-from . import operations, permissions, tracking
-from .admin_forms import ORDER_CSV_COLUMNS, extend_order_admin_forms
-from .models import Order, OrderEvent, OrderLine, Shipment, ShipmentLine
+from .. import operations, permissions, tracking
+from ..models import Order, OrderEvent, OrderLine, Shipment, ShipmentLine
+from .compensation import CancellationStepInline, CancelOrderMixin, ReturnInline
+from .forms import ORDER_CSV_COLUMNS, ShipmentFormMixin
 
 # The admin's refund form: its own operation name, so an abandoned key is
 # completed (forgotten: one phase) with the form's redirect, never the API's JSON.
@@ -173,8 +174,70 @@ class ShipmentInline(ReadOnlyInline):
         return format_html('<a href="{}">{}</a>', url, shipment.pk)
 
 
+class RefundFormMixin(admin.ModelAdmin):
+    """The orders' admin: the "Refund" action and its keyed form."""
+
+    def has_refund_permission(self, request, obj=None) -> bool:
+        """Refunds move money: the custom `orders.refund_order` permission, not "change order"."""
+        return request.user.has_perm(permissions.REFUND)
+
+    @admin.action(description="Refund (amount and reason)", permissions=["refund"])
+    def refund(self, request, queryset):
+        orders = list(queryset.values_list("id", flat=True)[:2])
+        if len(orders) != 1:
+            self.message_user(request, "Select exactly one order to refund.", level="warning")
+            return None
+        return HttpResponseRedirect(reverse("admin:orders_order_refund", args=[orders[0]]))
+
+    def get_urls(self):
+        view = self.admin_site.admin_view(self.refund_view)
+        return [
+            path("<path:object_id>/refund/", view, name="orders_order_refund"),
+            *super().get_urls(),
+        ]
+
+    def refund_view(self, request, object_id):
+        """The refund form: GET renders it with a fresh key; POST is keyed (one refund per key)."""
+        if not request.user.is_staff:
+            return HttpResponseRedirect(reverse("admin:login"))
+        require_permission(self.has_refund_permission(request))
+        order = get_object_or_404(Order.objects.select_related("payment"), pk=object_id)
+        form = RefundForm(request.POST or None) if request.method == "POST" else RefundForm()
+        if request.method == "POST":
+            answer = _refund_submit(request, order)
+            if answer is not None:
+                return answer
+        payment = order.payment
+        captured = payment.amount_captured if payment else Decimal(0)
+        reserved = payment.refund_reserved if payment else Decimal(0)
+        return TemplateResponse(
+            request,
+            "admin/orders/order/refund.html",
+            {
+                **self.admin_site.each_context(request),
+                "title": f"Refund order {order.number}",
+                "opts": self.model._meta,
+                "order": order,
+                "form": form,
+                "key": request.POST.get(FORM_FIELD)
+                if request.method == "POST"
+                else refund_form_key(order, after=request.GET.get("after", "")),
+                "problem": request.GET.get("problem"),
+                "currency": shop_currency(),
+                "captured": format_money(captured),
+                "reserved": format_money(reserved),
+                "refundable": format_money(captured - reserved),
+            },
+        )
+
+
 @admin.register(Order)
-class OrderAdmin(CsvExportMixin, ReadOnlyAdmin):
+class OrderAdmin(
+    ShipmentFormMixin, CancelOrderMixin, RefundFormMixin, CsvExportMixin, ReadOnlyAdmin
+):
+    """One order's page: read-only rows, and the staff actions each mixin adds ("Create
+    shipment", "Cancel order", "Refund") with its own page and URL."""
+
     list_display = [
         "number",
         "owner",
@@ -235,8 +298,14 @@ class OrderAdmin(CsvExportMixin, ReadOnlyAdmin):
         "payment_amount_captured",
         "payment_amount_refunded",
     ]
-    inlines = [OrderLineInline, OrderEventInline, ShipmentInline]
-    actions = ["refund"]
+    inlines = [
+        OrderLineInline,
+        OrderEventInline,
+        ShipmentInline,
+        ReturnInline,
+        CancellationStepInline,
+    ]
+    actions = ["refund", "cancel_order"]
     # "Export CSV" (core.admin_export): the list as filtered, streamed.
     csv_columns = ORDER_CSV_COLUMNS
     csv_filename = "orders.csv"
@@ -278,59 +347,6 @@ class OrderAdmin(CsvExportMixin, ReadOnlyAdmin):
             "<th>reason</th><th>attempts</th><th>last error</th></tr></thead><tbody>{}</tbody>"
             "</table>",
             body,
-        )
-
-    def has_refund_permission(self, request, obj=None) -> bool:
-        """Refunds move money: the custom `orders.refund_order` permission, not "change order"."""
-        return request.user.has_perm(permissions.REFUND)
-
-    @admin.action(description="Refund (amount and reason)", permissions=["refund"])
-    def refund(self, request, queryset):
-        orders = list(queryset.values_list("id", flat=True)[:2])
-        if len(orders) != 1:
-            self.message_user(request, "Select exactly one order to refund.", level="warning")
-            return None
-        return HttpResponseRedirect(reverse("admin:orders_order_refund", args=[orders[0]]))
-
-    def get_urls(self):
-        view = self.admin_site.admin_view(self.refund_view)
-        return [
-            path("<path:object_id>/refund/", view, name="orders_order_refund"),
-            *super().get_urls(),
-        ]
-
-    def refund_view(self, request, object_id):
-        """The refund form: GET renders it with a fresh key; POST is keyed (one refund per key)."""
-        if not request.user.is_staff:
-            return HttpResponseRedirect(reverse("admin:login"))
-        require_permission(self.has_refund_permission(request))
-        order = get_object_or_404(Order.objects.select_related("payment"), pk=object_id)
-        form = RefundForm(request.POST or None) if request.method == "POST" else RefundForm()
-        if request.method == "POST":
-            answer = _refund_submit(request, order)
-            if answer is not None:
-                return answer
-        payment = order.payment
-        captured = payment.amount_captured if payment else Decimal(0)
-        reserved = payment.refund_reserved if payment else Decimal(0)
-        return TemplateResponse(
-            request,
-            "admin/orders/order/refund.html",
-            {
-                **self.admin_site.each_context(request),
-                "title": f"Refund order {order.number}",
-                "opts": self.model._meta,
-                "order": order,
-                "form": form,
-                "key": request.POST.get(FORM_FIELD)
-                if request.method == "POST"
-                else refund_form_key(order, after=request.GET.get("after", "")),
-                "problem": request.GET.get("problem"),
-                "currency": shop_currency(),
-                "captured": format_money(captured),
-                "reserved": format_money(reserved),
-                "refundable": format_money(captured - reserved),
-            },
         )
 
     # None until the order goes to payment ("none" in the API's body).
@@ -410,11 +426,3 @@ class ShipmentAdmin(ReadOnlyAdmin):
             "<th>location</th><th>received at</th></tr></thead><tbody>{}</tbody></table>",
             rows,
         )
-
-
-# Returns, compensation steps and "Cancel order" (orders/admin_compensation.py).
-from .admin_compensation import extend_order_admin  # noqa: E402
-
-extend_order_admin(OrderAdmin)
-# "Create shipment" (orders/admin_forms.py).
-extend_order_admin_forms(OrderAdmin)

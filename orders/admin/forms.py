@@ -14,7 +14,7 @@ as the API does (orders.permissions.SHIP).
 
 The order page's buttons ("Create shipment", "Refund", "Cancel order") are in
 `templates/admin/orders/order/change_form.html`; "Refund" and "Cancel order"
-lead to their confirmation pages (orders.admin, orders.admin_compensation).
+lead to their confirmation pages (orders.admin.order, orders.admin.compensation).
 """
 
 from __future__ import annotations
@@ -33,10 +33,10 @@ from idempotency.admin_actions import admin_form_refusal, refusal_message, state
 from idempotency.operations import Reply, Result
 from idempotency.views import FORM_FIELD, idempotent_form
 
-from . import operations, permissions
-from .models import Order, OrderLine
-from .shipments import ShipmentLineRequest
-from .states import LineStatus
+from .. import operations, permissions
+from ..models import Order, OrderLine
+from ..shipments import ShipmentLineRequest
+from ..states import LineStatus
 
 ADMIN_SHIPMENT_CREATE = "admin.shipment.create"
 SHIP_PERMISSION = permissions.SHIP  # docs/security.md "One permission map"
@@ -145,46 +145,42 @@ def _shipment_submit(request, order, form, *, key):
     )
 
 
-def shipment_view(modeladmin, request, object_id):
-    """GET: the form with the order's lines and a key naming them; POST: keyed, ships once."""
-    if not request.user.has_perm(SHIP_PERMISSION):
-        raise PermissionDenied
-    order = get_object_or_404(Order, pk=object_id)
-    lines = list(order.lines.filter(status=LineStatus.CONFIRMED).order_by("position"))
-    form = ShipmentForm(request.POST if request.method == "POST" else None, lines=lines)
-    if request.method == "POST":
-        answer = _shipment_submit(request, order, form)
-        if answer is not None:
-            return answer
-    key = (
-        request.POST.get(FORM_FIELD)
-        if request.method == "POST"
-        else shipment_form_key(order, lines, after=request.GET.get("after", ""))
-    )
-    return TemplateResponse(
-        request,
-        "admin/orders/order/shipment.html",
-        {
-            **modeladmin.admin_site.each_context(request),
-            "title": f"Create shipment: order {order.number}",
-            "opts": modeladmin.model._meta,
-            "order": order,
-            "form": form,
-            "key": key,
-            "unshipped": sum(unshipped(line) for line in lines),
-        },
-    )
-
-
-def extend_order_admin_forms(order_admin: type[admin.ModelAdmin]) -> None:
-    """Add the "Create shipment" page to the orders' admin (its button is on the order page)."""
-    base_urls = order_admin.get_urls
+class ShipmentFormMixin(admin.ModelAdmin):
+    """The orders' admin: the "Create shipment" page (its button is on the order page)."""
 
     def get_urls(self):
-        view = self.admin_site.admin_view(functools.partial(shipment_view, self))
+        view = self.admin_site.admin_view(self.shipment_view)
         return [
             path("<path:object_id>/ship/", view, name="orders_order_ship"),
-            *base_urls(self),
+            *super().get_urls(),
         ]
 
-    order_admin.get_urls = get_urls  # type: ignore[method-assign]  # extending the class is the point
+    def shipment_view(self, request, object_id):
+        """GET: the form with the order's lines and a key naming them; POST: keyed, ships once."""
+        if not request.user.has_perm(SHIP_PERMISSION):
+            raise PermissionDenied
+        order = get_object_or_404(Order, pk=object_id)
+        lines = list(order.lines.filter(status=LineStatus.CONFIRMED).order_by("position"))
+        form = ShipmentForm(request.POST if request.method == "POST" else None, lines=lines)
+        if request.method == "POST":
+            answer = _shipment_submit(request, order, form)
+            if answer is not None:
+                return answer
+        key = (
+            request.POST.get(FORM_FIELD)
+            if request.method == "POST"
+            else shipment_form_key(order, lines, after=request.GET.get("after", ""))
+        )
+        return TemplateResponse(
+            request,
+            "admin/orders/order/shipment.html",
+            {
+                **self.admin_site.each_context(request),
+                "title": f"Create shipment: order {order.number}",
+                "opts": self.model._meta,
+                "order": order,
+                "form": form,
+                "key": key,
+                "unshipped": sum(unshipped(line) for line in lines),
+            },
+        )

@@ -31,11 +31,12 @@ done and completes the parent (conditional UPDATE, once) with its event.
 the refund: points and history are reversed once the money is back).
 
 One module per job: this one starts a compensation (`steps_insert`) and runs
-its attempts (`step_run`, `steps_sweep`); `orders.compensation_state` holds
+its attempts (`step_run`, `steps_sweep`); `orders.compensation.state` holds
 the step row's shared transitions (done, waiting, needs attention);
-`orders.compensation_steps` the restock, event and e-mail steps;
-`orders.compensation_refund` the refund step; `orders.compensation_staff`
-staff's actions (retry failed steps, stop a step for staff).
+`orders.compensation.steps` the restock, event and e-mail steps;
+`orders.compensation.refund` the refund step; `orders.compensation.staff`
+staff's actions (retry failed steps, stop a step for staff). The package's
+`__init__` names what other modules use.
 """
 
 from __future__ import annotations
@@ -51,19 +52,18 @@ from django.db.models.functions import Now
 from core import due
 from idempotency.failpoints import failpoint
 
-from .compensation_refund import _refund
-from .compensation_state import (
+from ..models import CompensationStep
+from ..states import StepName, StepStatus
+from .refund import refund_step
+from .state import (
     StepNeedsAttention,
-    _attention,
-    _attention_effects,
-    _current_attempt,
-    _lock_parent,
-    _siblings,
-    _wait,
+    attention_effects,
+    lock_parent,
+    siblings,
+    step_attention,
+    step_wait,
 )
-from .compensation_steps import _notify, _publish_once, _restock
-from .models import CompensationStep
-from .states import StepName, StepStatus
+from .steps import notify, publish_once, restock
 
 logger = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ def steps_insert(*, order_id, kind: str, order_return_id=None) -> list[int]:
 
     A step that waits for another starts waiting: due only after
     COMPENSATION_AFTER_RECHECK (the sweeper's safety net), and the step before's
-    done transaction (`_finishing`) makes it due now and rings it. No transaction
+    done transaction (`finishing`) makes it due now and rings it. No transaction
     can finish that step before this one commits, so no wake-up is lost. Rung at
     once, each would only have looked, found the refund not done and waited:
     three of a compensation's five first tasks.
@@ -135,7 +135,7 @@ def _attempt_failed(*, step: CompensationStep, attempt: due.Attempt, error: str)
     """A transient failure: recorded, and at the budget flagged and `failed` with its events,
     in ONE transaction (a worker killed in it leaves the attempt as begun, due again)."""
     with transaction.atomic():
-        parent = _lock_parent(step)
+        parent = lock_parent(step)
         ended = due.attempt_failed(
             CompensationStep,
             pk=step.id,
@@ -145,7 +145,7 @@ def _attempt_failed(*, step: CompensationStep, attempt: due.Attempt, error: str)
             retry_values={"status": StepStatus.PENDING, "updated_at": Now()},
         )
         if ended is due.Ended.ATTENTION:
-            _attention_effects(step=step, parent=parent, reason=error)
+            attention_effects(step=step, parent=parent, reason=error)
     return ended
 
 
@@ -164,16 +164,12 @@ def step_run(*, step_id) -> str:
         return "no such step"
     if attempt.budget_spent:
         budget = CompensationStep.due_policy().max_attempts
-        _attention(step=step, reason=f"attempt budget spent ({budget} attempts)", flag=True)
+        step_attention(step=step, reason=f"attempt budget spent ({budget} attempts)", flag=True)
         return "needs attention"
     if not attempt.taken:
         return "not due"
     step.status = StepStatus.RUNNING  # in attempt_begin's UPDATE
-    token = _current_attempt.set(attempt)
-    try:
-        return _attempt_run(step=step, attempt=attempt)
-    finally:
-        _current_attempt.reset(token)
+    return _attempt_run(step=step, attempt=attempt)
 
 
 def step_run_now(*, step_id) -> str:
@@ -185,14 +181,14 @@ def step_run_now(*, step_id) -> str:
 def _attempt_run(*, step: CompensationStep, attempt: due.Attempt) -> str:
     step_id = step.id
     if step.after:
-        held = _held_by_the_step_before(step)
+        held = _held_by_the_step_before(step, attempt)
         if held is not None:
             return held
     try:
         failpoint(f"compensation.{step.name}.before_effect")
-        outcome = _HANDLERS[step.name](step)
+        outcome = _HANDLERS[step.name](step, attempt)
     except StepNeedsAttention as exc:
-        if not _attention(step=step, reason=str(exc), attempt=attempt):
+        if not step_attention(step=step, reason=str(exc), attempt=attempt):
             return "stale"
         return "needs attention"
     except Exception as exc:  # noqa: BLE001 - any other failure is transient: back off, retry
@@ -208,10 +204,10 @@ def _attempt_run(*, step: CompensationStep, attempt: due.Attempt) -> str:
     return outcome
 
 
-def _held_by_the_step_before(step: CompensationStep) -> str | None:
+def _held_by_the_step_before(step: CompensationStep, attempt: due.Attempt) -> str | None:
     """The step it follows is not done: give the attempt back and say why; None: go on.
 
-    No polling either way: that step's done transaction (`_finishing`) makes
+    No polling either way: that step's done transaction (`finishing`) makes
     this one due now and rings it, so the re-check is only a safety net the
     sweeper finds (COMPENSATION_AFTER_RECHECK while that step is on its way,
     COMPENSATION_PARKED_RECHECK while it needs staff). A waiting step that
@@ -219,15 +215,15 @@ def _held_by_the_step_before(step: CompensationStep) -> str | None:
     done (docs/compensation.md, "Order of the steps").
 
     The look and the wait happen under the parent's lock, which
-    `_finishing` takes before it marks a step done and makes its dependents
+    `finishing` takes before it marks a step done and makes its dependents
     due: either the step before is seen done here, or its done transaction
     comes after this wait has committed and makes this step due again. Read
     without the lock, a done transaction committing in between made this
     step due now and then this wait pushed it back: a lost wake-up.
     """
     with transaction.atomic():
-        _lock_parent(step)
-        before = _siblings(step).filter(name=step.after).values("done_at", "needs_attention")[0]
+        lock_parent(step)
+        before = siblings(step).filter(name=step.after).values("done_at", "needs_attention")[0]
         if before["done_at"] is not None:
             return None
         if before["needs_attention"]:
@@ -236,17 +232,18 @@ def _held_by_the_step_before(step: CompensationStep) -> str | None:
         else:
             outcome, seconds = "waiting", settings.COMPENSATION_AFTER_RECHECK
             note = f"waiting for {step.after}"
-        waited = _wait(step_id=step.id, seconds=seconds, note=note, ring=False)
+        waited = step_wait(step_id=step.id, attempt=attempt, seconds=seconds, note=note, ring=False)
         return outcome if waited else "stale"
 
 
-# Keyed by the step's name as stored (a plain str, equal to its StepName).
-_HANDLERS: dict[str, Callable[[CompensationStep], str]] = {
-    StepName.RESTOCK: _restock,
-    StepName.REFUND: _refund,
-    StepName.HISTORY: _publish_once,
-    StepName.LOYALTY: _publish_once,
-    StepName.NOTIFY: _notify,
+# Keyed by the step's name as stored (a plain str, equal to its StepName). Each handler
+# gets the step and the attempt `step_run` took; its writes of the step are fenced on it.
+_HANDLERS: dict[str, Callable[[CompensationStep, due.Attempt], str]] = {
+    StepName.RESTOCK: restock,
+    StepName.REFUND: refund_step,
+    StepName.HISTORY: publish_once,
+    StepName.LOYALTY: publish_once,
+    StepName.NOTIFY: notify,
 }
 
 

@@ -8,8 +8,9 @@
     notify    an e-mail through Django's email backend, then done: at least
               once (a crash between the two sends it again)
 
-The refund step is `orders.compensation_refund`; the run that calls these is
-`orders.compensation`.
+Each takes the step and the attempt the run took (unused here: none of these
+waits). The refund step is `orders.compensation.refund`; the run that calls
+these is `orders.compensation.run`.
 """
 
 from __future__ import annotations
@@ -19,23 +20,24 @@ import uuid
 from django.conf import settings
 from django.core.mail import send_mail
 
+from core import due
 from core.money import format_money
 from idempotency.failpoints import failpoint
 from idempotency.outbox import outbox_write
 from inventory import services as inventory_services
 
-from . import lock_objects
-from .compensation_state import _finishing, _siblings
-from .event_types import OrderEventType
-from .models import CompensationStep, Order, OrderEvent, OrderLine, ReturnRequest
-from .states import LineStatus, StepName
-from .transitions import order_event_payload
+from .. import lock_objects
+from ..event_types import OrderEventType
+from ..models import CompensationStep, Order, OrderEvent, OrderLine, ReturnRequest
+from ..states import LineStatus, StepName
+from ..transitions import order_event_payload
+from .state import finishing, siblings
 
 EVENT_STEPS = frozenset({StepName.HISTORY, StepName.LOYALTY})
 
 
-def _restock(step: CompensationStep) -> str:
-    with _finishing(step) as won:
+def restock(step: CompensationStep, attempt: due.Attempt) -> str:
+    with finishing(step) as won:
         if not won:
             return "already done"
         if step.order_return_id is not None:
@@ -102,14 +104,14 @@ def _event_payload(step: CompensationStep) -> tuple[OrderEventType, dict]:
     }
 
 
-def _publish_once(step: CompensationStep) -> str:
+def publish_once(step: CompensationStep, attempt: due.Attempt) -> str:
     """history / loyalty: the one outbox event, by whichever of the two is done first."""
-    with _finishing(step) as won:
+    with finishing(step) as won:
         if not won:
             return "already done"
         # The parent is locked: a sibling done before us has committed, or waits for us.
         written = (
-            _siblings(step)
+            siblings(step)
             .filter(name__in=EVENT_STEPS, done_at__isnull=False)
             .exclude(id=step.id)
             .values_list("detail", flat=True)
@@ -134,7 +136,7 @@ def _publish_once(step: CompensationStep) -> str:
     return "done"
 
 
-def _notify(step: CompensationStep) -> str:
+def notify(step: CompensationStep, attempt: due.Attempt) -> str:
     order = Order.objects.select_related("owner").get(id=step.order_id)
     email = getattr(order.owner, "email", "") or ""
     if step.order_return_id is not None:
@@ -147,7 +149,7 @@ def _notify(step: CompensationStep) -> str:
         # At least once: a crash after this line and before the done commit sends it again.
         send_mail(subject, body, settings.DEFAULT_FROM_EMAIL, [email])
     failpoint("compensation.notify.after_effect")
-    with _finishing(step) as won:
+    with finishing(step) as won:
         if won:
             CompensationStep.objects.filter(id=step.id).update(detail={"sent_to": email or None})
     return "done"
