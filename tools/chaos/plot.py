@@ -7,11 +7,6 @@ import json
 from collections import Counter
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402 - after choosing the headless backend
-
 BIN = 5.0  # seconds per bar of the throughput curve
 CLASSES = (("2xx", "tab:green"), ("4xx", "tab:blue"), ("5xx", "tab:red"), ("none", "tab:gray"))
 MARKERS = {
@@ -63,6 +58,12 @@ def plot(run_dir: Path, *, title: str) -> Path:
         bins[_class(answer.get("status"))][int((answer["t"] - t0) // BIN)] += 1
     last = max((max(c, default=0) for c in bins.values()), default=0)
     xs = [i * BIN for i in range(last + 1)]
+    # matplotlib is tooling (requirements/tools.txt): imported where a plot is drawn.
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     fig, ax = plt.subplots(figsize=(11, 4.8))
     for name, colour in CLASSES:
         ax.plot(xs, [bins[name][i] / BIN for i in range(last + 1)], label=name, color=colour)
