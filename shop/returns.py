@@ -37,7 +37,7 @@ from urllib.parse import urlencode
 
 from django.urls import reverse
 
-from idempotency.operations import Reply, Result
+from idempotency.keys import Reply, Result, keyed_operation
 from orders import selectors as order_selectors
 
 CREATE = "shop.return.create"
@@ -54,6 +54,7 @@ def return_url(order_id) -> str:
     return reverse("order-return", args=[order_id])
 
 
+@keyed_operation(CREATE)
 def return_redirect(result: Result, *, order_id=None, form_key: str = "") -> Reply:
     """The return form's answer: 303 to the order page (which lists its returns); a refusal
     back to the form naming its code (and the refused key, for a fresh one)."""
