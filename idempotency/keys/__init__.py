@@ -36,7 +36,10 @@ The package, one job a module (each imports only those above it):
 from ..models import FINISHED, STARTED
 from .answers import JSON_CONTENT_TYPE, Answer, answer_for_problem, answer_new
 from .claim import (
+    LOCK_NOT_AVAILABLE,
+    OWNER_KEY_CONSTRAINT,
     UNSTORED_STATUSES,
+    KeyClaim,
     key_answer_existing,
     key_claim,
     key_lookup,
@@ -68,7 +71,7 @@ from .operations import (
     single_phase_resume,
 )
 from .purge import keys_purge
-from .run import LOCK_NOT_AVAILABLE, OWNER_KEY_CONSTRAINT, KeyIdentity, KeyRun
+from .run import KeyRun
 
 __all__ = [
     "FINISHED",
@@ -84,7 +87,7 @@ __all__ = [
     "IdempotencyKeyMissing",
     "IdempotencyKeyReused",
     "KeyClaimLost",
-    "KeyIdentity",
+    "KeyClaim",
     "KeyLeaseLost",
     "KeyRun",
     "KeyedOperation",
