@@ -11,7 +11,7 @@ from __future__ import annotations
 from idempotency.keys import Reply, Result, keyed_operation
 
 from .. import operations
-from .serializers import order_body, refund_body, shipment_body
+from .serializers import order_body, refund_body, return_body, shipment_body
 
 PENDING_STATUS = 202
 
@@ -63,8 +63,6 @@ def refund_created(result: Result) -> Reply:
 @keyed_operation(operations.RETURN_CREATE)
 def return_created(result: Result) -> Reply:
     """POST /orders/{id}/returns/: 201 with the return body, or the problem (422)."""
-    from ..returns import return_body
-
     if result.refusal is not None:
         return Reply.for_problem(result.refusal)
     return Reply(status=201, body=return_body(result.value))
@@ -73,8 +71,6 @@ def return_created(result: Result) -> Reply:
 @keyed_operation(operations.RETURN_RECEIVE)
 def return_received(result: Result) -> Reply:
     """POST /returns/{id}/receive/: 202 with the return body (also when already received)."""
-    from ..returns import return_body
-
     if result.refusal is not None:
         return Reply.for_problem(result.refusal)
     return Reply(status=202, body=return_body(result.value))
