@@ -5,7 +5,7 @@ makes of the stock item (the API's: inventory/api/presenters.py), in the same
 transaction. A refusal (stock_below_reserved, stock_limit_exceeded) is raised
 before anything commits and answered through the same presenter. An
 abandoned key committed nothing: the completer forgets it
-(idempotency.operations.single_phase_resume).
+(idempotency.keys.single_phase_resume).
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """The keyed checkout operations: atomic phases around one provider call.
 
-They decide domain results (idempotency.operations.Result: the order, a
+They decide domain results (idempotency.keys.Result: the order, a
 refusal; final or still open) and leave the answer to the caller's
 presenter: the API's (orders/api/presenters.py) renders the contract's
 JSON, a storefront form would redirect to the order page. The presenter
 runs inside the phase that decided, so the answer commits with the effect;
-the completer resumes with the presenter registered for the key's operation
-(orders/apps.py). Nothing here imports the API.
+the completer resumes with the presenter declared for the key's operation
+(`keyed_operation` in orders/api/presenters.py). Nothing here imports the API.
 
 `order.create` (POST /orders/) and `order.confirm` (POST /orders/{id}/confirm/):
 
@@ -277,7 +277,7 @@ def order_resume(run: KeyRun, present: Presenter) -> None:
     and record it (the same provider key: at most one charge). Left open
     while pending: record what settlement found, if anything yet, without
     calling the provider (settlement does that on its own schedule).
-    `present` is the presenter registered for the key's operation, so the
+    `present` is the presenter declared for the key's operation, so the
     stored answer is the one its caller would have stored.
     """
     if run.recovery_point == STARTED:

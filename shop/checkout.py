@@ -14,10 +14,10 @@ version again — days later, under a fresh key — answers with that version's
 order, whatever became of it (docs/checkout.md, "One order per cart
 version").
 
-Each operation name here is registered with the same resume as the API's and
-with a presenter that answers `303 See Other` to the page showing the
-outcome, so the completer finishes an abandoned form key with the redirect
-too (shop/apps.py).
+Each operation name here is declared (`keyed_operation`) on a presenter that
+answers `303 See Other` to the page showing the outcome, with the same
+resume as the API's, so the completer finishes an abandoned form key with
+the redirect too.
 
 The cart follows its order in the transaction that keeps or ends it
 (`shop.cart.cart_order_decided`, settings.ORDERS_SCOPE_HANDLER):

@@ -2,8 +2,8 @@
 
 `/orders/{id}/return/` runs `orders.operations.return_create_keyed` — the
 operation behind `POST /api/v1/orders/{id}/returns/` — under the operation
-name `shop.return.create`, registered with a presenter answering `303 See
-Other` (shop/apps.py), so the completer finishes an abandoned form key with a
+name `shop.return.create`, declared on its presenter answering `303 See
+Other` (`return_redirect`), so the completer finishes an abandoned form key with a
 redirect too (one phase: an unfinished key committed nothing and is forgotten).
 
 The request key is put in the rendered form and is derived from the business

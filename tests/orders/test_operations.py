@@ -4,7 +4,7 @@ A storefront-like form view (not mounted: a plain function, as a later issue
 will mount one) runs the very operation the API runs, under a request key,
 with a presenter that redirects to the order page. The API's stored answer
 is the contract's JSON, unchanged; the completer finishes each key with the
-presenter registered for the key's operation.
+presenter declared for the key's operation.
 """
 
 from __future__ import annotations
