@@ -25,8 +25,10 @@ The package, one job a module (each imports only those above it):
 - `fingerprint`: the key's header value and the body's fingerprint.
 - `answers`: answers as stored and replayed.
 - `clock`: lease ages by the database clock.
-- `run`: KeyRun, the fenced atomic phases.
-- `claim`: claim (the key's INSERT), match, takeover, and closing a failed run.
+- `run`: KeyRun, the fenced atomic phases (the first phase of a fresh key
+  executes the key's claim, handed over by `claim`).
+- `claim`: claim (KeyClaim, the key's INSERT), match, takeover, and closing a
+  failed run.
 - `operations`: results, the caller's presenter, the one-phase block
   (`keyed_phase`) and the one registry of declared operations.
 - `completer`: keys abandoned mid-way, driven to their end.

@@ -7,7 +7,7 @@ import copy
 import logging
 import uuid
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from django.db import DatabaseError, transaction
 from django.db.models.functions import Now
@@ -19,10 +19,17 @@ from ..models import FINISHED, STARTED, IdempotencyKey
 from .answers import JSON_CONTENT_TYPE, Answer, answer_for_problem, answer_new
 from .errors import KeyLeaseLost
 
-if TYPE_CHECKING:
-    from .claim import KeyClaim
-
 logger = logging.getLogger(__name__)
+
+
+class Claim(Protocol):
+    """What a fresh run is handed to claim its key (idempotency/keys/claim.py::KeyClaim)."""
+
+    def insert(
+        self, run: KeyRun, *, recovery_point: str, locked: bool, answer: Answer | None = None
+    ) -> int:
+        """INSERT the key's row in `run`'s transaction and return its id."""
+        ...
 
 
 class KeyRun:
@@ -34,9 +41,9 @@ class KeyRun:
     replayed forever) or `leave_open()` (answered now, key stays open).
 
     A fresh run's key row does not exist yet: the first phase runs its claim
-    (`KeyClaim.insert`, idempotency/keys/claim.py) before its effects, in its
-    own transaction (so the claim and the first effects commit together, and
-    a crash before that commit leaves nothing).
+    (`Claim.insert`, idempotency/keys/claim.py::KeyClaim) before its effects,
+    in its own transaction (so the claim and the first effects commit
+    together, and a crash before that commit leaves nothing).
     """
 
     def __init__(
@@ -50,7 +57,7 @@ class KeyRun:
         recovery_point: str,
         data: dict[str, Any],
         resumed: bool,
-        claim: KeyClaim | None = None,
+        claim: Claim | None = None,
     ) -> None:
         self.key_id = key_id
         self.owner_id = owner_id
@@ -96,7 +103,7 @@ class KeyRun:
         """True once the key's row exists (committed by a phase, or taken over)."""
         return self.key_id is not None
 
-    def _claim(self) -> KeyClaim:
+    def _claim(self) -> Claim:
         assert self._fresh_claim is not None  # a fresh run carries its key's claim
         return self._fresh_claim
 
@@ -111,9 +118,9 @@ class KeyRun:
         Yields a copy of `data` to update. The phase commits only if this run's
         fencing token still holds the key; otherwise it rolls back and raises
         KeyLeaseLost. A fresh run's first phase first claims the key (its
-        INSERT, `KeyClaim.insert`; KeyClaimLost if another request holds it). Calling finish() or
-        leave_open() inside the phase stores that answer in the same
-        transaction (finish() makes the point "finished"). Must be called with
+        INSERT, `Claim.insert`; KeyClaimLost if another request holds it).
+        Calling finish() or leave_open() inside the phase stores that answer
+        in the same transaction (finish() makes the point "finished"). Must be called with
         no transaction open (the commit must be real).
         """
         self._require_open()
