@@ -38,7 +38,7 @@ from core import attention
 from idempotency import selectors as idempotency_selectors
 from idempotency.admin_actions import ADMIN_NEEDS_ATTENTION
 from idempotency.deliveries import dead_letter_requeue
-from idempotency.operations import Reply, Result, close_run, refusals_presented
+from idempotency.keys import Reply, Result, close_run, keyed_phase
 from idempotency.views import FORM_FIELD, idempotent_form
 from orders import selectors as orders_selectors
 from orders.compensation import staff as compensation_staff
@@ -370,7 +370,7 @@ def present(result: Result) -> Reply:
 @idempotent_form(operation=ADMIN_NEEDS_ATTENTION)
 def _submit(request: HttpRequest, action: Action, pk: str, *, key) -> None:
     run = key.claim()
-    with refusals_presented(run, present), run.phase(next_point="done"):
+    with keyed_phase(run, present, next_point="done"):
         changed = action.run(pk, request.user)
         text = (
             f"{action.label}: done."

@@ -12,7 +12,8 @@ from django.utils import timezone
 from core.admin import DueWorkAdmin, ReadOnlyAdmin
 
 from . import metrics
-from .admin_actions import keyed_action
+from .admin_actions import keyed_action, redirect_to_value
+from .keys import keyed_operation
 from .models import (
     DeadLetter,
     Delivery,
@@ -22,8 +23,9 @@ from .models import (
     OutboxMessage,
 )
 
-# The "Requeue" confirmation's operation name (registered in IdempotencyConfig.ready).
+# The "Requeue" confirmation's operation name: one phase, answered with a redirect.
 ADMIN_DELIVERY_REQUEUE = "admin.delivery.requeue"
+keyed_operation(ADMIN_DELIVERY_REQUEUE)(redirect_to_value)
 
 
 @admin.register(IdempotencyKey)

@@ -3,8 +3,9 @@
 A changelist action that changes state asks first; the confirmation form
 carries a request key derived from the action and its rows as shown
 (`action_key`), and sending it runs the action once under that key
-(idempotency.views.idempotent_form, one phase, a 303 presenter registered
-for the completer). Each row's change is still its own conditional
+(idempotency.views.idempotent_form, one phase, a 303 presenter declared
+for the completer: `keyed_operation(<name>)(redirect_to_value)` where the
+name is defined). Each row's change is still its own conditional
 transition, so two different confirmations change each row once.
 """
 
@@ -22,20 +23,13 @@ from django.utils.http import urlencode
 from core.admin import require_permission
 from core.errors import ApplicationError
 
-from .operations import (
-    Reply,
-    Result,
-    close_run,
-    refusals_presented,
-    register_operation,
-    single_phase_resume,
-)
+from .keys import Reply, Result, close_run, keyed_operation, keyed_phase
 from .views import FORM_FIELD, FORM_REFUSALS, idempotent_form
 
 # The admin's "Needs attention" page (config/needs_attention.py): each of its
-# actions is a keyed one-phase form under this operation name. Registered here
-# (IdempotencyConfig.ready) because the page's layer has no app of its own;
-# the completer only forgets an abandoned one-phase key, it presents nothing.
+# actions is a keyed one-phase form under this operation name. Declared here
+# because the page's layer has no app of its own; the completer only forgets
+# an abandoned one-phase key, it presents nothing.
 ADMIN_NEEDS_ATTENTION = "admin.needs_attention"
 
 
@@ -87,6 +81,7 @@ def admin_form_refusal(request, exc: ApplicationError, *, after: bool = True):
     return HttpResponseRedirect(url)
 
 
+@keyed_operation(ADMIN_NEEDS_ATTENTION)
 def redirect_to_value(result: Result, *, url: str | None = None, request=None) -> Reply:
     """The keyed confirmations' presenter: 303 to the URL the action decided (its changelist).
 
@@ -99,13 +94,6 @@ def redirect_to_value(result: Result, *, url: str | None = None, request=None) -
             refusal_message(request, result.refusal)
         return Reply(status=303, headers={"Location": url or reverse("admin:index")})
     return Reply(status=303, headers={"Location": result.value})
-
-
-def register_keyed_actions(*operations: str) -> None:
-    """Register keyed confirmations' operation names for the completer (from an app's ready):
-    one phase, so an abandoned key committed nothing and is forgotten."""
-    for operation in operations:
-        register_operation(operation, resume=single_phase_resume, present=redirect_to_value)
 
 
 def keyed_action(
@@ -161,7 +149,7 @@ def keyed_action(
     )
     def submit(request, *, key):
         run = key.claim()
-        with refusals_presented(run, present), run.phase(next_point="done"):
+        with keyed_phase(run, present, next_point="done"):
             pks = list(queryset.values_list("pk", flat=True))
             changed = sum(bool(decide(pk)) for pk in pks)
             messages.success(request, done_message(changed, len(pks) - changed))

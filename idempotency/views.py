@@ -15,7 +15,7 @@ The order of checks is the contract's: DRF authenticates first (401), the
 decorator checks the header (400), the view validates the body (400, nothing
 claimed), `key.claim()` claims or matches the key (replay / 409 / 422), then
 the domain decides a result and the view's presenter makes it the answer
-(idempotency.operations: `run.finish()` / `run.leave_open()` underneath).
+(idempotency.keys.operations: `run.finish()` / `run.leave_open()` underneath).
 The decorator answers from what the run stored, so the first answer and every
 replay are the same bytes; a replay carries `Idempotent-Replayed: true`.
 """
@@ -299,7 +299,7 @@ def idempotent_form(
     The view gets `key: KeyRequest` on POST (None otherwise), validates its
     form (re-rendering it claims nothing), then calls `key.claim()` and runs
     the keyed operation with a presenter answering
-    `Reply(status=303, headers={"Location": url})` (idempotency.operations),
+    `Reply(status=303, headers={"Location": url})` (idempotency.keys),
     under an operation name of its own so the completer redirects too.
     The fingerprint covers every posted field except the key and the CSRF token.
     """

@@ -26,7 +26,7 @@ from django.utils.http import urlencode
 
 from core.money import shop_currency
 from idempotency.admin_actions import admin_form_refusal, refusal_message, state_key
-from idempotency.operations import Reply, Result
+from idempotency.keys import Reply, Result, keyed_operation
 from idempotency.views import FORM_FIELD, idempotent_form
 
 from . import operations, permissions
@@ -41,6 +41,7 @@ def stock_form_key(stock: StockItem, *, after: str = "") -> str:
     return state_key("stock", stock.pk, stock.on_hand, stock.reserved, stock.updated_at, after)
 
 
+@keyed_operation(ADMIN_STOCK_ADJUST)
 def stock_redirect(result: Result, *, stock_id=None, form_key: str = "", request=None) -> Reply:
     """303 to the stock item's page; a refusal back to the form (fresh key) with its title."""
     if result.refusal is None:

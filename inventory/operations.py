@@ -5,13 +5,12 @@ makes of the stock item (the API's: inventory/api/presenters.py), in the same
 transaction. A refusal (stock_below_reserved, stock_limit_exceeded) is raised
 before anything commits and answered through the same presenter. An
 abandoned key committed nothing: the completer forgets it
-(idempotency.operations.single_phase_resume).
+(idempotency.keys.single_phase_resume).
 """
 
 from __future__ import annotations
 
-from idempotency.keys import KeyRun
-from idempotency.operations import Presenter, Result, close_run, refusals_presented
+from idempotency.keys import KeyRun, Presenter, Result, close_run, keyed_phase
 
 from .services import stock_adjust, stock_adjust_by_staff
 
@@ -23,7 +22,7 @@ def stock_adjust_keyed(
     *, run: KeyRun, present: Presenter, sku: str, delta: int | None, set_to: int | None
 ) -> None:
     """Adjust stock under a request key: one phase storing the answer with the change."""
-    with refusals_presented(run, present), run.phase(next_point=ADJUSTED):
+    with keyed_phase(run, present, next_point=ADJUSTED):
         stock = stock_adjust(sku=sku, delta=delta, set_to=set_to)
         close_run(run, Result.done(stock), present)
 
@@ -41,7 +40,7 @@ def stock_adjust_by_staff_keyed(
 ) -> None:
     """The admin's "Adjust stock": the same one phase, with the reason in the admin history
     and the form's scope (`stock_adjust_by_staff`: one adjustment per form shown)."""
-    with refusals_presented(run, present), run.phase(next_point=ADJUSTED):
+    with keyed_phase(run, present, next_point=ADJUSTED):
         stock = stock_adjust_by_staff(
             sku=sku, delta=delta, set_to=set_to, reason=reason, by=by, form_scope=form_scope
         )

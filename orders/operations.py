@@ -1,12 +1,12 @@
 """The keyed checkout operations: atomic phases around one provider call.
 
-They decide domain results (idempotency.operations.Result: the order, a
+They decide domain results (idempotency.keys.Result: the order, a
 refusal; final or still open) and leave the answer to the caller's
 presenter: the API's (orders/api/presenters.py) renders the contract's
 JSON, a storefront form would redirect to the order page. The presenter
 runs inside the phase that decided, so the answer commits with the effect;
-the completer resumes with the presenter registered for the key's operation
-(orders/apps.py). Nothing here imports the API.
+the completer resumes with the presenter declared for the key's operation
+(`keyed_operation` in orders/api/presenters.py). Nothing here imports the API.
 
 `order.create` (POST /orders/) and `order.confirm` (POST /orders/{id}/confirm/):
 
@@ -40,8 +40,7 @@ from decimal import Decimal
 
 from core.errors import ApplicationError, InvalidState
 from idempotency.failpoints import failpoint
-from idempotency.keys import KeyRun
-from idempotency.operations import STARTED, Presenter, Result, close_run, refusals_presented
+from idempotency.keys import STARTED, KeyRun, Presenter, Result, close_run, keyed_phase
 from payments.capture import payment_capture, payment_lookup_once
 from payments.errors import RefundInvalidState
 from payments.refunds import refund_request
@@ -141,7 +140,7 @@ def order_place_keyed(
     has an order is refused `already_ordered`, naming it (services.order_hold).
     """
     if run.recovery_point == STARTED:
-        with refusals_presented(run, present), run.phase(next_point=RESERVED) as data:
+        with keyed_phase(run, present, next_point=RESERVED) as data:
             order = services.order_hold(
                 owner=user,
                 lines=lines,
@@ -167,7 +166,7 @@ def order_place_keyed(
 def order_confirm_keyed(*, run: KeyRun, present: Presenter, order_id) -> None:
     """Confirm an `awaiting_decision` order under a request key and charge what is reserved."""
     if run.recovery_point == STARTED:
-        with refusals_presented(run, present), run.phase(next_point=RESERVED) as data:
+        with keyed_phase(run, present, next_point=RESERVED) as data:
             data["order_id"] = str(order_id)
             order = services.order_decide_confirm(order_id=order_id)
             if order.status == OrderStatus.PAYMENT_PENDING and order.payment_id is None:
@@ -183,7 +182,7 @@ def order_confirm_keyed(*, run: KeyRun, present: Presenter, order_id) -> None:
 
 def order_cancel_keyed(*, run: KeyRun, present: Presenter, order_id) -> None:
     """Cancel an order under a request key; refusals (409) are stored like answers."""
-    with refusals_presented(run, present), run.phase(next_point=CANCELLED):
+    with keyed_phase(run, present, next_point=CANCELLED):
         order = services.order_cancel(order_id=order_id)
         answer = selectors.order_get(order_id=order.id)
         answer.cancel_started = getattr(order, "cancel_started", False)
@@ -203,7 +202,7 @@ def shipment_create_keyed(
     """Ship an order's units under a request key; refusals (409, 422) are stored like answers.
 
     `form_scope`: the admin form's owner and key, kept on the shipment (one per form shown)."""
-    with refusals_presented(run, present), run.phase(next_point=SHIPPED):
+    with keyed_phase(run, present, next_point=SHIPPED):
         shipment = shipments.shipment_create(
             order_id=order_id,
             lines=lines,
@@ -250,7 +249,7 @@ def refund_create_keyed(
     again (a form sent after its key was purged) answers the refund it made.
     The value handed to the presenter is the refund with its `order_id`.
     """
-    with refusals_presented(run, present), run.phase(next_point=REFUNDED) as data:
+    with keyed_phase(run, present, next_point=REFUNDED) as data:
         refund_id = refund_id or uuid.uuid4()
         data["refund_id"] = str(refund_id)
         payment_id = Order.objects.values_list("payment_id", flat=True).get(id=order_id)
@@ -278,7 +277,7 @@ def order_resume(run: KeyRun, present: Presenter) -> None:
     and record it (the same provider key: at most one charge). Left open
     while pending: record what settlement found, if anything yet, without
     calling the provider (settlement does that on its own schedule).
-    `present` is the presenter registered for the key's operation, so the
+    `present` is the presenter declared for the key's operation, so the
     stored answer is the one its caller would have stored.
     """
     if run.recovery_point == STARTED:
@@ -312,7 +311,7 @@ def return_create_keyed(
     """
     from . import returns
 
-    with refusals_presented(run, present), run.phase(next_point=RETURN_REQUESTED):
+    with keyed_phase(run, present, next_point=RETURN_REQUESTED):
         order_return = returns.return_request(
             order_id=order_id,
             lines=lines,
@@ -327,6 +326,6 @@ def return_receive_keyed(*, run: KeyRun, present: Presenter, return_id, by) -> N
     """Mark a return received under a request key (one phase): the compensation starts once."""
     from . import returns
 
-    with refusals_presented(run, present), run.phase(next_point=RETURN_RECEIVED):
+    with keyed_phase(run, present, next_point=RETURN_RECEIVED):
         order_return = returns.return_receive(return_id=return_id, by=by)
         close_run(run, Result.done(order_return), present)

@@ -27,12 +27,10 @@ from django.db.models.functions import Now
 
 from core.db import insert_first
 from core.errors import ApplicationError, InvalidRequest, InvalidState, NotFound
-from core.money import format_money
 from idempotency.failpoints import failpoint
 
 from . import compensation, lock_objects
-from .models import CompensationStep, OrderEvent, OrderLine, ReturnLine, ReturnRequest
-from .selectors import compensation_steps_body
+from .models import OrderEvent, OrderLine, ReturnLine, ReturnRequest
 from .shipments import SHIPPABLE_ORDER_STATUSES
 from .states import CompensationKind, ReturnStatus
 
@@ -260,19 +258,3 @@ def returnable_units(*, order_id, order_lines) -> dict[int, int]:
 
 def returns_of_order(*, order_id) -> list[ReturnRequest]:
     return list(ReturnRequest.objects.filter(order_id=order_id).order_by("created_at", "id"))
-
-
-def return_body(order_return: ReturnRequest) -> dict:
-    """The contract's return body: lines and steps read fresh (they change under the run)."""
-    lines = ReturnLine.objects.filter(order_return_id=order_return.id).order_by("id")
-    steps = CompensationStep.objects.filter(order_return_id=order_return.id).order_by("position")
-    return {
-        "id": str(order_return.id),
-        "order_id": str(order_return.order_id),
-        "status": order_return.status,
-        "lines": [{"sku": line.sku, "quantity": line.quantity} for line in lines],
-        "refund_amount": format_money(order_return.refund_amount),
-        "currency": order_return.currency,
-        "reason": order_return.reason,
-        "steps": compensation_steps_body(steps),
-    }

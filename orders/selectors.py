@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 
@@ -10,7 +11,6 @@ from django.db.models import Count, F, Prefetch, Q, QuerySet, Sum
 
 from core import attention
 from core.errors import ApplicationError, NotFound
-from core.money import format_money
 
 from .models import (
     CompensationStep,
@@ -118,57 +118,35 @@ def order_get_for_owner_decision(*, user, order_id) -> Order:
     return order
 
 
-def order_payment_summary(*, order: Order) -> dict:
-    """Return the order body's `payment` member: status and amounts in the shop currency."""
+@dataclass(frozen=True)
+class PaymentSummary:
+    """An order's payment as its readers show it: "none" and zeros before any payment."""
+
+    status: str
+    amount_captured: Decimal
+    amount_refunded: Decimal
+
+
+def order_payment_summary(*, order: Order) -> PaymentSummary:
+    """Return the order's payment status and amounts (the order body's `payment` member)."""
     payment = order.payment
     if payment is None:
         # No payment was ever asked for (awaiting a decision, or nothing to charge).
-        return {
-            "status": "none",
-            "amount_captured": format_money(Decimal(0)),
-            "amount_refunded": format_money(Decimal(0)),
-        }
-    return {
-        "status": payment.status,
-        "amount_captured": format_money(payment.amount_captured),
-        "amount_refunded": format_money(payment.amount_refunded),
-    }
+        return PaymentSummary(status="none", amount_captured=Decimal(0), amount_refunded=Decimal(0))
+    return PaymentSummary(
+        status=payment.status,
+        amount_captured=payment.amount_captured,
+        amount_refunded=payment.amount_refunded,
+    )
 
 
-def compensation_steps_body(steps) -> list[dict]:
-    """The contract's `steps` of a return or cancellation: {name, status, attempts, last_error}."""
-    return [
-        {
-            "name": step.name,
-            "status": step.status,
-            "attempts": step.attempts,
-            "last_error": step.last_error or None,
-        }
-        for step in steps
-    ]
-
-
-def order_cancellation(*, order: Order) -> dict | None:
-    """The order body's `cancellation`: {status, steps} while the order is `cancelling`, else None.
-
-    `needs_attention` when a step failed or waits for staff, `completed` when
-    every step is done (the order is `cancelled` in the same transaction, so
-    this is seen only by a read racing it), `processing` otherwise.
-    """
-    if order.status != OrderStatus.CANCELLING:
-        return None
-    steps = list(
+def cancellation_steps_of(*, order_id) -> list[CompensationStep]:
+    """The order's cancellation steps, by position."""
+    return list(
         CompensationStep.objects.filter(
-            order_id=order.id, kind=CompensationKind.CANCELLATION
+            order_id=order_id, kind=CompensationKind.CANCELLATION
         ).order_by("position")
     )
-    if any(step.needs_attention or step.status == StepStatus.FAILED for step in steps):
-        status = "needs_attention"
-    elif steps and all(step.done_at is not None for step in steps):
-        status = "completed"
-    else:
-        status = "processing"
-    return {"status": status, "steps": compensation_steps_body(steps)}
 
 
 def shipment_get(*, shipment_id) -> Shipment:

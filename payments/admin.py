@@ -6,15 +6,19 @@ from django.utils.html import format_html
 
 from core.admin import DueWorkAdmin, ReadOnlyAdmin, ReadOnlyInline
 from core.admin_export import CsvExportMixin
-from idempotency.admin_actions import keyed_action
+from idempotency.admin_actions import keyed_action, redirect_to_value
+from idempotency.keys import keyed_operation
 
 from . import refund_decisions, settlement
 from .models import Payment, PaymentEvent, PaymentSettlement, PaymentTransaction, Refund
 
-# The confirmations' operation names (registered in PaymentsConfig.ready).
+# The confirmations' operation names: one phase, answered with a redirect.
 ADMIN_REFUND_OUTSIDE = "admin.refund.outside"
 ADMIN_REFUND_FAILED = "admin.refund.failed"
 ADMIN_REFUND_ACCEPT_PROVIDER = "admin.refund.accept_provider"
+keyed_operation(ADMIN_REFUND_OUTSIDE, ADMIN_REFUND_FAILED, ADMIN_REFUND_ACCEPT_PROVIDER)(
+    redirect_to_value
+)
 
 
 class TransactionInline(ReadOnlyInline):

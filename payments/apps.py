@@ -5,12 +5,6 @@ class PaymentsConfig(AppConfig):
     name = "payments"
 
     def ready(self) -> None:
-        # The admin's refund decisions ask first; their confirmations are keyed and answer
-        # with a redirect (idempotency.admin_actions.keyed_action).
-        from idempotency.admin_actions import register_keyed_actions
-
-        from .admin import ADMIN_REFUND_ACCEPT_PROVIDER, ADMIN_REFUND_FAILED, ADMIN_REFUND_OUTSIDE
-
-        register_keyed_actions(
-            ADMIN_REFUND_OUTSIDE, ADMIN_REFUND_FAILED, ADMIN_REFUND_ACCEPT_PROVIDER
-        )
+        # The admin's refund decisions ask first; their keyed confirmations are
+        # declared where their names are (idempotency.keys.keyed_operation).
+        from . import admin  # noqa: F401

@@ -30,7 +30,5 @@ class ShopConfig(AppConfig):
                 batch=settings.SHOP_EMAILS_BATCH,
             )
 
-        # The storefront forms' operation names, for the completer (shop/checkout.py).
-        from .checkout import register_operations
-
-        register_operations()
+        # The storefront forms declare their keyed operations on their presenters.
+        from . import checkout, returns  # noqa: F401

@@ -14,10 +14,10 @@ version again — days later, under a fresh key — answers with that version's
 order, whatever became of it (docs/checkout.md, "One order per cart
 version").
 
-Each operation name here is registered with the same resume as the API's and
-with a presenter that answers `303 See Other` to the page showing the
-outcome, so the completer finishes an abandoned form key with the redirect
-too (shop/apps.py).
+Each operation name here is declared (`keyed_operation`) on a presenter that
+answers `303 See Other` to the page showing the outcome, with the same
+resume as the API's, so the completer finishes an abandoned form key with
+the redirect too.
 
 The cart follows its order in the transaction that keeps or ends it
 (`shop.cart.cart_order_decided`, settings.ORDERS_SCOPE_HANDLER):
@@ -44,14 +44,13 @@ from typing import TYPE_CHECKING, cast
 
 from django.urls import reverse
 
-from idempotency.keys import key_lookup
-from idempotency.operations import (
+from idempotency.keys import (
     FINISHED,
     STARTED,
     Reply,
     Result,
-    register_operation,
-    single_phase_resume,
+    key_lookup,
+    keyed_operation,
 )
 from orders import operations as order_operations
 from orders import selectors as order_selectors
@@ -130,6 +129,7 @@ def _refusal_order_id(result: Result):
     return (result.refusal.extra or {}).get("order_id") if result.refusal else None
 
 
+@keyed_operation(CREATE, resume=order_operations.order_resume)
 def checkout_redirect(result: Result) -> Reply:
     """The checkout form's answer: 303 to the order (whatever became of it), else back to
     checkout naming the refusal (insufficient stock, price changed)."""
@@ -142,6 +142,8 @@ def checkout_redirect(result: Result) -> Reply:
     )
 
 
+@keyed_operation(CONFIRM, resume=order_operations.order_resume)
+@keyed_operation(CANCEL)
 def decision_redirect(result: Result) -> Reply:
     """The decision page's answer ("Confirm available items", "Cancel order"): 303 to the
     order page; a refusal naming no order (should not happen), to the orders list."""
@@ -156,17 +158,6 @@ def decision_redirect(result: Result) -> Reply:
     return Reply(
         status=303, headers={"Location": f"{reverse('orders')}?problem={result.refusal.code}"}
     )
-
-
-def register_operations() -> None:
-    """Register the forms' operation names for the completer (from ShopConfig.ready)."""
-    register_operation(CREATE, resume=order_operations.order_resume, present=checkout_redirect)
-    register_operation(CONFIRM, resume=order_operations.order_resume, present=decision_redirect)
-    register_operation(CANCEL, resume=single_phase_resume, present=decision_redirect)
-    # The return form (shop/returns.py): one phase, its own 303 presenter.
-    from . import returns
-
-    register_operation(returns.CREATE, resume=single_phase_resume, present=returns.return_redirect)
 
 
 def checkout_follow_up(*, cart: Cart) -> None:

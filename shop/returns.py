@@ -2,8 +2,8 @@
 
 `/orders/{id}/return/` runs `orders.operations.return_create_keyed` — the
 operation behind `POST /api/v1/orders/{id}/returns/` — under the operation
-name `shop.return.create`, registered with a presenter answering `303 See
-Other` (shop/apps.py), so the completer finishes an abandoned form key with a
+name `shop.return.create`, declared on its presenter answering `303 See
+Other` (`return_redirect`), so the completer finishes an abandoned form key with a
 redirect too (one phase: an unfinished key committed nothing and is forgotten).
 
 The request key is put in the rendered form and is derived from the business
@@ -37,7 +37,7 @@ from urllib.parse import urlencode
 
 from django.urls import reverse
 
-from idempotency.operations import Reply, Result
+from idempotency.keys import Reply, Result, keyed_operation
 from orders import selectors as order_selectors
 
 CREATE = "shop.return.create"
@@ -54,6 +54,7 @@ def return_url(order_id) -> str:
     return reverse("order-return", args=[order_id])
 
 
+@keyed_operation(CREATE)
 def return_redirect(result: Result, *, order_id=None, form_key: str = "") -> Reply:
     """The return form's answer: 303 to the order page (which lists its returns); a refusal
     back to the form naming its code (and the refused key, for a fresh one)."""

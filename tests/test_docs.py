@@ -250,7 +250,7 @@ def test_the_checks_see_the_names_the_docs_give(db):
     assert {"COMPENSATION_MAX_ATTEMPTS", "IDEMPOTENCY_LEASE_TTL", "PAYMENTS_SETTLE_*"} <= set(
         _UPPER.findall(both)
     )
-    assert "idempotency/keys/run.py" in {path for path, _ in _proved_by_refs(guarantees)}
+    assert "idempotency/keys/claim.py" in {path for path, _ in _proved_by_refs(guarantees)}
     # A wrong name of each kind is reported.
     wrong = (
         "`idempotency/keys/run.py::_no_such_insert` `payments_refund_no_such_uniq` "

@@ -65,6 +65,7 @@ class Mutant:
 
 
 RUN = "idempotency/keys/run.py"
+CLAIM = "idempotency/keys/claim.py"
 RACES = "tests/idempotency/test_races.py"
 KEYS = "tests/idempotency/test_keys.py"
 
@@ -85,10 +86,10 @@ _CHECK_THEN_ACT = """        table = connection.ops.quote_name(IdempotencyKey._m
         with connection.cursor() as cursor:
             cursor.execute(
                 f"SELECT 1 FROM {table} WHERE owner_id = %s AND key = %s",
-                [identity.owner_id, identity.key],
+                [self.owner_id, self.key],
             )
             if cursor.fetchone() is not None:
-                raise KeyClaimLost(f"{self!r}: another request holds this key")
+                raise KeyClaimLost(f"{run!r}: another request holds this key")
         failpoint("idempotency.claim.before_insert")
 """
 
@@ -105,7 +106,7 @@ MUTANTS: tuple[Mutant, ...] = (
         edits=(
             Edit("idempotency/models.py", _KEY_UNIQUE_MODEL, ""),
             Edit("idempotency/migrations/0001_initial.py", _KEY_UNIQUE_MIGRATION, ""),
-            Edit(RUN, _ON_CONFLICT, _PLAIN_RETURNING),
+            Edit(CLAIM, _ON_CONFLICT, _PLAIN_RETURNING),
         ),
         tests=(
             f"{KEYS}::test_losing_insert_rolls_back_before_any_effect",
@@ -119,8 +120,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "requests that both saw no key race; the loser fails on the constraint "
         "instead of being answered 409 / replay",
         edits=(
-            Edit(RUN, '        failpoint("idempotency.claim.before_insert")\n', _CHECK_THEN_ACT),
-            Edit(RUN, _ON_CONFLICT, _PLAIN_RETURNING),
+            Edit(CLAIM, '        failpoint("idempotency.claim.before_insert")\n', _CHECK_THEN_ACT),
+            Edit(CLAIM, _ON_CONFLICT, _PLAIN_RETURNING),
         ),
         tests=(
             f"{RACES}::test_simultaneous_inserts_one_claim_wins",

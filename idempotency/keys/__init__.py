@@ -25,16 +25,23 @@ The package, one job a module (each imports only those above it):
 - `fingerprint`: the key's header value and the body's fingerprint.
 - `answers`: answers as stored and replayed.
 - `clock`: lease ages by the database clock.
-- `run`: KeyRun, the fenced atomic phases.
-- `claim`: claim, match, takeover, and closing a failed run.
-- `registry`: how the completer resumes each operation.
+- `run`: KeyRun, the fenced atomic phases (the first phase of a fresh key
+  executes the key's claim, handed over by `claim`).
+- `claim`: claim (KeyClaim, the key's INSERT), match, takeover, and closing a
+  failed run.
+- `operations`: results, the caller's presenter, the one-phase block
+  (`keyed_phase`) and the one registry of declared operations.
 - `completer`: keys abandoned mid-way, driven to their end.
 - `purge`: finished keys past their retention, deleted.
 """
 
+from ..models import FINISHED, STARTED
 from .answers import JSON_CONTENT_TYPE, Answer, answer_for_problem, answer_new
 from .claim import (
+    LOCK_NOT_AVAILABLE,
+    OWNER_KEY_CONSTRAINT,
     UNSTORED_STATUSES,
+    KeyClaim,
     key_answer_existing,
     key_claim,
     key_lookup,
@@ -51,11 +58,26 @@ from .errors import (
     KeyLeaseLost,
 )
 from .fingerprint import MAX_KEY_LENGTH, body_fingerprint, canonical_json, key_validate
+from .operations import (
+    KeyedOperation,
+    Presenter,
+    Reply,
+    Result,
+    Resume,
+    close_run,
+    keyed_operation,
+    keyed_phase,
+    refusals_presented,
+    registered_operations,
+    registered_presenter,
+    single_phase_resume,
+)
 from .purge import keys_purge
-from .registry import register_operation, registered_operations
-from .run import LOCK_NOT_AVAILABLE, OWNER_KEY_CONSTRAINT, KeyIdentity, KeyRun
+from .run import KeyRun
 
 __all__ = [
+    "FINISHED",
+    "STARTED",
     "JSON_CONTENT_TYPE",
     "LOCK_NOT_AVAILABLE",
     "MAX_KEY_LENGTH",
@@ -67,13 +89,19 @@ __all__ = [
     "IdempotencyKeyMissing",
     "IdempotencyKeyReused",
     "KeyClaimLost",
-    "KeyIdentity",
+    "KeyClaim",
     "KeyLeaseLost",
     "KeyRun",
+    "KeyedOperation",
+    "Presenter",
+    "Reply",
+    "Result",
+    "Resume",
     "answer_for_problem",
     "answer_new",
     "body_fingerprint",
     "canonical_json",
+    "close_run",
     "key_answer_existing",
     "key_claim",
     "key_lookup",
@@ -82,6 +110,10 @@ __all__ = [
     "key_validate",
     "keys_complete_abandoned",
     "keys_purge",
-    "register_operation",
+    "keyed_operation",
+    "keyed_phase",
+    "refusals_presented",
     "registered_operations",
+    "registered_presenter",
+    "single_phase_resume",
 ]

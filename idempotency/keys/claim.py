@@ -1,13 +1,16 @@
-"""Claim a key: read, match, take over; close it when the operation fails."""
+"""Claim a key: read, match, take over, INSERT the fresh key's row; close a failed run."""
 
 from __future__ import annotations
 
+import json
 import math
 import uuid
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
+from django.db import OperationalError, connection
 from django.db.models import F
 from django.db.models.functions import Now
 
@@ -17,9 +20,12 @@ from .. import metrics
 from ..failpoints import failpoint
 from ..models import FINISHED, STARTED, IdempotencyKey
 from .answers import Answer, _stored_answer
-from .clock import _db_ago, _lease_free_or_expired, _lease_ttl
-from .errors import IdempotencyKeyInUse, IdempotencyKeyReused
-from .run import KeyIdentity, KeyRun
+from .clock import _claim_lock_timeout, _db_ago, _lease_free_or_expired, _lease_ttl
+from .errors import IdempotencyKeyInUse, IdempotencyKeyReused, KeyClaimLost
+from .run import KeyRun
+
+OWNER_KEY_CONSTRAINT = "idempotency_idempotencykey_owner_key_uniq"
+LOCK_NOT_AVAILABLE = "55P03"  # PostgreSQL's lock_not_available (lock_timeout expired)
 
 # Refusals raised before the first committed phase that are NOT the domain's
 # decision about this request: nothing is kept (a fresh key was never
@@ -29,6 +35,82 @@ from .run import KeyIdentity, KeyRun
 # 410, 422, ...) is stored as the final answer and replayed; 5xx are not
 # stored (the lease is dropped and a retry runs again).
 UNSTORED_STATUSES = frozenset({400, 401, 403, 405, 406, 413, 415, 429})
+
+
+@dataclass(frozen=True)
+class KeyClaim:
+    """A fresh key's claim: what its row records about the request, and the INSERT that
+    claims it (run by the run's first phase, or by its finish before any phase)."""
+
+    owner_id: int
+    key: str
+    operation: str
+    method: str
+    path: str
+    fingerprint: str
+
+    def insert(
+        self, run: KeyRun, *, recovery_point: str, locked: bool, answer: Answer | None = None
+    ) -> int:
+        """INSERT the key's row first and return its id; KeyClaimLost if the (owner, key)
+        constraint says it exists.
+
+        `run` calls it in its transaction: as the first statement of its first
+        phase (`locked`: leased by the run's token), or finishing with
+        `answer` before any phase. `ON CONFLICT ON CONSTRAINT <name> DO
+        NOTHING` lets exactly that constraint decide; any other violation
+        still raises.
+        """
+        failpoint("idempotency.claim.before_insert")
+        finished = recovery_point == FINISHED
+        assert answer is not None or not finished
+        final = answer if finished else None
+        table = connection.ops.quote_name(IdempotencyKey._meta.db_table)
+        sql = (
+            f"INSERT INTO {table} (owner_id, key, operation, request_method, request_path,"
+            " request_fingerprint, recovery_point, data, leased_by, leased_at, runs,"
+            " response_status, response_body, response_headers, finished_at)"
+            " VALUES (%s, %s, %s, %s, %s, %s, %s, '{}'::jsonb, %s,"
+            " CASE WHEN %s THEN now() END, 1, %s, %s, %s::jsonb, CASE WHEN %s THEN now() END)"
+            f" ON CONFLICT ON CONSTRAINT {OWNER_KEY_CONSTRAINT} DO NOTHING RETURNING id"
+        )
+        params: list[Any] = [
+            self.owner_id,
+            self.key,
+            self.operation,
+            self.method,
+            self.path,
+            self.fingerprint,
+            recovery_point,
+            run.token if locked else None,
+            locked,
+            final.status if final else None,
+            final.body if final else None,
+            json.dumps(final.headers if final else {}),
+            finished,
+        ]
+        with connection.cursor() as cursor:
+            # Bound the wait on a concurrent identical request's uncommitted
+            # insert (its phase may be queued behind a busy row): past the
+            # claim wait it is "in use" (409), not a sync worker held. The
+            # timeout covers this statement alone; the previous value is put
+            # back before the phase's own statements.
+            cursor.execute(
+                "SELECT current_setting('lock_timeout'), set_config('lock_timeout', %s, true)",
+                [_claim_lock_timeout()],
+            )
+            previous = cursor.fetchone()[0]
+            try:
+                cursor.execute(sql, params)
+                row = cursor.fetchone()
+            except OperationalError as exc:
+                if getattr(exc.__cause__, "sqlstate", None) != LOCK_NOT_AVAILABLE:
+                    raise
+                raise KeyClaimLost(f"{run!r}: another request is claiming this key") from exc
+            cursor.execute("SELECT set_config('lock_timeout', %s, true)", [previous])
+        if row is None:
+            raise KeyClaimLost(f"{run!r}: another request holds this key")
+        return row[0]
 
 
 def key_lookup(*, owner_id: int, key: str) -> IdempotencyKey | None:
@@ -152,7 +234,8 @@ def key_claim(
     """Match `key` to the request that holds it, or prepare this request's claim.
 
     Return the stored Answer to replay; or a KeyRun to run: fresh (its first
-    phase inserts the key under the unique constraint), or resumed at its
+    phase runs this claim's INSERT, `KeyClaim.insert`, under the unique
+    constraint), or resumed at its
     recovery point after an expired lease or an open key. Raise
     IdempotencyKeyReused (422) for another request under the same key and
     IdempotencyKeyInUse (409, Retry-After) while another run holds it.
@@ -160,7 +243,7 @@ def key_claim(
     The read only spares a replay any write; the insert decides who runs.
     `row` is the result of a `key_lookup` the caller just made (read once).
     """
-    identity = KeyIdentity(
+    claim = KeyClaim(
         owner_id=owner_id,
         key=key,
         operation=operation,
@@ -181,7 +264,7 @@ def key_claim(
                 recovery_point=STARTED,
                 data={},
                 resumed=False,
-                identity=identity,
+                claim=claim,
             )
         answer = _match(row, method=method, path=path, fingerprint=fingerprint)
         if answer is not None:

@@ -8,9 +8,9 @@ import time
 from django.conf import settings
 
 from ..models import FINISHED, IdempotencyKey
-from . import registry
 from .claim import _key_take_over
 from .clock import _db_ago, _lease_free_or_expired
+from .operations import registered_operations
 
 logger = logging.getLogger(__name__)
 
@@ -27,14 +27,15 @@ def keys_complete_abandoned(*, limit: int | None = None, budget: float | None = 
     must end well inside the broker's visibility timeout (docs/celery.md).
     The keys left over are the next run's.
     """
-    if not registry._registry:
+    operations = registered_operations()
+    if not operations:
         return 0
     limit = limit or int(settings.IDEMPOTENCY_COMPLETER_BATCH)
     budget = float(settings.IDEMPOTENCY_COMPLETER_BUDGET if budget is None else budget)
     deadline = time.monotonic() + budget
     key_ids = list(
         IdempotencyKey.objects.exclude(recovery_point=FINISHED)
-        .filter(operation__in=list(registry._registry))
+        .filter(operation__in=list(operations))
         .filter(_lease_free_or_expired())
         .filter(last_run_at__lt=_db_ago(float(settings.IDEMPOTENCY_ABANDON_AFTER)))
         .order_by("last_run_at")
@@ -51,7 +52,7 @@ def keys_complete_abandoned(*, limit: int | None = None, budget: float | None = 
         if run is None:
             continue
         try:
-            registry._registry[run.operation](run)
+            operations[run.operation].complete(run)
         except Exception:
             logger.exception("completer could not complete %r; it will try again", run)
             run.drop_lease_quietly()

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import json
 import logging
 import uuid
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-from django.db import DatabaseError, OperationalError, connection, transaction
+from django.db import DatabaseError, transaction
 from django.db.models.functions import Now
 
 from core.errors import ApplicationError
@@ -19,25 +17,19 @@ from core.errors import ApplicationError
 from ..failpoints import failpoint
 from ..models import FINISHED, STARTED, IdempotencyKey
 from .answers import JSON_CONTENT_TYPE, Answer, answer_for_problem, answer_new
-from .clock import _claim_lock_timeout
-from .errors import KeyClaimLost, KeyLeaseLost
+from .errors import KeyLeaseLost
 
 logger = logging.getLogger(__name__)
 
-OWNER_KEY_CONSTRAINT = "idempotency_idempotencykey_owner_key_uniq"
-LOCK_NOT_AVAILABLE = "55P03"  # PostgreSQL's lock_not_available (lock_timeout expired)
 
+class Claim(Protocol):
+    """What a fresh run is handed to claim its key (idempotency/keys/claim.py::KeyClaim)."""
 
-@dataclass(frozen=True)
-class KeyIdentity:
-    """What a fresh key's row records about the request that claims it."""
-
-    owner_id: int
-    key: str
-    operation: str
-    method: str
-    path: str
-    fingerprint: str
+    def insert(
+        self, run: KeyRun, *, recovery_point: str, locked: bool, answer: Answer | None = None
+    ) -> int:
+        """INSERT the key's row in `run`'s transaction and return its id."""
+        ...
 
 
 class KeyRun:
@@ -48,9 +40,10 @@ class KeyRun:
     `with run.phase(next_point=...) as data:`; end with `finish()` (stored,
     replayed forever) or `leave_open()` (answered now, key stays open).
 
-    A fresh run's key row does not exist yet: the first phase inserts it,
-    before its effects, in its own transaction (so the claim and the first
-    effects commit together, and a crash before that commit leaves nothing).
+    A fresh run's key row does not exist yet: the first phase runs its claim
+    (`Claim.insert`, idempotency/keys/claim.py::KeyClaim) before its effects,
+    in its own transaction (so the claim and the first effects commit
+    together, and a crash before that commit leaves nothing).
     """
 
     def __init__(
@@ -64,7 +57,7 @@ class KeyRun:
         recovery_point: str,
         data: dict[str, Any],
         resumed: bool,
-        identity: KeyIdentity | None = None,
+        claim: Claim | None = None,
     ) -> None:
         self.key_id = key_id
         self.owner_id = owner_id
@@ -72,7 +65,7 @@ class KeyRun:
         self.operation = operation
         self.token = token
         self.resumed = resumed
-        self._identity = identity
+        self._fresh_claim = claim
         self._recovery_point = recovery_point
         self._data = data
         self._answer: Answer | None = None
@@ -110,6 +103,10 @@ class KeyRun:
         """True once the key's row exists (committed by a phase, or taken over)."""
         return self.key_id is not None
 
+    def _claim(self) -> Claim:
+        assert self._fresh_claim is not None  # a fresh run carries its key's claim
+        return self._fresh_claim
+
     def _require_open(self) -> None:
         if self._closed:
             raise RuntimeError(f"{self!r} is closed")
@@ -120,10 +117,10 @@ class KeyRun:
 
         Yields a copy of `data` to update. The phase commits only if this run's
         fencing token still holds the key; otherwise it rolls back and raises
-        KeyLeaseLost. A fresh run's first phase first inserts the key (insert
-        first; KeyClaimLost if another request holds it). Calling finish() or
-        leave_open() inside the phase stores that answer in the same
-        transaction (finish() makes the point "finished"). Must be called with
+        KeyLeaseLost. A fresh run's first phase first claims the key (its
+        INSERT, `Claim.insert`; KeyClaimLost if another request holds it).
+        Calling finish() or leave_open() inside the phase stores that answer
+        in the same transaction (finish() makes the point "finished"). Must be called with
         no transaction open (the commit must be real).
         """
         self._require_open()
@@ -138,7 +135,7 @@ class KeyRun:
         try:
             with transaction.atomic(durable=True):
                 if self.key_id is None:
-                    self._insert(recovery_point=STARTED, locked=True)
+                    self.key_id = self._claim().insert(self, recovery_point=STARTED, locked=True)
                     inserted_here = True
                     failpoint("idempotency.claim.after_insert")
                 yield data
@@ -201,69 +198,12 @@ class KeyRun:
             failpoint(f"{self.operation}.{point}.before_commit")
             if self.key_id is None:
                 # Nothing ran yet: the key is inserted already finished.
-                self._insert(recovery_point=point, locked=False, answer=answer)
+                self.key_id = self._claim().insert(
+                    self, recovery_point=point, locked=False, answer=answer
+                )
             else:
                 self._fenced_update(point=point, data=self._data, kind=kind, answer=answer)
         self._committed(point=point, data=self._data, kind=kind, answer=answer)
-
-    def _insert(self, *, recovery_point: str, locked: bool, answer: Answer | None = None) -> None:
-        """INSERT the key's row first; KeyClaimLost if the (owner, key) constraint says it exists.
-
-        `ON CONFLICT ON CONSTRAINT <name> DO NOTHING` lets exactly that
-        constraint decide; any other violation still raises.
-        """
-        identity = self._identity
-        assert identity is not None
-        failpoint("idempotency.claim.before_insert")
-        finished = recovery_point == FINISHED
-        assert answer is not None or not finished
-        final = answer if finished else None
-        table = connection.ops.quote_name(IdempotencyKey._meta.db_table)
-        sql = (
-            f"INSERT INTO {table} (owner_id, key, operation, request_method, request_path,"
-            " request_fingerprint, recovery_point, data, leased_by, leased_at, runs,"
-            " response_status, response_body, response_headers, finished_at)"
-            " VALUES (%s, %s, %s, %s, %s, %s, %s, '{}'::jsonb, %s,"
-            " CASE WHEN %s THEN now() END, 1, %s, %s, %s::jsonb, CASE WHEN %s THEN now() END)"
-            f" ON CONFLICT ON CONSTRAINT {OWNER_KEY_CONSTRAINT} DO NOTHING RETURNING id"
-        )
-        params: list[Any] = [
-            identity.owner_id,
-            identity.key,
-            identity.operation,
-            identity.method,
-            identity.path,
-            identity.fingerprint,
-            recovery_point,
-            self.token if locked else None,
-            locked,
-            final.status if final else None,
-            final.body if final else None,
-            json.dumps(final.headers if final else {}),
-            finished,
-        ]
-        with connection.cursor() as cursor:
-            # Bound the wait on a concurrent identical request's uncommitted
-            # insert (its phase may be queued behind a busy row): past the
-            # claim wait it is "in use" (409), not a sync worker held. The
-            # timeout covers this statement alone; the previous value is put
-            # back before the phase's own statements.
-            cursor.execute(
-                "SELECT current_setting('lock_timeout'), set_config('lock_timeout', %s, true)",
-                [_claim_lock_timeout()],
-            )
-            previous = cursor.fetchone()[0]
-            try:
-                cursor.execute(sql, params)
-                row = cursor.fetchone()
-            except OperationalError as exc:
-                if getattr(exc.__cause__, "sqlstate", None) != LOCK_NOT_AVAILABLE:
-                    raise
-                raise KeyClaimLost(f"{self!r}: another request is claiming this key") from exc
-            cursor.execute("SELECT set_config('lock_timeout', %s, true)", [previous])
-        if row is None:
-            raise KeyClaimLost(f"{self!r}: another request holds this key")
-        self.key_id = row[0]
 
     def _fenced_update(
         self, *, point: str, data: dict[str, Any], kind: str | None, answer: Answer | None

@@ -1,12 +1,13 @@
 """The API's answer to the keyed stock adjustment: a domain result → status and body.
 
-Registered for the completer too (inventory/apps.py).
+Declared for the completer too (`keyed_operation`).
 """
 
 from __future__ import annotations
 
-from idempotency.operations import Reply, Result
+from idempotency.keys import Reply, Result, keyed_operation
 
+from .. import operations
 from ..models import StockItem
 
 
@@ -20,6 +21,7 @@ def stock_body(stock: StockItem) -> dict:
     }
 
 
+@keyed_operation(operations.STOCK_ADJUST)
 def stock_adjusted(result: Result) -> Reply:
     """POST /products/{sku}/stock/: 200 with the stock, or the refusal's problem."""
     if result.refusal is not None:

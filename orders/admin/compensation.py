@@ -26,11 +26,11 @@ from core.money import format_money
 from idempotency.admin_actions import (
     admin_form_refusal,
     keyed_action,
+    redirect_to_value,
     refusal_message,
     state_key,
 )
-from idempotency.keys import KeyRun
-from idempotency.operations import Presenter, Reply, Result, close_run, refusals_presented
+from idempotency.keys import Reply, Result, close_run, keyed_operation, keyed_phase
 from idempotency.views import idempotent_form
 from payments import selectors as payment_selectors
 
@@ -42,6 +42,7 @@ ADMIN_RETURN_RECEIVE = "admin.return.receive"
 ADMIN_RETURN_RETRY = "admin.return.retry"
 ADMIN_ORDER_CANCEL = "admin.order.cancel"
 ADMIN_RETURNS_RECEIVE = "admin.returns.receive"  # the bulk action's confirmation
+keyed_operation(ADMIN_RETURNS_RECEIVE)(redirect_to_value)
 DONE = "done"
 
 
@@ -65,13 +66,10 @@ def redirect_to(url_name: str):
     return present
 
 
-return_redirect = redirect_to("admin:orders_returnrequest_change")
-order_redirect = redirect_to("admin:orders_order_change")
-
-
-def _one_phase(run: KeyRun, present: Presenter, call) -> None:
-    with refusals_presented(run, present), run.phase(next_point=DONE):
-        close_run(run, Result.done(call()), present)
+return_redirect = keyed_operation(ADMIN_RETURN_RECEIVE, ADMIN_RETURN_RETRY)(
+    redirect_to("admin:orders_returnrequest_change")
+)
+order_redirect = keyed_operation(ADMIN_ORDER_CANCEL)(redirect_to("admin:orders_order_change"))
 
 
 def _back_to(present, request, obj):
@@ -86,35 +84,30 @@ _keyed_form = functools.partial(idempotent_form, refusal=admin_form_refusal)
 def _receive_submit(request, order_return, *, key):
     if key is None:
         return None
-    _one_phase(
-        key.claim(),
-        _back_to(return_redirect, request, order_return),
-        lambda: returns.return_receive(return_id=order_return.id, by=request.user),
-    )
+    run, present = key.claim(), _back_to(return_redirect, request, order_return)
+    with keyed_phase(run, present, next_point=DONE):
+        received = returns.return_receive(return_id=order_return.id, by=request.user)
+        close_run(run, Result.done(received), present)
 
 
 @_keyed_form(operation=ADMIN_RETURN_RETRY)
 def _retry_submit(request, order_return, *, key):
     if key is None:
         return None
-
-    def retry():
+    run, present = key.claim(), _back_to(return_redirect, request, order_return)
+    with keyed_phase(run, present, next_point=DONE):
         compensation.return_retry_failed_steps(return_id=order_return.id, by=request.user)
-        return ReturnRequest.objects.get(id=order_return.id)
-
-    _one_phase(key.claim(), _back_to(return_redirect, request, order_return), retry)
+        close_run(run, Result.done(ReturnRequest.objects.get(id=order_return.id)), present)
 
 
 @_keyed_form(operation=ADMIN_ORDER_CANCEL)
 def _cancel_submit(request, order, *, key):
     if key is None:
         return None
-
-    def cancel():
+    run, present = key.claim(), _back_to(order_redirect, request, order)
+    with keyed_phase(run, present, next_point=DONE):
         services.order_cancel(order_id=order.id)
-        return Order.objects.get(id=order.id)
-
-    _one_phase(key.claim(), _back_to(order_redirect, request, order), cancel)
+        close_run(run, Result.done(Order.objects.get(id=order.id)), present)
 
 
 def cancel_explanation(order: Order) -> str:

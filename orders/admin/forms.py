@@ -30,7 +30,7 @@ from django.urls import path, reverse
 from django.utils.http import urlencode
 
 from idempotency.admin_actions import admin_form_refusal, refusal_message, state_key
-from idempotency.operations import Reply, Result
+from idempotency.keys import Reply, Result, keyed_operation
 from idempotency.views import FORM_FIELD, idempotent_form
 
 from .. import operations, permissions
@@ -71,6 +71,7 @@ def shipment_form_key(order: Order, lines: list[OrderLine], *, after: str = "") 
     return state_key("shipment", order.id, order.status, *shown, after)
 
 
+@keyed_operation(ADMIN_SHIPMENT_CREATE)
 def shipment_redirect(result: Result, *, order_id=None, form_key: str = "", request=None) -> Reply:
     """303 to the order's page; a refusal back to the form (fresh key) with its title."""
     if result.refusal is None:

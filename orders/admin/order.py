@@ -23,7 +23,7 @@ from core.admin import ReadOnlyAdmin, ReadOnlyInline, require_permission
 from core.admin_export import CsvExportMixin
 from core.money import format_money, shop_currency
 from idempotency.admin_actions import refusal_message
-from idempotency.operations import Reply, Result
+from idempotency.keys import Reply, Result, keyed_operation
 from idempotency.views import FORM_FIELD, idempotent_form
 from payments import selectors as payment_selectors
 
@@ -54,6 +54,7 @@ def refund_form_key(order, *, after: str = "") -> str:
     return "admin-refund-" + hashlib.sha256(seed.encode()).hexdigest()[:32]
 
 
+@keyed_operation(ADMIN_REFUND_CREATE)
 def refund_redirect(result: Result, *, order_id=None, form_key: str = "", request=None) -> Reply:
     """The admin form's answer: 303 to the order page; a refusal back to the form, with its code.
 

@@ -20,7 +20,7 @@ from idempotency.views import KeyRequest, idempotent
 
 from .. import operations, permissions, returns, selectors
 from . import presenters
-from .serializers import sku_lines
+from .serializers import return_body, sku_lines
 
 PROBLEM = OpenApiResponse(description="application/problem+json")
 RETURN_BODY = OpenApiResponse(description="the return body")
@@ -78,7 +78,7 @@ class ReturnDetailView(GenericAPIView):
     @extend_schema(responses={200: RETURN_BODY, 404: PROBLEM})
     def get(self, request, return_id: str):
         order_return = returns.return_get_for_user(user=request.user, return_id=return_id)
-        return Response(returns.return_body(order_return))
+        return Response(return_body(order_return))
 
 
 class ReturnReceiveView(GenericAPIView):

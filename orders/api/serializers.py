@@ -1,4 +1,4 @@
-"""Request validation and the order body, exactly as the contract spells them."""
+"""Request validation and the answers' bodies, exactly as the contract spells them."""
 
 from __future__ import annotations
 
@@ -6,13 +6,13 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from core.fields import ClosedSerializer, StrictCharField, StrictIntegerField
-from core.money import MoneyField, check_currency
+from core.money import MoneyField, check_currency, format_money
 from inventory import selectors as inventory_selectors
 from payments.capture import SUPPORTED_METHODS
 
 from .. import selectors
 from ..services import LineRequest
-from ..states import OnShortage
+from ..states import OnShortage, OrderStatus, StepStatus
 
 MAX_LINES = 100
 
@@ -145,11 +145,52 @@ class OrderOut(serializers.Serializer):
 
     @extend_schema_field(PaymentSummaryOut)
     def get_payment(self, order) -> dict:
-        return selectors.order_payment_summary(order=order)
+        return payment_body(selectors.order_payment_summary(order=order))
 
     @extend_schema_field(CancellationOut(allow_null=True))
     def get_cancellation(self, order) -> dict | None:
-        return selectors.order_cancellation(order=order)
+        return cancellation_body(order)
+
+
+def payment_body(summary: selectors.PaymentSummary) -> dict:
+    """The order body's `payment` member: status and amounts in the shop currency."""
+    return {
+        "status": summary.status,
+        "amount_captured": format_money(summary.amount_captured),
+        "amount_refunded": format_money(summary.amount_refunded),
+    }
+
+
+def compensation_steps_body(steps) -> list[dict]:
+    """The contract's `steps` of a return or cancellation: {name, status, attempts, last_error}."""
+    return [
+        {
+            "name": step.name,
+            "status": step.status,
+            "attempts": step.attempts,
+            "last_error": step.last_error or None,
+        }
+        for step in steps
+    ]
+
+
+def cancellation_body(order) -> dict | None:
+    """The order body's `cancellation`: {status, steps} while the order is `cancelling`, else None.
+
+    `needs_attention` when a step failed or waits for staff, `completed` when
+    every step is done (the order is `cancelled` in the same transaction, so
+    this is seen only by a read racing it), `processing` otherwise.
+    """
+    if order.status != OrderStatus.CANCELLING:
+        return None
+    steps = selectors.cancellation_steps_of(order_id=order.id)
+    if any(step.needs_attention or step.status == StepStatus.FAILED for step in steps):
+        status = "needs_attention"
+    elif steps and all(step.done_at is not None for step in steps):
+        status = "completed"
+    else:
+        status = "processing"
+    return {"status": status, "steps": compensation_steps_body(steps)}
 
 
 def order_body(order) -> dict:
@@ -212,4 +253,21 @@ def refund_body(refund, *, order_id) -> dict:
         "currency": refund.currency,
         "status": refund.status,
         "reason": refund.reason,
+    }
+
+
+def return_body(order_return) -> dict:
+    """The contract's return body: lines and steps read fresh (they change under the run)."""
+    ids = [order_return.id]
+    lines = selectors.return_lines_of(return_ids=ids).get(order_return.id, [])
+    steps = selectors.return_steps_of(return_ids=ids).get(order_return.id, [])
+    return {
+        "id": str(order_return.id),
+        "order_id": str(order_return.order_id),
+        "status": order_return.status,
+        "lines": [{"sku": line.sku, "quantity": line.quantity} for line in lines],
+        "refund_amount": format_money(order_return.refund_amount),
+        "currency": order_return.currency,
+        "reason": order_return.reason,
+        "steps": compensation_steps_body(steps),
     }

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from decimal import Decimal
 
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
@@ -113,7 +112,7 @@ def _order_context(request: HttpRequest, order) -> dict:
         "order": order,
         "lines": [(line, names.get(line.sku, line.sku)) for line in order.line_list],
         "payment": payment,
-        "refunded": Decimal(payment["amount_refunded"]) > 0,
+        "refunded": payment.amount_refunded > 0,
         "refunds": list(payment_selectors.refunds_of_payment(payment_id=order.payment_id)),
         "returns": _order_returns(order, names),
         "method_label": dict(PAYMENT_METHODS).get(order.payment_method, order.payment_method),

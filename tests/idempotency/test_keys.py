@@ -29,6 +29,7 @@ from idempotency.keys import (
 )
 from idempotency.models import FINISHED, STARTED, IdempotencyKey
 from tests.support.models import ProbeRecord
+from tests.support.probe import answers_by_itself
 
 pytestmark = pytest.mark.django_db
 
@@ -406,33 +407,33 @@ def test_refusal_after_a_committed_phase_is_not_stored(shopper):
 @pytest.fixture
 def registered(monkeypatch):
     registry = {}
-    monkeypatch.setattr(keys.registry, "_registry", registry)
+    monkeypatch.setattr(keys.operations, "_operations", registry)
     return registry
 
 
-def test_register_operation_refuses_a_second_resumer(registered):
-    def a(run):
+def test_keyed_operation_refuses_a_second_resumer(registered):
+    def a(run, present):
         pass
 
-    def b(run):
+    def b(run, present):
         pass
 
-    keys.register_operation("x", resume=a)
-    keys.register_operation("x", resume=a)
+    keys.keyed_operation("x", resume=a)(answers_by_itself)
+    keys.keyed_operation("x", resume=a)(answers_by_itself)
     with pytest.raises(ValueError):
-        keys.register_operation("x", resume=b)
+        keys.keyed_operation("x", resume=b)(answers_by_itself)
 
 
 @override_settings(IDEMPOTENCY_ABANDON_AFTER=60, IDEMPOTENCY_LEASE_TTL=30)
 def test_completer_settles_only_abandoned_keys(shopper, registered):
     seen = []
 
-    def resume(run: KeyRun) -> None:
+    def resume(run: KeyRun, present) -> None:
         seen.append((run.key, run.recovery_point, run.data))
         with run.phase(next_point="done"):
             run.finish(status=201, body={"completed": run.key})
 
-    keys.register_operation("test.op", resume=resume)
+    keys.keyed_operation("test.op", resume=resume)(answers_by_itself)
 
     abandoned = claim(shopper, "abandoned")
     assert isinstance(abandoned, KeyRun)
@@ -463,10 +464,10 @@ def test_completer_settles_only_abandoned_keys(shopper, registered):
 
 @override_settings(IDEMPOTENCY_ABANDON_AFTER=60)
 def test_completer_failure_unlocks_and_backs_off(shopper, registered):
-    def resume(run):
+    def resume(run, present):
         raise RuntimeError("provider down")
 
-    keys.register_operation("test.op", resume=resume)
+    keys.keyed_operation("test.op", resume=resume)(answers_by_itself)
     run = held(shopper)
     age_lock(run.key_id, 120)
     assert keys_complete_abandoned() == 0
@@ -547,12 +548,12 @@ def test_completer_starts_no_key_once_its_time_budget_is_spent(shopper, register
     clock = _FakeClock()
     monkeypatch.setattr(keys.completer, "time", clock)
 
-    def resume(run: KeyRun) -> None:
+    def resume(run: KeyRun, present) -> None:
         clock.now += 10
         with run.phase(next_point="done"):
             run.finish(status=201, body={})
 
-    keys.register_operation("test.op", resume=resume)
+    keys.keyed_operation("test.op", resume=resume)(answers_by_itself)
     for i in range(10):
         age_lock(held(shopper, f"slow-{i}").key_id, 120)
     assert keys_complete_abandoned() == 3

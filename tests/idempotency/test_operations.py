@@ -1,17 +1,21 @@
-"""idempotency.operations: results, the caller's presenter, the completer's registry."""
+"""idempotency.keys.operations: results, the caller's presenter, the one registry."""
 
 from __future__ import annotations
+
+import contextlib
 
 import pytest
 
 from core.errors import ApplicationError
-from idempotency import keys, operations
-from idempotency.operations import (
+from idempotency import keys
+from idempotency.keys import (
     Reply,
     Result,
     close_run,
+    keyed_operation,
+    keyed_phase,
+    operations,
     refusals_presented,
-    register_operation,
     single_phase_resume,
 )
 
@@ -55,6 +59,11 @@ class FakeRun:
         self.calls.append(("abandon",))
         self.closed = True
 
+    @contextlib.contextmanager
+    def phase(self, *, next_point: str):
+        self.calls.append(("phase", next_point))
+        yield {"point": self.recovery_point}
+
 
 def present(result: Result) -> Reply:
     if result.refusal is not None:
@@ -64,7 +73,6 @@ def present(result: Result) -> Reply:
 
 @pytest.fixture
 def registry(monkeypatch):
-    monkeypatch.setattr(keys.registry, "_registry", {})
     monkeypatch.setattr(operations, "_operations", {})
 
 
@@ -100,6 +108,23 @@ def test_refusals_before_any_phase_are_presented_others_propagate():
         assert other.calls == []
 
 
+def test_keyed_phase_is_the_phase_with_its_refusals_presented():
+    run = FakeRun()
+    with keyed_phase(run, present, next_point="done") as data:
+        close_run(run, Result.done(data["point"]), present)
+    assert [call[0] for call in run.calls] == ["phase", "finish"]
+
+    refused = FakeRun()
+    with keyed_phase(refused, present, next_point="done"):
+        raise Refused("no")
+    assert [call[0] for call in refused.calls] == ["phase", "problem"]
+
+    later = FakeRun(recovery_point="reserved")
+    with pytest.raises(Refused), keyed_phase(later, present, next_point="done"):
+        raise Refused("no")
+    assert later.calls == [("phase", "done")]
+
+
 def test_single_phase_resume_forgets_only_an_unstarted_key():
     run = FakeRun()
     single_phase_resume(run, present)
@@ -109,17 +134,19 @@ def test_single_phase_resume_forgets_only_an_unstarted_key():
     assert later.calls == []
 
 
-def test_register_operation_wires_the_completer_with_the_presenter(registry):
+def test_keyed_operation_wires_the_completer_with_the_presenter(registry):
     seen = []
 
     def resume(run, present_with):
         seen.append((run, present_with))
 
-    register_operation("test.op", resume=resume, present=present)
-    register_operation("test.op", resume=resume, present=present)  # the same pair: fine
+    assert keyed_operation("test.op", resume=resume)(present) is present
+    keyed_operation("test.op", resume=resume)(present)  # the same pair: fine
     with pytest.raises(ValueError):
-        register_operation("test.op", resume=resume, present=lambda result: None)
+        keyed_operation("test.op", resume=resume)(lambda result: None)
     assert operations.registered_presenter("test.op") is present
     run = FakeRun()
-    keys.registered_operations()["test.op"](run)
+    keys.registered_operations()["test.op"].complete(run)
     assert seen == [(run, present)]
+    keyed_operation("test.other")(present)
+    assert keys.registered_operations()["test.other"].resume is single_phase_resume

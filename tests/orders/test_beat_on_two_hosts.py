@@ -41,6 +41,7 @@ from tests.orders.compensation_support import paid_order
 from tests.payments.refund_support import captured
 from tests.payments.test_refunds import ask
 from tests.shop.test_emails import order_payload
+from tests.support.probe import answers_by_itself
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -174,20 +175,20 @@ def test_two_outbox_purges_delete_each_message_once(shopper, published, settings
 @pytest.fixture
 def resumed(settings, monkeypatch) -> Counter:
     """A registered operation whose resumer counts its effects, per key."""
-    from idempotency.keys import registry
+    from idempotency.keys import operations
 
-    monkeypatch.setattr(registry, "_registry", dict(registry._registry))
+    monkeypatch.setattr(operations, "_operations", dict(operations._operations))
     settings.IDEMPOTENCY_ABANDON_AFTER = 60
     effects: Counter = Counter()
     lock = threading.Lock()
 
-    def resume(run: KeyRun) -> None:
+    def resume(run: KeyRun, present) -> None:
         with lock:
             effects[run.key] += 1
         with run.phase(next_point="done"):
             run.finish(status=201, body={"completed": run.key})
 
-    keys.register_operation("test.beat", resume=resume)
+    keys.keyed_operation("test.beat", resume=resume)(answers_by_itself)
     return effects
 
 

@@ -4,7 +4,7 @@ A storefront-like form view (not mounted: a plain function, as a later issue
 will mount one) runs the very operation the API runs, under a request key,
 with a presenter that redirects to the order page. The API's stored answer
 is the contract's JSON, unchanged; the completer finishes each key with the
-presenter registered for the key's operation.
+presenter declared for the key's operation.
 """
 
 from __future__ import annotations
@@ -18,9 +18,15 @@ import pytest
 from django.db.models.functions import Now
 from django.test import RequestFactory
 
-from idempotency.keys import answer_new, keys_complete_abandoned
+from idempotency.keys import (
+    Reply,
+    Result,
+    answer_new,
+    keyed_operation,
+    keys_complete_abandoned,
+    registered_presenter,
+)
 from idempotency.models import IdempotencyKey
-from idempotency.operations import Reply, Result, register_operation, registered_presenter
 from idempotency.views import REPLAYED_HEADER, idempotent_form
 from inventory.models import StockItem
 from orders import operations, selectors
@@ -38,14 +44,12 @@ ROOT = Path(__file__).resolve().parents[2]
 FORM_CREATE = "test.form.order.create"
 
 
+@keyed_operation(FORM_CREATE, resume=operations.order_resume)
 def order_redirect(result: Result) -> Reply:
     """The storefront's answer: 303 to the order page; a refusal with no order, back to the cart."""
     if result.value is not None:
         return Reply(status=303, headers={"Location": f"/orders/{result.value.id}/"})
     return Reply(status=303, headers={"Location": f"/cart/?problem={result.refusal.code}"})
-
-
-register_operation(FORM_CREATE, resume=operations.order_resume, present=order_redirect)
 
 
 @idempotent_form(operation=FORM_CREATE)

@@ -233,7 +233,7 @@ def checkout_form_key(html: str, action: str) -> str:
 
 
 def test_the_forms_operation_names_are_registered_with_redirecting_presenters():
-    from idempotency.operations import registered_presenter
+    from idempotency.keys import registered_presenter
 
     assert registered_presenter(checkout.CREATE) is checkout.checkout_redirect
     assert registered_presenter(checkout.CONFIRM) is checkout.decision_redirect

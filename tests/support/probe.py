@@ -23,7 +23,7 @@ from django.db import transaction
 
 from core.errors import ApplicationError
 from idempotency.failpoints import failpoint
-from idempotency.keys import KeyRun
+from idempotency.keys import KeyRun, Presenter, Reply, Result, keyed_operation
 from idempotency.models import STARTED
 from idempotency.outbox import outbox_write
 
@@ -130,8 +130,10 @@ def _probe_continue(run: KeyRun) -> ProbeRecord:
     return record
 
 
-def probe_resume(run: KeyRun) -> None:
-    """Settle an abandoned probe key: forget it if nothing committed, else finish it."""
+def probe_resume(run: KeyRun, present: Presenter) -> None:
+    """Settle an abandoned probe key: forget it if nothing committed, else finish it.
+
+    The probe's phases answer by themselves (`run.finish`): `present` is unused."""
     if run.recovery_point == STARTED:
         run.abandon()
         return
@@ -157,3 +159,9 @@ def probe_run_unkeyed(*, owner_id: int, label: str, amount: int) -> ProbeRecord:
             payload=probe_body(record),
         )
     return record
+
+
+@keyed_operation(OPERATION, resume=probe_resume)
+def answers_by_itself(result: Result) -> Reply:
+    """The presenter of an operation whose runs close themselves (the probe, tests' operations)."""
+    raise AssertionError("this operation's runs answer by themselves")

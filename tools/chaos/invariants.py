@@ -899,7 +899,7 @@ def check_due_budget() -> Invariant:
 
 def pending_work() -> dict[str, list[str]]:
     """What the system would still do by itself, by kind (empty lists: quiet)."""
-    from idempotency.keys.registry import registered_operations
+    from idempotency.keys import registered_operations
     from orders.models import CompensationStep
 
     pending: dict[str, list[str]] = {}

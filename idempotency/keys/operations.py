@@ -1,4 +1,4 @@
-"""Keyed operations apart from HTTP: domain results, the caller's presenter, the completer's.
+"""Keyed operations apart from HTTP: domain results, the caller's presenter, the one registry.
 
 A keyed operation (orders/operations.py, inventory/operations.py) decides a
 domain `Result` — an order, a stock item, a refusal; final or still open —
@@ -6,44 +6,42 @@ and never builds an answer itself. The caller passes a `present` function
 that turns the result into a `Reply` (status, body, headers): the API a JSON
 body, a storefront form a 303 redirect, an admin action whatever its page
 needs. `close_run()` gives the run that reply **inside the phase that decided
-it**, so the stored answer still commits with the effect:
+it**, so the stored answer still commits with the effect; `keyed_phase()` is
+a phase whose refusals are results too:
 
     def thing_create_keyed(*, run: KeyRun, present: Presenter, **params) -> None:
-        with refusals_presented(run, present):        # a refusal is a result too
-            with run.phase(next_point="finished"):
-                thing = services.thing_create(**params)
-                close_run(run, Result.done(thing), present)
+        with keyed_phase(run, present, next_point="finished"):
+            thing = services.thing_create(**params)
+            close_run(run, Result.done(thing), present)
 
     # the API view                                    # a form view
     thing_create_keyed(run=key.claim(),               thing_create_keyed(run=key.claim(),
         present=presenters.thing_created, ...)            present=thing_redirect, ...)
 
 The completer (a beat task, no caller) must store what the caller would
-have, so each operation name is registered with the presenter of the caller
-that uses it: `register_operation(name, resume=..., present=...)` in the
-app's `ready()`. A key's `operation` column therefore names a (domain
-operation, caller) pair: a storefront form placing orders uses its own name
-(e.g. `shop.order.create`) registered with its own presenter and the same
-resume, so an abandoned form key is completed with the form's redirect,
-never with the API's JSON.
+have, so each operation name is declared once, on the presenter of the
+caller that uses it: `@keyed_operation(name, resume=...)` above the
+presenter, in the module that defines it (imported by its app's `ready()`).
+A key's `operation` column therefore names a (domain operation, caller)
+pair: a storefront form placing orders uses its own name (e.g.
+`shop.order.create`) declared on its own presenter with the same resume, so
+an abandoned form key is completed with the form's redirect, never with the
+API's JSON.
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from core.errors import ApplicationError
 
-from . import keys
-from .keys import JSON_CONTENT_TYPE, UNSTORED_STATUSES, KeyRun
-
-# A run's recovery points, for the keyed operations of other apps to compare with.
-from .models import FINISHED as FINISHED
-from .models import STARTED
+from ..models import STARTED
+from .answers import JSON_CONTENT_TYPE
+from .claim import UNSTORED_STATUSES
+from .run import KeyRun
 
 
 @dataclass(frozen=True)
@@ -117,7 +115,7 @@ def close_run(run: KeyRun, result: Result, present: Presenter) -> None:
 
 
 def _refusal_is_stored(run: KeyRun, exc: ApplicationError) -> bool:
-    # The request-key rule (idempotency.keys.key_run_failed): a domain refusal
+    # The request-key rule (key_run_failed): a domain refusal
     # raised before the first committed phase is the final answer; input-like
     # refusals and 5xx are not stored, nor anything after a committed phase.
     return (
@@ -145,6 +143,18 @@ def refusals_presented(run: KeyRun, present: Presenter) -> Iterator[None]:
         close_run(run, Result.refused(exc), present)
 
 
+@contextmanager
+def keyed_phase(run: KeyRun, present: Presenter, *, next_point: str) -> Iterator[dict[str, Any]]:
+    """One phase of `run` (`run.phase(next_point=...)`) whose refusals are answered by `present`.
+
+    Yields the phase's copy of `data`. A refusal raised before any committed
+    phase is stored through the caller's presenter (`refusals_presented`);
+    anything else propagates as from `run.phase`.
+    """
+    with refusals_presented(run, present), run.phase(next_point=next_point) as data:
+        yield data
+
+
 def single_phase_resume(run: KeyRun, present: Presenter) -> None:
     """Forget an abandoned key of a one-phase operation: its one phase stores the answer,
     so an unfinished key committed nothing."""
@@ -152,33 +162,64 @@ def single_phase_resume(run: KeyRun, present: Presenter) -> None:
         run.abandon()
 
 
-# --- Registry (the completer's resume and presenter per operation) ----------
-
-_operations: dict[str, tuple[Resume, Presenter]] = {}
+# --- The registry: each operation name, its resume and its caller's presenter ---------
 
 
-def _resume(name: str, run: KeyRun) -> None:
-    resume, present = _operations[name]
-    resume(run, present)
+@dataclass(frozen=True)
+class KeyedOperation:
+    """A declared operation name: how the completer resumes its keys and renders the result.
 
-
-def register_operation(name: str, *, resume: Resume, present: Presenter) -> None:
-    """Register how the completer resumes an abandoned key of `name` and renders its result.
-
-    `resume(run, present)` gets a locked KeyRun at the key's recovery point;
-    `present` is the presenter of the caller using this operation name (the
-    API's for the API's operations), so the completer stores the answer that
-    caller would have stored. Registering the same pair again is a no-op.
+    `resume(run, present)` gets a leased KeyRun at the key's recovery point
+    and must finish it (drive forward or roll back, then close it with
+    `present`'s answer), leave it open, or `run.abandon()` it when no phase
+    has committed. `present` is the presenter of the caller using this name,
+    so the completer stores the answer that caller would have stored.
     """
-    existing = _operations.get(name)
-    if existing is not None:
-        if existing != (resume, present):
-            raise ValueError(f"operation {name!r} is already registered")
-        return
-    _operations[name] = (resume, present)
-    keys.register_operation(name, resume=functools.partial(_resume, name))
+
+    name: str
+    resume: Resume
+    present: Presenter
+
+    def complete(self, run: KeyRun) -> None:
+        """Drive an abandoned key of this operation to its end (the completer)."""
+        self.resume(run, self.present)
+
+
+_operations: dict[str, KeyedOperation] = {}
+
+P = TypeVar("P", bound=Callable[..., Reply])
+
+
+def keyed_operation(*names: str, resume: Resume = single_phase_resume) -> Callable[[P], P]:
+    """Declare operation `names`, answered by the decorated presenter and resumed by `resume`.
+
+    Put it above the caller's presenter, in the module that defines it:
+
+        @keyed_operation(CREATE, resume=order_resume)
+        def order_created(result: Result) -> Reply: ...
+
+    `resume` defaults to `single_phase_resume` (one phase: an abandoned key
+    committed nothing). Declaring a name again with the same pair is a
+    no-op; with another pair it raises ValueError.
+    """
+
+    def declare(present: P) -> P:
+        for name in names:
+            operation = KeyedOperation(name=name, resume=resume, present=present)
+            existing = _operations.get(name)
+            if existing is not None and existing != operation:
+                raise ValueError(f"operation {name!r} is already registered")
+            _operations[name] = operation
+        return present
+
+    return declare
+
+
+def registered_operations() -> dict[str, KeyedOperation]:
+    """The declared operations by name (a copy)."""
+    return dict(_operations)
 
 
 def registered_presenter(name: str) -> Presenter:
-    """Return the presenter registered for operation `name` (KeyError if none)."""
-    return _operations[name][1]
+    """Return the presenter declared for operation `name` (KeyError if none)."""
+    return _operations[name].present
