@@ -32,7 +32,7 @@ from .operations import (
 )
 from .views import FORM_FIELD, FORM_REFUSALS, idempotent_form
 
-# The admin's "Needs attention" page (config/needs_attention.py): each of its
+# The admin's "Needs attention" page (backoffice/needs_attention.py): each of its
 # actions is a keyed one-phase form under this operation name. Registered here
 # (IdempotencyConfig.ready) because the page's layer has no app of its own;
 # the completer only forgets an abandoned one-phase key, it presents nothing.

@@ -151,7 +151,7 @@ def test_wrong_twin_without_a_deadline_the_request_waits_as_long_as_the_partitio
 def test_a_request_that_waited_for_a_thread_has_that_much_less_time(tmp_path, argv_tail, within):
     """One thread: the second request waits behind the first for the first's whole
     deadline, and answers right after it, not a whole deadline later (the web
-    server stamps when a request joined the queue: config/gunicorn_worker.py)."""
+    server stamps when a request joined the queue: core/patches/gunicorn_worker.py)."""
     with web_behind_db_proxy(
         tmp_path, argv_tail, workers=1, threads=1, WEB_REQUEST_TIMEOUT="3", DB_POOL_TIMEOUT="2"
     ) as (url, proxy):

@@ -1,4 +1,4 @@
-"""A worker judges a message's ETA by the database clock (core/worker_clock.py)."""
+"""A worker judges a message's ETA by the database clock (core/patches/worker_clock.py)."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ still answer in time.
   late. Threads fixed that while a thread was free.
 - With every thread held (more hung requests than threads, as on a loaded
   host: the CI chaos run's database fault), gthread queued /healthz behind
-  them all; config/gunicorn_worker.py answers it from threads of its own.
+  them all; core/patches/gunicorn_worker.py answers it from threads of its own.
   The second test shows both: the shipped worker class answers, plain
   gthread (the wrong twin) does not.
 """
@@ -23,7 +23,7 @@ import time
 import pytest
 import requests
 
-from config.gunicorn_worker import is_health_request
+from core.patches.gunicorn_worker import is_health_request
 from tests.support.servers import web_behind_db_proxy
 
 pytestmark = pytest.mark.django_db(transaction=True)
