@@ -18,7 +18,8 @@ import pytest
 import requests
 from django.db import connection
 
-from core.deadline import DeadlineConnection, current_deadline, set_deadline
+from core.deadline import current_deadline, set_deadline
+from core.patches.psycopg_connection import DeadlineConnection
 from tests.support.servers import web_behind_db_proxy
 from tools.chaos.faultproxy import FaultProxy
 

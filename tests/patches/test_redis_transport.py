@@ -17,7 +17,7 @@ from django.conf import settings
 from kombu import Connection, Exchange, Queue
 from kombu.transport import redis as kombu_redis
 
-from backoffice import redis_transport
+from core.patches import redis_transport
 
 VISIBILITY = 1.0
 AHEAD = 300.0
