@@ -23,10 +23,10 @@ import sys
 from gunicorn import util
 
 # Threads, with /healthz and /livez answered by threads of their own ahead of
-# the request queue (config/gunicorn_worker.py): a host whose request threads
+# the request queue (core/patches/gunicorn_worker.py): a host whose request threads
 # all wait on a hung database still says 503 within 2 s. `--threads` sets the
 # request threads; a command line's `--worker-class` still wins.
-worker_class = "config.gunicorn_worker.HealthFirstWorker"
+worker_class = "core.patches.gunicorn_worker.HealthFirstWorker"
 
 # gunicorn's defaults, stated because the limits are part of what clients see.
 limit_request_line = 4094
@@ -86,19 +86,19 @@ _own_metrics_dir = None
 
 def on_starting(server):
     global _own_metrics_dir
-    from config import prometheus_multiproc
+    from backoffice import prometheus_multiproc
 
     _own_metrics_dir = prometheus_multiproc.ensure_env()
 
 
 def child_exit(server, worker):
-    from config import prometheus_multiproc
+    from backoffice import prometheus_multiproc
 
     prometheus_multiproc.process_dead(worker.pid)
 
 
 def on_exit(server):
-    from config import prometheus_multiproc
+    from backoffice import prometheus_multiproc
 
     prometheus_multiproc.remove(_own_metrics_dir)
 

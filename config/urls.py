@@ -2,8 +2,8 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from . import needs_attention, views
-from .admin_login import admin_login
+from backoffice import health, metrics, needs_attention
+from backoffice.admin_login import admin_login
 
 api_v1 = [
     path("", include("shop.api.urls")),
@@ -23,9 +23,9 @@ urlpatterns = [
         name="admin-needs-attention",
     ),
     path("admin/", admin.site.urls),
-    path("livez", views.livez, name="livez"),
-    path("healthz", views.healthz, name="healthz"),
-    path("metrics", views.metrics_view, name="metrics"),
+    path("livez", health.livez, name="livez"),
+    path("healthz", health.healthz, name="healthz"),
+    path("metrics", metrics.metrics_view, name="metrics"),
     path("api/v1/", include(api_v1)),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger-ui"),

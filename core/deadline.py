@@ -15,14 +15,15 @@ its thread for as long as the fault lasts, with no answer at all
 
 `RequestDeadlineMiddleware` gives each web request `WEB_REQUEST_TIMEOUT`
 seconds from the moment it joined the queue for a thread (the web server
-says when: config/gunicorn_worker.py; else from the middleware), by this
-process's monotonic clock: a duration measured where it is spent, never a
-decision shared with another host. `DeadlineConnection`,
-the pool's connection class, bounds every wait of psycopg on the socket (a
-statement, a commit, the pool's health check of a connection it hands out)
-by what is left of it. When it passes, the connection is closed (its
-protocol state is unknown mid-statement, so it is never used again) and
-the wait raises `OperationalError`, which every request turns into 503
+says when: core/patches/gunicorn_worker.py; else from the middleware), by
+this process's monotonic clock: a duration measured where it is spent, never
+a decision shared with another host. `DeadlineConnection`
+(core/patches/psycopg_connection.py), the pool's connection class, bounds
+every wait of psycopg on the socket (a statement, a commit, the pool's
+health check of a connection it hands out) by what is left of it. When it
+passes, the connection is closed (its protocol state is unknown
+mid-statement, so it is never used again) and the wait raises
+`OperationalError`, which every request turns into 503
 `service_unavailable` with `Retry-After` (core/problems.py): the request's
 transaction did not commit, and the same request again, with the same
 Idempotency-Key, finishes it.
@@ -36,12 +37,10 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-import psycopg
 from django.conf import settings
 from django.core.signals import request_finished
-from psycopg import errors
 
 if TYPE_CHECKING:  # the settings import this module: no django.http at import time
     from django.http import HttpRequest, HttpResponse
@@ -62,7 +61,7 @@ def set_deadline(seconds: float | None, *, since: float | None = None) -> None:
 
 
 def request_queued(at: float) -> None:
-    """Called by the web server (config/gunicorn_worker.py) in the thread that is about
+    """Called by the web server (core/patches/gunicorn_worker.py) in the thread that is about
     to run a request: when the request joined the queue for a thread. Its deadline
     counts from there, so time spent waiting for a thread is inside it."""
     _local.queued_at = at
@@ -77,38 +76,14 @@ def bounded(timeout: float) -> float:
     """Return `timeout` (seconds), or what is left of this thread's deadline if that is less.
 
     For waits that are not on a database socket and have their own bound: a
-    connection from the pool (core/postgresql), a publish (config/celery.py),
-    the payment provider (payments/gateway). Outside a web request: `timeout`.
+    connection from the pool (core/patches/postgresql), a publish
+    (core/patches/celery_publish.py), the payment provider (payments/gateway).
+    Outside a web request: `timeout`.
     """
     deadline = current_deadline()
     if deadline is None:
         return timeout
     return max(min(timeout, deadline - time.monotonic()), BOUNDED_FLOOR)
-
-
-class DeadlineExceeded(psycopg.OperationalError):
-    """The request's deadline passed while it waited on the database."""
-
-
-class DeadlineConnection(psycopg.Connection):
-    """psycopg's connection, each wait on its socket bounded by the thread's deadline."""
-
-    def wait(self, gen: Any, interval: float = 0.1, timeout: float | None = None) -> Any:
-        deadline = current_deadline()
-        if deadline is None:
-            return super().wait(gen, interval, timeout)
-        left = max(deadline - time.monotonic(), 0.0)
-        if timeout is not None and timeout <= left:
-            return super().wait(gen, interval, timeout)  # the caller's own bound comes first
-        try:
-            return super().wait(gen, interval, left)
-        except errors._WaitTimeout as exc:
-            # Mid-statement: what the server did or will do with it is unknown, so the
-            # connection ends here (the pool drops a closed connection).
-            self.pgconn.finish()
-            raise DeadlineExceeded(
-                "the request's deadline passed while it waited on the database"
-            ) from exc
 
 
 def _end_deadline(**kwargs: object) -> None:

@@ -674,7 +674,7 @@ def ring(model: type[DueWork], pk, *, delay: float = 0.0, leased_by: str | None 
     clock, a worker on a host ahead of it runs the ring early: the row is not
     due yet, `attempt_begin` refuses it, and the sweeper rings it when it is.
     A worker on a host behind the database clock reads the ETA by the database
-    clock too (`core.worker_clock`), so it does not hold the ring that much
+    clock too (`core.patches.worker_clock`), so it does not hold the ring that much
     longer.
 
     The row is leased for the ring first (`lease_for_ring`; `leased_by`: the

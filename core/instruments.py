@@ -7,7 +7,7 @@ the files of every web and worker process of the host. The variable must be
 set before the process first imports prometheus_client.
 
 The business and duplicate figures are not here: they are read from the
-database at scrape time (config/metrics.py), so they cover the whole
+database at scrape time (backoffice/metrics.py), so they cover the whole
 deployment, not one host.
 """
 

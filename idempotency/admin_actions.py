@@ -26,7 +26,7 @@ from core.errors import ApplicationError
 from .keys import Reply, Result, close_run, keyed_operation, keyed_phase
 from .views import FORM_FIELD, FORM_REFUSALS, idempotent_form
 
-# The admin's "Needs attention" page (config/needs_attention.py): each of its
+# The admin's "Needs attention" page (backoffice/needs_attention.py): each of its
 # actions is a keyed one-phase form under this operation name. Declared here
 # because the page's layer has no app of its own; the completer only forgets
 # an abandoned one-phase key, it presents nothing.

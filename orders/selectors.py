@@ -176,7 +176,7 @@ def shipment_get_for_user(*, user, shipment_id) -> Shipment:
     return shipment
 
 
-# -- Needs attention (the admin's list, config/needs_attention.py) ----------------------
+# -- Needs attention (the admin's list, backoffice/needs_attention.py) ----------------------
 
 
 def steps_needing_attention() -> QuerySet[CompensationStep]:

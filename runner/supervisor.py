@@ -72,7 +72,7 @@ PROGRAMS: list[Program] = [
             # Threads (gunicorn's gthread worker): a request waiting on a hung
             # dependency holds one thread, not the worker, so /healthz still
             # gets a thread and answers 503 in time (docs/failure-model.md,
-            # "Dependency faults"; tests/config/test_healthz_busy.py).
+            # "Dependency faults"; tests/backoffice/test_healthz_busy.py).
             "--threads", "{web_threads}",
             "--graceful-timeout", "10", "--access-logfile", "-",
             "--control-socket", "{run}/gunicorn.ctl",
@@ -125,7 +125,9 @@ ENV: dict[str, str] = {
 # One-off steps before the programs start, in order; a failure stops the run.
 SETUP: list[Program] = [
     # Empty the metrics folder: a stale file would add an old run's counts.
-    Program("metrics-dir", ("{python}", "-m", "config.prometheus_multiproc", "{var}/prometheus")),
+    Program(
+        "metrics-dir", ("{python}", "-m", "backoffice.prometheus_multiproc", "{var}/prometheus")
+    ),
     Program("migrate", ("{python}", "manage.py", "migrate", "--noinput")),
     Program("collectstatic", ("{python}", "manage.py", "collectstatic", "--noinput", "-v0")),
     Program("seed_demo", ("{python}", "manage.py", "seed_demo")),

@@ -45,7 +45,7 @@ def make_user(django_user_model):
         actions: bool = False,
     ):
         """A user; `actions=True`: staff holding every staff action's permission
-        (config.permissions, docs/security.md "One permission map")."""
+        (backoffice.permissions, docs/security.md "One permission map")."""
         name = username or f"user{next(_counter)}"
         user = django_user_model.objects.create_user(
             username=name,
@@ -56,7 +56,7 @@ def make_user(django_user_model):
         if courier:
             user.groups.add(Group.objects.get_or_create(name="couriers")[0])
         if actions:
-            from config.permissions import staff_permissions
+            from backoffice.permissions import staff_permissions
 
             grant(user, *sorted(staff_permissions()))
         return user

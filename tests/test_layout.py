@@ -1,4 +1,4 @@
-"""Imports go one way: config → domain apps → idempotency → core (docs/architecture.md).
+"""Imports go one way: config → backoffice → domain apps → idempotency → core.
 
 Read with `ast` from the production modules' source (migrations excluded;
 `tests/`, `bench/`, `tools/`, `devtools/` and the test settings are not
@@ -24,6 +24,9 @@ TABLE = ROOT / "docs" / "architecture.md"
 CORE = "core"
 IDEMPOTENCY = "idempotency"
 CONFIG = "config"
+# The top app: what staff and operators see across the apps. Like config it may
+# import every app (an app's `api/` too: the admin log-in counts in its throttle).
+BACKOFFICE = "backoffice"
 RUNNER = "runner"
 # Not production: development and measuring tools. They have rows in the table too.
 TOOLING = ("tools", "bench")
@@ -54,7 +57,7 @@ def _graph_table(text: str | None = None) -> dict[str, set[str]]:
     return {name: set(re.findall(r"`(\w+)`", allowed)) for name, allowed in rows}
 
 
-DOMAIN_APPS = tuple(app for app in _project_apps() if app not in (CORE, IDEMPOTENCY))
+DOMAIN_APPS = tuple(app for app in _project_apps() if app not in (CORE, IDEMPOTENCY, BACKOFFICE))
 PRODUCTION = (CONFIG, *_project_apps(), RUNNER)
 # Every top-level package of the repository, so that "a project app" is not
 # confused with a third-party module.
@@ -441,3 +444,50 @@ def test_the_family_rule_finds_a_prefix_family_and_passes_a_package(tmp_path, mo
     assert _prefix_families(["orders"]) == [
         "orders/admin_*: admin.py, admin_compensation.py, admin_forms.py"
     ]
+# --- config/ wires; patches of third-party code import no app ------------------------
+
+# config/ holds the wiring and nothing else (docs/architecture.md, "Who may import whom").
+CONFIG_WIRING = {"__init__.py", "settings", "urls.py", "wsgi.py", "asgi.py", "celery.py"}
+
+
+def _not_wiring(root: Path) -> list[str]:
+    return sorted(
+        entry.name
+        for entry in (root / CONFIG).iterdir()
+        if entry.name not in CONFIG_WIRING
+        and entry.name != "__pycache__"
+        and (entry.suffix == ".py" or entry.is_dir())
+    )
+
+
+def test_config_holds_wiring_only():
+    assert _not_wiring(ROOT) == []
+
+
+def test_the_wiring_rule_refuses_a_feature_module_in_config(tmp_path):
+    config = tmp_path / CONFIG
+    (config / "settings").mkdir(parents=True)
+    for name in ("__init__.py", "urls.py", "wsgi.py", "asgi.py", "celery.py"):
+        (config / name).write_text("")
+    assert _not_wiring(tmp_path) == []
+    (config / "views.py").write_text("")
+    (config / "health").mkdir()
+    assert _not_wiring(tmp_path) == ["health", "views.py"]
+
+
+PATCHES = Path("core/patches")
+# What a patch may use of the project: the request's deadline and the database clock.
+PATCHES_MAY_IMPORT = {"core.deadline", "core.db"}
+
+
+def test_patches_of_third_party_code_import_no_app():
+    wrong = [
+        (f"{path}:{line}", module)
+        for path in _modules(CORE)
+        if PATCHES in path.parents
+        for line, module in _imported(path)
+        if _top(module) in PROJECT
+        and module not in PATCHES_MAY_IMPORT
+        and not module.startswith(f"{PATCHES.as_posix().replace('/', '.')}")
+    ]
+    assert wrong == []

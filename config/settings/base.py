@@ -57,6 +57,7 @@ INSTALLED_APPS = [
     "orders",
     "reports",
     "shop",
+    "backoffice",
     *DEVELOPMENT_APPS,
 ]
 
@@ -490,7 +491,7 @@ SPECTACULAR_SETTINGS["APPEND_PATHS"]["/metrics"] = {
 # SENTRY_DSN is set, personal data off (docs/operations.md, "Error reporting").
 SENTRY_DSN = env.str("SENTRY_DSN", default="")
 if SENTRY_DSN:
-    from config.error_reporting import error_reporting_init
+    from backoffice.error_reporting import error_reporting_init
 
     error_reporting_init(
         dsn=SENTRY_DSN,

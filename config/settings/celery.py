@@ -43,8 +43,8 @@ CELERY_UNACKED_RESTORE_INTERVAL = env.int("CELERY_UNACKED_RESTORE_INTERVAL", def
 CELERY_BROKER_TRANSPORT_OPTIONS: dict = {}
 if BROKER_IS_REDIS:
     # kombu's Redis transport with the fix for its crash on a lost connection
-    # (config/redis_transport.py); ack emulation with a short visibility timeout.
-    CELERY_BROKER_TRANSPORT = "config.redis_transport:Transport"
+    # (core/patches/redis_transport.py); ack emulation with a short visibility timeout.
+    CELERY_BROKER_TRANSPORT = "core.patches.redis_transport:Transport"
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         # A broker that hangs (SIGSTOP, a partition): a publish fails after
         # this instead of holding the request that rings (the row stays due;

@@ -7,7 +7,7 @@ in celery.py.
 import sys
 from pathlib import Path
 
-from core.deadline import DeadlineConnection
+from core.patches.psycopg_connection import DeadlineConnection
 
 from .environment import env
 
@@ -17,8 +17,8 @@ from .environment import env
 DATABASE_URL = env.str("DATABASE_URL", default="postgres://postgres@127.0.0.1:5432/postgres")
 DATABASES = {"default": env.db_url_config(DATABASE_URL)}
 # Django's PostgreSQL backend, its pool's wait bounded by a web request's
-# deadline (core/postgresql).
-DATABASES["default"]["ENGINE"] = "core.postgresql"
+# deadline (core/patches/postgresql).
+DATABASES["default"]["ENGINE"] = "core.patches.postgresql"
 # A Unix-socket URL (`?host=/folder`, the embedded server) leaves the folder in
 # OPTIONS, where `dbshell` does not look (psql gets HOST only): move it to HOST,
 # which psycopg takes as a socket folder as well.

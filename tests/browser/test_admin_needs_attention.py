@@ -9,8 +9,13 @@ import re
 import pytest
 
 from payments.models import Payment, Refund
+from tests.backoffice.attention_support import (
+    captured_payment,
+    every_kind,
+    flagged_refund,
+    order_of,
+)
 from tests.browser import ui
-from tests.config.attention_support import captured_payment, every_kind, flagged_refund, order_of
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

@@ -4,7 +4,7 @@ Its own redis-server on a free port, a real worker with its broker there
 holding an unacknowledged message (a countdown: acks_late keeps it unacked
 while it waits, as a running task's message is), Redis killed for 30 s and
 started again empty: the same worker process, never restarted by hand,
-consumes a new task within a bound. Before config/redis_transport.py the
+consumes a new task within a bound. Before core/patches/redis_transport.py the
 worker died at the loss (AttributeError in kombu's reconnect path) and nothing
 ran until something restarted it.
 """
@@ -79,12 +79,12 @@ def done(chore: DueChore) -> bool:
 
 
 def test_the_transport_is_the_fixed_one():
-    assert settings.CELERY_BROKER_TRANSPORT == "config.redis_transport:Transport"
+    assert settings.CELERY_BROKER_TRANSPORT == "core.patches.redis_transport:Transport"
     assert app.conf.broker_connection_retry is True
     assert app.conf.broker_connection_max_retries is None  # never gives up on its broker
     with app.connection_for_read() as conn:
         assert conn.transport.driver_type == "redis"
-        assert conn.transport.Channel.QoS.__module__ == "config.redis_transport"
+        assert conn.transport.Channel.QoS.__module__ == "core.patches.redis_transport"
 
 
 def test_a_worker_consumes_again_after_redis_was_gone_for_30_seconds(celery_worker_process):

@@ -21,7 +21,7 @@ from django.db.models.functions import Now
 
 from idempotency import metrics
 from idempotency.models import Delivery, OutboxMessage
-from tests.config.test_health import _closed_port, _healthz
+from tests.backoffice.test_health import _closed_port, _healthz
 from tests.config.test_settings import ROOT
 from tests.idempotency.test_relay import POINTS, effects, relay_process, write_orders
 from tests.support import rabbitmq
@@ -86,7 +86,7 @@ def test_an_amqp_url_gets_confirms_heartbeats_and_no_visibility_timeout(scheme):
     assert conf["cancel_on_loss"] is True
     # The same window as on Redis: the same countdown cap and time limits.
     redis_conf = _celery_conf("redis://127.0.0.1:6379/0")
-    assert redis_conf["transport"] == "config.redis_transport:Transport"
+    assert redis_conf["transport"] == "core.patches.redis_transport:Transport"
     assert "visibility_timeout" in redis_conf["options"]
     assert (conf["time_limit"], conf["max_countdown"]) == (
         redis_conf["time_limit"],

@@ -56,7 +56,7 @@ def test_urls_and_values_come_from_environment():
         SECRET_KEY="s3cret",
         DB_POOL="false",
     )
-    assert s["db"] == ["core.postgresql", "db.internal", 6543, "shopdb", "shopuser"]
+    assert s["db"] == ["core.patches.postgresql", "db.internal", 6543, "shopdb", "shopuser"]
     assert s["pool"] is None
     assert s["broker"] == "redis://cache.internal:6380/3"
     assert s["cache"] == "redis://cache.internal:6380/3"
@@ -67,10 +67,10 @@ def test_urls_and_values_come_from_environment():
 
 def test_defaults_are_postgres_pool_eur_and_deliberate_celery():
     s = _settings(DATABASE_URL="postgres://u@h:5432/d", REDIS_URL="redis://h:6379/0")
-    assert s["db"][0] == "core.postgresql"
+    assert s["db"][0] == "core.patches.postgresql"
     assert s["pool"]["max_size"] >= 1
     # Every wait on the database bounded by a web request's deadline (core/deadline.py).
-    assert s["pool"]["connection_class"] == "core.deadline.DeadlineConnection"
+    assert s["pool"]["connection_class"] == "core.patches.psycopg_connection.DeadlineConnection"
     assert s["currency"] == "EUR"
     assert s["debug"] is False
     assert s["acks_late"] is True
@@ -85,7 +85,7 @@ def test_defaults_are_postgres_pool_eur_and_deliberate_celery():
 def test_sqlite_url_is_still_postgres_engine_refused():
     """The shop never runs on SQLite: the engine is forced to PostgreSQL."""
     s = _settings(DATABASE_URL="postgres://u@h/d")
-    assert s["db"][0] == "core.postgresql"
+    assert s["db"][0] == "core.patches.postgresql"
 
 
 def test_a_socket_url_puts_the_folder_in_host_where_dbshell_passes_it_to_psql():

@@ -18,7 +18,8 @@ import pytest
 import requests
 from django.db import connection
 
-from core.deadline import DeadlineConnection, current_deadline, set_deadline
+from core.deadline import current_deadline, set_deadline
+from core.patches.psycopg_connection import DeadlineConnection
 from tests.support.servers import web_behind_db_proxy
 from tools.chaos.faultproxy import FaultProxy
 
@@ -151,7 +152,7 @@ def test_wrong_twin_without_a_deadline_the_request_waits_as_long_as_the_partitio
 def test_a_request_that_waited_for_a_thread_has_that_much_less_time(tmp_path, argv_tail, within):
     """One thread: the second request waits behind the first for the first's whole
     deadline, and answers right after it, not a whole deadline later (the web
-    server stamps when a request joined the queue: config/gunicorn_worker.py)."""
+    server stamps when a request joined the queue: core/patches/gunicorn_worker.py)."""
     with web_behind_db_proxy(
         tmp_path, argv_tail, workers=1, threads=1, WEB_REQUEST_TIMEOUT="3", DB_POOL_TIMEOUT="2"
     ) as (url, proxy):

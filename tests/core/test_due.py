@@ -337,7 +337,7 @@ def test_wrong_twin_a_sweep_that_ignores_its_queue_rings_the_same_rows_again_and
 
 
 def test_a_broker_that_is_down_or_hung_leaves_the_sweep_its_whole_batch(monkeypatch, settings):
-    from tests.config.test_health import _closed_port
+    from tests.backoffice.test_health import _closed_port
     from tests.support.blackhole import blackhole
 
     settings.BROKER_PUBLISH_TIMEOUT = 0.5

@@ -17,7 +17,7 @@ from django.test import Client, RequestFactory
 from django.urls import reverse
 
 from idempotency.models import Delivery, OutboxMessage
-from tests.config.attention_support import captured_payment, dead_letter, grant, order_of
+from tests.backoffice.attention_support import captured_payment, dead_letter, grant, order_of
 
 pytestmark = pytest.mark.django_db
 

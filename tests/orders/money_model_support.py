@@ -223,7 +223,7 @@ def offered_actions(item: Item, *, simulator, by, preference: tuple[str, ...]) -
     if item.kind == "step":
         return [Action("retry steps", lambda: steps_retry_failed(step_ids=[item.pk], by=by))]
     if item.kind == "settlement":
-        # As the admin offers them (`config.needs_attention.ACTIONS`, by the item's status).
+        # As the admin offers them (`backoffice.needs_attention.ACTIONS`, by the item's status).
         settlement = PaymentSettlement.objects.select_related("transaction").get(id=item.pk)
         why = settlement_attention(settlement=settlement)
         available = {

@@ -16,7 +16,7 @@ from django.urls import reverse
 
 from orders.models import CompensationStep, Order, ReturnRequest
 from payments.models import Refund
-from tests.config.attention_support import captured_payment, failed_step, grant, order_of
+from tests.backoffice.attention_support import captured_payment, failed_step, grant, order_of
 
 pytestmark = pytest.mark.django_db
 

@@ -15,7 +15,7 @@ from django.test import Client
 from django.urls import reverse
 
 from payments.models import PaymentSettlement, Refund
-from tests.config.attention_support import (
+from tests.backoffice.attention_support import (
     captured_payment,
     flagged_refund,
     flagged_settlement,

@@ -31,8 +31,8 @@ from payments.capture_differs import (
 from payments.models import Payment, PaymentEvent, PaymentSettlement, Refund
 from payments.refunds import refund_run
 from payments.settlement import payment_settle
+from tests.backoffice.attention_support import VIEW_ALL, grant
 from tests.concurrency import Workers, wait_for_lock_waiters
-from tests.config.attention_support import VIEW_ALL, grant
 from tests.orders.conftest import ADDRESS
 from tests.orders.money_model_support import deliver_webhook
 from tests.payments.conftest import assert_reconciled

@@ -17,7 +17,7 @@ from django.conf import settings
 from django.contrib.auth.models import Permission
 from django.test import Client
 
-from config import needs_attention
+from backoffice import needs_attention
 from config.celery import app
 from orders.models import Order, OrderEvent
 from orders.services import order_hold

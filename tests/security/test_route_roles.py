@@ -6,7 +6,7 @@ The test walks Django's URL resolver for every route the project serves and
 asks each one, with each method, as each role: anonymous, the shopper who
 owns the objects (alice), another shopper (bob), a courier, a view-only staff
 user (every "view" permission, nothing else) and full staff (every staff
-action's permission, config.permissions, and the views). A route without a
+action's permission, backoffice.permissions, and the views). A route without a
 row in ROUTES fails `test_every_route_has_a_row`: a new route must say who
 may do what on it. Admin routes are checked as a family (ADMIN_* below): no
 one but staff gets past the log-in, a view-only staff user reads every
@@ -35,7 +35,7 @@ from django.urls import URLPattern, URLResolver, get_resolver
 from rest_framework.test import APIClient
 
 from orders.models import Order
-from tests.config.attention_support import captured_payment
+from tests.backoffice.attention_support import captured_payment
 from tests.conftest import grant
 from tests.orders.shipping import confirm
 

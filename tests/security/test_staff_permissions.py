@@ -25,7 +25,7 @@ from shop import checkout as shop_checkout
 from shop import returns as shop_returns
 from shop.cart import cart_add, cart_for
 from shop.models import CartLine
-from tests.config.attention_support import captured_payment
+from tests.backoffice.attention_support import captured_payment
 from tests.conftest import assert_problem, grant
 from tests.orders.shipping import confirm, ship
 

@@ -285,7 +285,7 @@ def test_the_unlocked_claim_twin_gives_both_consumers_every_row(make_user, rings
 
 
 def _lag(consumer: str) -> tuple[float, float]:
-    from config import metrics as endpoint
+    from backoffice import metrics as endpoint
 
     registry = endpoint.registry()
     labels = {"consumer": consumer}

@@ -4,7 +4,7 @@ Nothing happening twice is what the invariants check; this phase checks the
 other half of the promise, that every piece of work finishes or hands staff
 an action that ends it (issue 20). Once the run is quiet, the run's staff
 user logs in to the admin over HTTP and works the "Needs attention" page
-(`config/needs_attention.py`) as a person would, in rounds:
+(`backoffice/needs_attention.py`) as a person would, in rounds:
 
 1. wait until nothing is pending (`check wait`: due work runs on its own);
 2. read the page; nothing listed and quiet → done;

@@ -123,8 +123,8 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from core.permissions import COURIERS_GROUP
 from django.contrib.auth.models import Permission
-from config.needs_attention import ACTIONS, VIEW_PERMISSION
-from config.permissions import staff_permissions
+from backoffice.needs_attention import ACTIONS, VIEW_PERMISSION
+from backoffice.permissions import staff_permissions
 User = get_user_model()
 staff = User.objects.create_user("chaos-staff", password="{password}", is_staff=True)
 # The liveness phase works the admin's "Needs attention" page: what it shows and its actions;

@@ -18,7 +18,7 @@ from idempotency.models import Delivery
 from orders.models import CompensationStep
 from orders.states import CompensationKind, StepName, StepStatus
 from payments.models import PaymentSettlement, Refund
-from tests.config.attention_support import (
+from tests.backoffice.attention_support import (
     captured_payment,
     every_kind,
     flagged_refund,

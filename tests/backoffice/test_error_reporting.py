@@ -11,7 +11,7 @@ import pytest
 import sentry_sdk
 from sentry_sdk.transport import Transport
 
-from config.error_reporting import error_reporting_init
+from backoffice.error_reporting import error_reporting_init
 
 ROOT = Path(__file__).resolve().parents[2]
 

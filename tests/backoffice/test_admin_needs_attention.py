@@ -10,13 +10,13 @@ import pytest
 from django.db.models.functions import Now
 from django.test import Client
 
-from config import needs_attention
+from backoffice import needs_attention
 from idempotency.models import Delivery
 from orders.models import CompensationStep
 from payments import refund_decisions
 from payments.errors import RefundInvalidState
 from payments.models import Payment, PaymentEvent, PaymentSettlement, Refund
-from tests.config.attention_support import VIEW_ALL, every_kind, grant
+from tests.backoffice.attention_support import VIEW_ALL, every_kind, grant
 
 pytestmark = pytest.mark.django_db
 

@@ -1,4 +1,4 @@
-"""A worker judges a message's ETA by the database clock (core/worker_clock.py)."""
+"""A worker judges a message's ETA by the database clock (core/patches/worker_clock.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ from celery.worker.request import Request
 from django.db import OperationalError
 
 from config.celery import app
-from core import db, worker_clock
+from core import db
 from core.db import database_now
+from core.patches import worker_clock
 
 BEHIND = -300.0  # this host's clock 5 minutes behind the database's
 

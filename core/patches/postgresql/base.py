@@ -1,6 +1,12 @@
 """Django's PostgreSQL backend with one change: the pool is a `DeadlinePool`.
 
-`DeadlineConnection` (core/deadline.py) bounds every wait on a connection's
+Upstream: Django 5.2.19 and psycopg-pool 3.3.3. Copies the pool's
+construction from Django's `DatabaseWrapper.pool` property
+(`django.db.backends.postgresql.base`, and its private `_connection_pools`
+and `_configure_connection`), building a `DeadlinePool` where Django builds
+a `psycopg_pool.ConnectionPool`; overrides `ConnectionPool.getconn`.
+
+`DeadlineConnection` (core/patches/psycopg_connection.py) bounds every wait on a connection's
 socket by the web request's deadline; the wait for a connection from the
 pool comes before any socket and has only the pool's own `timeout`
 (`DB_POOL_TIMEOUT`, 10 s). A request whose deadline has passed (its

@@ -172,24 +172,24 @@ def test_the_database_check_ends_by_its_deadline_and_healthz_is_200_right_after_
     # own deadline (CHECK_TIMEOUT), whatever hangs.
     from django.db import connection
 
-    from config import views
+    from backoffice import health
     from tests.support.blackhole import blackhole
 
     real = connection.get_connection_params()
-    views._running.clear()
+    health._running.clear()
     with blackhole() as port:
         hung = SimpleNamespace(get_connection_params=lambda: {**real, "host": "127.0.0.1",
                                                                 "port": port})  # fmt: skip
-        monkeypatch.setattr(views, "connection", hung)
+        monkeypatch.setattr(health, "connection", hung)
         started = time.monotonic()
-        assert views._database_ok() == (False, "timeout")
-        assert time.monotonic() - started < views.CHECK_TIMEOUT + 0.3
+        assert health._database_ok() == (False, "timeout")
+        assert time.monotonic() - started < health.CHECK_TIMEOUT + 0.3
         for _ in range(2):
             status, took, body = _timed(client)
             assert (status, body["errors"]["database"]) == (503, "timeout")
             assert took < 2.0
         # The database answers again (here: the real address).
-        monkeypatch.setattr(views, "connection", connection)
+        monkeypatch.setattr(health, "connection", connection)
         status, took, body = _timed(client)
         assert status == 200, body
 
@@ -198,10 +198,10 @@ def test_the_database_check_ends_by_its_deadline_and_healthz_is_200_right_after_
 def test_healthz_503_while_the_broker_is_stopped_and_200_at_once_after_it_resumes(settings):
     from django.test import Client
 
-    from config import views
+    from backoffice import health
     from tests.support.redis_server import redis_server
 
-    views._running.clear()
+    health._running.clear()
     with redis_server() as broker:
         settings.CELERY_BROKER_URL = broker.url(1)
         client = Client()

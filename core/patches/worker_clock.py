@@ -1,5 +1,9 @@
 """A worker judges a message's ETA by the database clock, not by its host's.
 
+Upstream: celery 5.7.0. Overrides the `eta` property of
+`celery.worker.request.Request`, reading the private slot `_eta` its
+`__init__` sets; the consumer decides when a message is due by that property.
+
 Every ETA this shop sends is a database-clock time (`core.due.ring(delay=)`,
 `core.due.retry_eta`). Celery's worker holds a message with an ETA until its
 own host's clock reaches it, so a worker on a host *behind* the database
@@ -16,7 +20,7 @@ start and then every OFFSET_READ_INTERVAL seconds, on a thread of its own,
 so that a hung database never holds the consumer. Until the first read the
 offset is 0 (Celery's own behaviour).
 
-This module imports no other project app.
+This module imports no other project app; of core, only its database clock.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from datetime import datetime, timedelta
 from celery import Task
 from celery.worker.request import Request
 
-from .db import clock_offset, database_now
+from core.db import clock_offset, database_now
 
 OFFSET_READ_INTERVAL = 60.0  # seconds; a host's clock drifts slowly, a skew is constant
 

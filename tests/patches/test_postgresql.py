@@ -1,4 +1,4 @@
-"""The pool's wait for a connection is bounded by the web request's deadline (core/postgresql).
+"""The pool's wait for a connection is bounded by the request's deadline (core/patches/postgresql).
 
 A request whose deadline has (almost) passed and that needs a connection
 while every pooled one is taken waited the pool's whole `timeout` before:
@@ -14,7 +14,7 @@ from django.db import connection
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from core.deadline import set_deadline
-from core.postgresql.base import DeadlinePool
+from core.patches.postgresql.base import DeadlinePool
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

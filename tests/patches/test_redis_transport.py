@@ -1,5 +1,5 @@
 """The Redis transport judges the visibility timeout by the Redis server's clock
-(config/redis_transport.py), not by each host's.
+(core/patches/redis_transport.py), not by each host's.
 
 A consumer on a host 5 minutes ahead (the chaos run's host b) takes a message and
 dies holding it; a worker on a host with the right clock must hand it out again
@@ -17,7 +17,7 @@ from django.conf import settings
 from kombu import Connection, Exchange, Queue
 from kombu.transport import redis as kombu_redis
 
-from config import redis_transport
+from core.patches import redis_transport
 
 VISIBILITY = 1.0
 AHEAD = 300.0

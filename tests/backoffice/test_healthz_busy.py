@@ -10,7 +10,7 @@ still answer in time.
   while a thread is free.
 - With every thread held (more hung requests than threads, as on a loaded
   host in a database fault), gthread queues /healthz behind them all;
-  config/gunicorn_worker.py answers it from threads of its own.
+  core/patches/gunicorn_worker.py answers it from threads of its own.
   The second test shows both: the shipped worker class answers, plain
   gthread (the wrong twin) does not.
 """
@@ -23,7 +23,7 @@ import time
 import pytest
 import requests
 
-from config.gunicorn_worker import is_health_request
+from core.patches.gunicorn_worker import is_health_request
 from tests.support.servers import web_behind_db_proxy
 
 pytestmark = pytest.mark.django_db(transaction=True)

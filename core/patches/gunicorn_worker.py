@@ -1,5 +1,12 @@
 """gunicorn's threaded worker with the health checks answered ahead of the request queue.
 
+Upstream: gunicorn 27.0.1. Replaces `gunicorn.workers.gthread.ThreadWorker.enqueue_req`;
+copies the deferral branch of `ThreadWorker.finish_request` (a connection
+waiting on the poller, brought back by `on_pending_socket_readable`); relies
+on `ThreadWorker.handle` skipping its wait for first bytes when
+`TConn.data_ready` is set, and on `TConn`'s attributes (`parser`,
+`initialized`, `data_ready`, `timeout`).
+
 gunicorn's gthread worker hands every connection to one pool of `--threads`
 threads; what does not find a free thread waits in the pool's queue. When a
 dependency hangs (a partitioned or stopped database), every thread soon holds
@@ -19,7 +26,7 @@ It also stamps each request with the moment it joined a pool's queue: the
 request's deadline (core/deadline.py) counts from there, so a request that
 waited for a thread has that much less left.
 
-The health views bound themselves (config/views.py: every check ends by its
+The health views bound themselves (backoffice/health.py: every check ends by its
 deadline), so two threads are enough; more health requests than that wait
 for each other, never for a shopper's request.
 

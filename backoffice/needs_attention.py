@@ -41,7 +41,7 @@ from idempotency.deliveries import dead_letter_requeue
 from idempotency.keys import Reply, Result, close_run, keyed_phase
 from idempotency.views import FORM_FIELD, idempotent_form
 from orders import selectors as orders_selectors
-from orders.compensation import staff as compensation_staff
+from orders import compensation
 from payments import capture_differs, refund_decisions
 from payments import selectors as payments_selectors
 from payments import settlement as payments_settlement
@@ -176,7 +176,7 @@ ACTIONS: dict[str, tuple[Action, ...]] = {
             "retry",
             "Retry step",
             "orders.change_compensationstep",
-            lambda pk, by: bool(compensation_staff.steps_retry_failed(step_ids=[int(pk)], by=by)),
+            lambda pk, by: bool(compensation.steps_retry_failed(step_ids=[int(pk)], by=by)),
             statuses=("failed",),
             explanation="A fresh attempt budget, due now; its return goes back to processing.",
         ),

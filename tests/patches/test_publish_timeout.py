@@ -3,7 +3,7 @@ on a hung Redis, cache reads and publishes raise instead of blocking.
 
 Under a memory alarm RabbitMQ stops reading from publishing connections
 without closing them: the message is written, its confirm never comes.
-Before the fix (config/celery.py's BoundedPublishAMQP) the publish waited for
+Before the fix (core/patches/celery_publish.py's BoundedPublishAMQP) the publish waited for
 the confirm with no timeout, so the request that rang for a due row hung for
 as long as the alarm lasted. The local RabbitMQ is shared: the alarm lasts a
 few seconds and the watermark is ALWAYS restored.
@@ -199,10 +199,10 @@ def test_a_publish_that_declares_its_queue_on_a_partitioned_link_raises_within_i
 
 @pytest.mark.rabbitmq
 def test_wrong_twin_without_the_socket_bound_the_declare_waits_for_the_heal(settings, monkeypatch):
-    import config.celery
+    from core.patches import celery_publish
 
     monkeypatch.setattr(
-        config.celery, "_amqp_socket_bounded", lambda producer, seconds: contextlib.nullcontext()
+        celery_publish, "_amqp_socket_bounded", lambda producer, seconds: contextlib.nullcontext()
     )
     outcome = _declares_over_a_partition(settings)
     assert not outcome["finished"]

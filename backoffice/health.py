@@ -1,4 +1,4 @@
-"""Operational endpoints: health, and metrics (config/metrics.py)."""
+"""The health checks: `/livez` and `/healthz` (docs/operations.md, "Liveness and readiness")."""
 
 from __future__ import annotations
 
@@ -20,8 +20,6 @@ from psycopg.conninfo import make_conninfo
 from psycopg.pq.abc import PGconn
 
 from core.problems import problem_response
-
-from .metrics import metrics_view  # noqa: F401 - routed in config/urls.py
 
 # Seconds each check may take: a health check answers quickly or says "down".
 CHECK_TIMEOUT = 1.0

@@ -1,6 +1,11 @@
 """kombu's Redis transport with two fixes: a lost connection no longer kills the worker,
 and the visibility timeout is judged by the Redis server's clock, not each host's.
 
+Upstream: kombu 5.7.0. Copies `kombu.transport.redis.QoS.append` and
+`QoS.restore_visible` (each with one change: the Redis server's clock for the
+host's), and overrides `QoS.restore_unacked`, reading the private
+`_delivered` and `_vrestore_count`.
+
 The failure (kombu 5.7.0, celery 5.7.0; docs/celery.md, "A lost broker"):
 when the consumer's Redis connection breaks, celery's
 `Consumer.on_connection_error_after_connected` first calls
@@ -34,7 +39,7 @@ both the score and the restore's bound are the Redis server's clock
 (`TIME`), through an offset each channel reads once a minute: a decision
 every host shares, judged by one clock.
 
-Selected with `CELERY_BROKER_TRANSPORT = "config.redis_transport:Transport"`;
+Selected with `CELERY_BROKER_TRANSPORT = "core.patches.redis_transport:Transport"`;
 the URL stays `redis://...`.
 """
 

@@ -5,7 +5,7 @@ its counters and histograms to files there; `/metrics` sums them. The folder
 must be emptied before the processes start (a stale file would add an old
 run's counts): the run command does it with
 
-    python -m config.prometheus_multiproc <folder>
+    python -m backoffice.prometheus_multiproc <folder>
 
 and gunicorn.conf.py makes a private temporary folder when the variable is
 not set (then only gunicorn's workers share it) and marks each exited worker
@@ -62,7 +62,7 @@ def process_dead(pid: int) -> None:
 def main(argv: list[str]) -> int:
     folder = argv[1] if len(argv) > 1 else os.environ.get(ENV)
     if not folder:
-        print(f"usage: python -m config.prometheus_multiproc FOLDER (or set {ENV})")
+        print(f"usage: python -m backoffice.prometheus_multiproc FOLDER (or set {ENV})")
         return 2
     prepare(folder)
     return 0

@@ -14,8 +14,8 @@ from django.conf import settings
 from django.db import transaction
 from prometheus_client.parser import text_string_to_metric_families
 
-from config import metrics as endpoint
-from config import prometheus_multiproc
+from backoffice import metrics as endpoint
+from backoffice import prometheus_multiproc
 from idempotency import metrics as duplicates
 from idempotency.outbox import outbox_write
 from orders.services import order_hold
@@ -103,7 +103,7 @@ def test_needs_attention_is_counted_by_kind_in_the_database(client, shopper):
 
     from payments.models import PaymentSettlement
     from payments.refund_decisions import refund_record_outside
-    from tests.config.attention_support import every_kind, flagged_settlement
+    from tests.backoffice.attention_support import every_kind, flagged_settlement
 
     def kinds() -> dict[str, float]:
         return {dict(k)["kind"]: v for k, v in scrape(client)["shop_needs_attention"].items()}
