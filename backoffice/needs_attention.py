@@ -40,8 +40,8 @@ from idempotency.admin_actions import ADMIN_NEEDS_ATTENTION
 from idempotency.deliveries import dead_letter_requeue
 from idempotency.keys import Reply, Result, close_run, keyed_phase
 from idempotency.views import FORM_FIELD, idempotent_form
-from orders import selectors as orders_selectors
 from orders import compensation
+from orders import selectors as orders_selectors
 from payments import capture_differs, refund_decisions
 from payments import selectors as payments_selectors
 from payments import settlement as payments_settlement
