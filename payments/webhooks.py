@@ -251,7 +251,7 @@ def webhook_receive(*, body: bytes, signature: str | None) -> WebhookOutcome:
         header=signature,
         body=body,
         secret=settings.PAYMENTS_WEBHOOK_SECRET,
-        now=database_now(),
+        now=database_now().timestamp(),
     )
     event = parse_event(body)
     try:
