@@ -33,7 +33,7 @@ from core.db import database_now, insert_first
 from core.errors import ApplicationError, InvalidState
 from core.money import format_money, minor_units
 from idempotency.failpoints import failpoint
-from idempotency.outbox import outbox_write
+from idempotency.messaging.outbox import outbox_write
 from inventory import services as inventory_services
 from payments.capture import payment_create
 from payments.gateway import Outcome
