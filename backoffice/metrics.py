@@ -30,7 +30,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 import core.instruments  # noqa: F401 - defines the per-process instruments
 from core.problems import problem_response
 from idempotency import metrics as duplicates
-from idempotency.deliveries import dead_letters_count
+from idempotency.messaging.deliveries import dead_letters_count
 from idempotency.selectors import outbox_backlog
 from inventory.selectors import reservations_held
 from orders.selectors import orders_by_status

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from datetime import UTC, datetime
 
 from django.db import IntegrityError, connection, transaction
 
@@ -10,33 +11,37 @@ from django.db import IntegrityError, connection, transaction
 _clock_offset: float | None = None
 
 
-def database_now() -> float:
-    """Return the database clock's time as Unix seconds.
+def database_now() -> datetime:
+    """Return the database clock's time (aware, UTC): the one way to read it.
 
     For a decision a host must not make on its own clock (a host whose clock
     runs ahead would decide differently from the others): the database clock
     is the one clock every host shares (docs/failure-model.md, "Dependency faults").
-    Each read also notes how far this process's clock is from it
-    (`database_now_estimate`).
+    It is SQL's `now()`: inside a transaction the transaction's start, so a
+    time computed from it agrees with the `Now()` the same transaction
+    writes; outside one, the statement's time. Each read also notes how far
+    this process's clock is from the statement's time (`database_now_estimate`).
+    A caller that needs Unix seconds takes `.timestamp()`.
     """
     global _clock_offset
     with connection.cursor() as cursor:
-        cursor.execute("SELECT EXTRACT(EPOCH FROM statement_timestamp())::float")
-        (now,) = cursor.fetchone()
-    _clock_offset = time.time() - float(now)
-    return float(now)
+        cursor.execute("SELECT now(), EXTRACT(EPOCH FROM statement_timestamp())::float")
+        now, statement = cursor.fetchone()
+    _clock_offset = time.time() - float(statement)
+    return now.astimezone(UTC)
 
 
-def database_now_estimate() -> float:
-    """The database clock's time without asking it: this process's clock less the offset
-    last read (by `database_now`; a worker's first task reads it: config/celery.py).
+def database_now_estimate() -> datetime:
+    """The database clock's time without asking it (aware, UTC): this process's clock
+    less the offset last read (by `database_now`; a worker's first task reads it:
+    config/celery.py).
 
     For times computed where the database may be the thing that just failed (a
     task's own retry after a lost connection), so a query there could hang: an
     ETA a worker on another host judges by its own clock must not carry this
     host's skew. Never read yet: this process's clock.
     """
-    return time.time() - (_clock_offset or 0.0)
+    return datetime.fromtimestamp(time.time() - (_clock_offset or 0.0), tz=UTC)
 
 
 def clock_offset() -> float:

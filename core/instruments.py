@@ -39,7 +39,7 @@ TASK_RETRIES = Counter(
     ["task"],
 )
 # Observed by the consumer's process once its effect committed: outbox row created ->
-# delivery done, both read from the database clock (idempotency.deliveries).
+# delivery done, both read from the database clock (idempotency.messaging.deliveries).
 OUTBOX_LAG = Histogram(
     "shop_outbox_lag_seconds",
     "Time from an outbox message's creation to a consumer's effect committed, per consumer.",

@@ -19,7 +19,7 @@ from core.db import database_now
 class DatabaseClockTokenGenerator(PasswordResetTokenGenerator):
     def _now(self) -> datetime:
         # Naive local time, as Django's own `_now` (datetime.now()) gives it.
-        return datetime.fromtimestamp(database_now())
+        return database_now().astimezone().replace(tzinfo=None)
 
 
 password_reset_token_generator = DatabaseClockTokenGenerator()

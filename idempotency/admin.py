@@ -78,7 +78,7 @@ class _DeliveryAdmin(DueWorkAdmin):
         return obj.message.event_type
 
     def retry_one(self, request, pk) -> bool:
-        from .deliveries import dead_letter_requeue
+        from .messaging.deliveries import dead_letter_requeue
 
         return dead_letter_requeue(pk)
 

@@ -89,7 +89,7 @@ class IdempotencyKey(models.Model):
 class OutboxMessage(DueWork):
     """An event to publish, written in the same transaction as the change it reports.
 
-    Due work (`core.due`): the relay (`idempotency.relay`) claims rows whose
+    Due work (`core.due`): the relay (`idempotency.messaging.relay`) claims rows whose
     `next_attempt_at` has come, oldest first per aggregate, publishes them
     and marks them done (`done_at`, i.e. `published_at`); a message that
     keeps failing past its attempt budget needs attention.
@@ -168,7 +168,7 @@ class Delivery(DueWork):
 
     @classmethod
     def due_policy(cls) -> DuePolicy:
-        # The task depends on the consumer: rung through idempotency.relay's registry.
+        # The task depends on the consumer: rung through idempotency.messaging.relay's registry.
         return DuePolicy.from_settings(
             "OUTBOX_DELIVERY", task=None, lease=settings.OUTBOX_DELIVERY_TIMEOUT
         )

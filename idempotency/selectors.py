@@ -7,7 +7,7 @@ from django.db.models import QuerySet
 
 from core import attention
 
-from .deliveries import dead_letters_count
+from .messaging.deliveries import dead_letters_count
 from .models import Delivery, OutboxMessage
 
 

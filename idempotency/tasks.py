@@ -22,7 +22,7 @@ def relay_outbox(self) -> int:
     """Beat's fallback relay: publish due outbox rows for a bounded time (the process is first)."""
     from django.conf import settings
 
-    from . import relay
+    from .messaging import relay
 
     return relay.relay_for(settings.CELERY_TASK_SOFT_TIME_LIMIT / 2)
 
@@ -30,7 +30,7 @@ def relay_outbox(self) -> int:
 @shared_task(bind=True, name="idempotency.sweep_deliveries", max_retries=0)
 def sweep_deliveries(self) -> int:
     """Publish again the deliveries whose consumer has not marked them done in time."""
-    from . import relay
+    from .messaging import relay
 
     return relay.deliveries_sweep()
 
@@ -38,7 +38,7 @@ def sweep_deliveries(self) -> int:
 @shared_task(bind=True, name="idempotency.purge_inbox", max_retries=0)
 def purge_inbox(self) -> int:
     """Delete inbox rows past IDEMPOTENCY_INBOX_RETENTION (unmatched provider events kept)."""
-    from . import inbox
+    from .messaging import inbox
 
     return inbox.inbox_purge()
 
@@ -46,6 +46,6 @@ def purge_inbox(self) -> int:
 @shared_task(bind=True, name="idempotency.purge_outbox", max_retries=0)
 def purge_outbox(self) -> int:
     """Delete published messages past OUTBOX_RETENTION (all deliveries done), in bounded batches."""
-    from . import relay
+    from .messaging import relay
 
     return relay.outbox_purge()

@@ -19,21 +19,21 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 from decimal import Decimal
 from typing import TYPE_CHECKING
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import Q
 from django.db.models.functions import Now
 from django.utils.module_loading import import_string
 
-from core.db import insert_first
+from core.db import database_now, insert_first
 from core.errors import ApplicationError, InvalidState
 from core.money import format_money, minor_units
 from idempotency.failpoints import failpoint
-from idempotency.outbox import outbox_write
+from idempotency.messaging.outbox import outbox_write
 from inventory import services as inventory_services
 from payments.capture import payment_create
 from payments.gateway import Outcome
@@ -109,13 +109,6 @@ class LineRequest:
 
     product: Product
     quantity: int
-
-
-def _db_now() -> datetime:
-    """Return the database clock (the transaction's start inside a transaction)."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT now()")
-        return cursor.fetchone()[0]
 
 
 def _quantize(amount: Decimal) -> Decimal:
@@ -232,7 +225,7 @@ def order_hold(
     status = OrderStatus.PAYMENT_PENDING
     if short and on_shortage == OnShortage.ASK:
         status = OrderStatus.AWAITING_DECISION
-        expires_at = _db_now() + timedelta(seconds=settings.ORDER_RESERVATION_TTL_SECONDS)
+        expires_at = database_now() + timedelta(seconds=settings.ORDER_RESERVATION_TTL_SECONDS)
         inventory_services.reservations_set_expiry(
             reservation_ids=[reservation.id for reservation in held.values()],
             expires_at=expires_at,

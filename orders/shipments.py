@@ -26,7 +26,7 @@ from django.db.models.functions import Now
 from core.db import insert_first
 from core.errors import ApplicationError, InvalidRequest, InvalidState
 from idempotency.failpoints import failpoint
-from idempotency.outbox import outbox_write
+from idempotency.messaging.outbox import outbox_write
 
 from . import lock_objects
 from .event_types import OrderEventType

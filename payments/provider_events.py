@@ -13,12 +13,12 @@ import logging
 from decimal import Decimal, InvalidOperation
 from typing import TYPE_CHECKING
 
-from idempotency.inbox import inbox_locked, inbox_mark
+from idempotency.messaging.inbox import inbox_locked, inbox_mark
 
 from .gateway import Outcome, ProviderResult
 from .models import PaymentTransaction, Refund
 
-if TYPE_CHECKING:  # an annotation only: the inbox is written through idempotency.inbox
+if TYPE_CHECKING:  # an annotation only: the inbox is written through idempotency.messaging.inbox
     from idempotency.models import InboxMessage
 
 logger = logging.getLogger("payments.webhooks")

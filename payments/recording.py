@@ -29,7 +29,7 @@ from django.utils.module_loading import import_string
 
 from core import due
 from core.money import format_money
-from idempotency.outbox import outbox_write
+from idempotency.messaging.outbox import outbox_write
 
 from .errors import InvalidPaymentTransition
 from .event_types import PaymentEventType

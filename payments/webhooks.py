@@ -52,7 +52,7 @@ from django.db import IntegrityError, transaction
 from core.db import database_now, violated_constraint
 from core.errors import ApplicationError, InvalidRequest
 from idempotency import metrics
-from idempotency.inbox import INBOX_CONSTRAINT, inbox_mark, inbox_payload, inbox_store
+from idempotency.messaging.inbox import INBOX_CONSTRAINT, inbox_mark, inbox_payload, inbox_store
 
 from .lock_objects import payment_lock
 from .models import (
@@ -251,7 +251,7 @@ def webhook_receive(*, body: bytes, signature: str | None) -> WebhookOutcome:
         header=signature,
         body=body,
         secret=settings.PAYMENTS_WEBHOOK_SECRET,
-        now=database_now(),
+        now=database_now().timestamp(),
     )
     event = parse_event(body)
     try:

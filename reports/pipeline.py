@@ -22,6 +22,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Count, Q, Sum
 
+from core.db import database_now
 from core.errors import ApplicationError
 from core.money import format_money
 from idempotency.failpoints import failpoint
@@ -65,21 +66,15 @@ def day_window(day: date) -> tuple[datetime, datetime]:
     return start, end
 
 
-def db_now() -> datetime:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT now()")
-        return cursor.fetchone()[0]
-
-
 def last_closed_day() -> date:
     """Return yesterday in the shop's time zone, by the database clock."""
-    return db_now().astimezone(shop_zone()).date() - timedelta(days=1)
+    return database_now().astimezone(shop_zone()).date() - timedelta(days=1)
 
 
 def check_closed(day: date) -> None:
     """Refuse a day that has not ended yet in the shop's time zone (database clock)."""
     _, end = day_window(day)
-    now = db_now()
+    now = database_now()
     if now < end:
         raise ReportDayNotClosed(
             f"{day.isoformat()} is not closed yet: it ends at {end.isoformat()} "

@@ -6,7 +6,7 @@ class ShopConfig(AppConfig):
     verbose_name = "Storefront and accounts"
 
     def ready(self) -> None:
-        from idempotency.relay import register_consumer
+        from idempotency.messaging.relay import register_consumer
 
         from .events import HANDLED_TYPES
 

@@ -22,7 +22,7 @@ from django.db.models import F
 from django.db.models.functions import Now
 
 from core.errors import ApplicationError
-from idempotency.inbox import inbox_claim
+from idempotency.messaging.inbox import inbox_claim
 from inventory import selectors as inventory_selectors
 
 from .models import Cart, CartLine

@@ -48,9 +48,9 @@ from django.template.loader import render_to_string
 from core import due
 from core.db import delete_in_batches
 from core.mail import send_deadline
-from idempotency.deliveries import Message
 from idempotency.failpoints import failpoint
-from idempotency.inbox import inbox_claim_many
+from idempotency.messaging.deliveries import Message
+from idempotency.messaging.inbox import inbox_claim_many
 from orders.event_types import OrderEventType
 from payments.event_types import PaymentEventType
 
@@ -170,7 +170,7 @@ def email_apply_many(messages: Sequence[Message]) -> list[EmailResult]:
 
     One query for the owners, one inbox claim, one insert of the mail rows;
     no savepoint: a poison message raises, the batch rolls back whole and the
-    caller (`idempotency.deliveries.deliveries_consume`) applies it one by one.
+    caller (`idempotency.messaging.deliveries.deliveries_consume`) applies it one by one.
     """
     if not connection.in_atomic_block:
         raise RuntimeError("email_apply_many must run inside the batch's transaction")

@@ -17,8 +17,8 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from django.db import connection, transaction
 
-from idempotency.deliveries import Message
-from idempotency.inbox import inbox_claim, inbox_claim_many
+from idempotency.messaging.deliveries import Message
+from idempotency.messaging.inbox import inbox_claim, inbox_claim_many
 
 from . import events
 from .events import Outcome
@@ -131,7 +131,7 @@ def history_apply_many(messages: Sequence[Message]) -> list[HistoryResult]:
     (`inbox_claim_many`), then each claimed event makes its effect, orders in
     id order (rows locked in one order by every batch). No savepoint per
     message: a poison message raises, the whole batch rolls back, and the
-    caller (`idempotency.deliveries.deliveries_consume`) applies it one by one.
+    caller (`idempotency.messaging.deliveries.deliveries_consume`) applies it one by one.
     """
     if not connection.in_atomic_block:
         raise RuntimeError("history_apply_many must run inside the batch's transaction")

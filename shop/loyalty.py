@@ -27,7 +27,7 @@ from django.contrib.auth import get_user_model
 from django.db import connection, transaction
 
 from idempotency import metrics
-from idempotency.deliveries import Message
+from idempotency.messaging.deliveries import Message
 
 from . import events
 from .events import Outcome

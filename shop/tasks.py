@@ -2,7 +2,7 @@
 
 The relay publishes one message per consumer per batch, carrying a list of
 outbox message ids; the task hands them to
-`idempotency.deliveries.deliveries_consume` (claimed `FOR UPDATE SKIP
+`idempotency.messaging.deliveries.deliveries_consume` (claimed `FOR UPDATE SKIP
 LOCKED` in pk order, attempts counted first, every effect and every delivery's
 `done_at` in one transaction, one by one after any failure so that a poison
 message is a dead letter alone). A single id (text, as published before the
@@ -26,7 +26,7 @@ from django.db import InterfaceError, OperationalError
 
 from core.api_tokens import api_tokens_purge
 from core.due import retry_eta
-from idempotency.deliveries import deliveries_consume, delivery_consume
+from idempotency.messaging.deliveries import deliveries_consume, delivery_consume
 
 from . import emails, history, loyalty
 

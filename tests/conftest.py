@@ -183,11 +183,11 @@ def celery_worker_process(transactional_db, tmp_path):
 @pytest.fixture(autouse=True)
 def _rings_not_paused():
     """A test that made a ring fail must not silence later tests' rings (core.due.ring's pause)."""
-    from core import due
+    from core.due import doorbell
 
-    due._rings_paused_until = 0.0
+    doorbell._rings_paused_until = 0.0
     yield
-    due._rings_paused_until = 0.0
+    doorbell._rings_paused_until = 0.0
 
 
 @pytest.fixture(autouse=True)

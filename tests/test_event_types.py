@@ -16,7 +16,7 @@ from pathlib import Path
 
 from django.conf import settings
 
-from idempotency import relay
+from idempotency.messaging import relay
 from orders.event_types import UNCONSUMED as ORDERS_UNCONSUMED
 from orders.event_types import OrderEventType
 from payments.event_types import UNCONSUMED as PAYMENTS_UNCONSUMED

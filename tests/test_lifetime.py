@@ -33,8 +33,8 @@ from django.db.models.functions import Now
 from django.test import Client
 from django.urls import reverse
 
-from idempotency import relay
 from idempotency.keys import keys_complete_abandoned
+from idempotency.messaging import relay
 from idempotency.models import Delivery, IdempotencyKey, InboxMessage, OutboxMessage
 from inventory.models import StockAdjustment, StockItem
 from orders import tracking

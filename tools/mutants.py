@@ -164,7 +164,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "applies its effect again",
         edits=(
             Edit(
-                "idempotency/inbox.py",
+                "idempotency/messaging/inbox.py",
                 _INBOX_INSERT,
                 "    return True\n" + _INBOX_INSERT,
             ),

@@ -130,7 +130,7 @@ def _done(ids: list) -> int:
 
 def fanout() -> int:
     """Deliveries per message: the consumers registered for the event this scenario writes."""
-    from idempotency.relay import consumers_for
+    from idempotency.messaging.relay import consumers_for
 
     return len(consumers_for(EVENT_TYPE))
 
@@ -247,7 +247,7 @@ def run(ctx) -> dict:
     from django.conf import settings
 
     from core.api_tokens import api_tokens_of
-    from idempotency import relay
+    from idempotency.messaging import relay
 
     # Many shoppers: one shopper's points are one row, and every event for
     # it would queue on that row (loyalty's optimistic retries), not on the relay.

@@ -23,7 +23,7 @@ from django.core.mail import send_mail
 from core import due
 from core.money import format_money
 from idempotency.failpoints import failpoint
-from idempotency.outbox import outbox_write
+from idempotency.messaging.outbox import outbox_write
 from inventory import services as inventory_services
 
 from .. import lock_objects

@@ -20,7 +20,7 @@ class DatabaseClockThrottle(SimpleRateThrottle):
 
     def timer(self) -> float:
         note_clock_offset()
-        return database_now_estimate()
+        return database_now_estimate().timestamp()
 
 
 class TokenUsernameThrottle(DatabaseClockThrottle):

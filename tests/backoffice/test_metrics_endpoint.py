@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from backoffice import metrics as endpoint
 from backoffice import prometheus_multiproc
 from idempotency import metrics as duplicates
-from idempotency.outbox import outbox_write
+from idempotency.messaging.outbox import outbox_write
 from orders.services import order_hold
 from tests.conftest import assert_problem
 from tests.orders.conftest import ADDRESS, line_requests

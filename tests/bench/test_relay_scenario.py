@@ -42,7 +42,7 @@ def test_steady_seconds_default_to_five_minutes_and_short_when_quick():
 
 
 def test_rates_count_one_delivery_per_registered_consumer():
-    from idempotency.relay import consumers_for
+    from idempotency.messaging.relay import consumers_for
 
     # Loyalty and history here; the e-mails consumer makes it 3 where SHOP_EMAILS is on.
     assert relay.fanout() == len(consumers_for("order.confirmed")) == 2

@@ -74,7 +74,7 @@ def _delay_of(retry_eta):
     """A retry's ETA (core.due.retry_eta, by the database clock) as seconds from now."""
     from core.db import database_now_estimate
 
-    return lambda attempt: retry_eta(attempt).timestamp() - database_now_estimate()
+    return lambda attempt: retry_eta(attempt).timestamp() - database_now_estimate().timestamp()
 
 
 # The one backoff (core.due.retry_countdown, sent as retry_eta), as each retried task uses it.

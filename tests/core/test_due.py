@@ -264,7 +264,7 @@ def test_a_failed_ring_pauses_this_processs_rings(monkeypatch, settings):
 
     # The pause ends: the next ring tries the broker again.
     now = time.monotonic()
-    monkeypatch.setattr(due.time, "monotonic", lambda: now + 31)
+    monkeypatch.setattr(time, "monotonic", lambda: now + 31)
     due.ring(DueChore, chore.pk)
     assert len(calls) == 2
 
@@ -669,7 +669,7 @@ def test_a_tasks_own_retry_is_timed_by_the_database_clock(monkeypatch):
 
     real_time = time.time
     monkeypatch.setattr(time, "time", lambda: real_time() + 300)
-    db_clock = database_now()  # a read: the offset is noted
+    db_clock = database_now().timestamp()  # a read: the offset is noted
     sent: list[dict] = []
 
     def retry(**options):

@@ -5,7 +5,7 @@ import threading
 import pytest
 from django.db import connection, transaction
 
-from idempotency.inbox import inbox_claim
+from idempotency.messaging.inbox import inbox_claim
 from idempotency.models import InboxMessage
 from tests.support.servers import wait_until
 

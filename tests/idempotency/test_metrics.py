@@ -10,7 +10,7 @@ from django.db import connection, transaction
 
 from core.logging import key_hash
 from idempotency import metrics
-from idempotency.inbox import inbox_claim
+from idempotency.messaging.inbox import inbox_claim
 from idempotency.models import DuplicateCount
 from tests.concurrency import Workers
 

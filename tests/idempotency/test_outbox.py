@@ -6,8 +6,8 @@ from decimal import Decimal
 import pytest
 from django.db import transaction
 
+from idempotency.messaging.outbox import outbox_write
 from idempotency.models import OutboxMessage
-from idempotency.outbox import outbox_write
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

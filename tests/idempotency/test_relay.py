@@ -25,8 +25,8 @@ from django.db.models import Sum
 from django.db.models.functions import Now
 
 from idempotency import metrics
+from idempotency.messaging.outbox import outbox_write
 from idempotency.models import Delivery, OutboxMessage
-from idempotency.outbox import outbox_write
 from shop import events
 from shop.models import LoyaltyAccount, PurchaseHistoryLine
 from tests.shop.test_history import order_payload

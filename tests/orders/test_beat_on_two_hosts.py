@@ -23,8 +23,8 @@ from django.conf import settings
 from django.db.models.functions import Now
 
 from config.celery import app
-from core import due
 from core.api_tokens import api_token_issue
+from core.due import sweeper
 from core.models import ApiToken
 from idempotency import keys
 from idempotency.keys import KeyRun
@@ -112,7 +112,7 @@ def rung(monkeypatch) -> Counter:
             with lock:
                 bells[(self.name, str(pk))] += 1
 
-    monkeypatch.setattr(due, "_task", lambda name: Bell(name))
+    monkeypatch.setattr(sweeper, "registered_task", lambda name: Bell(name))
     return bells
 
 

@@ -233,7 +233,7 @@ def test_a_step_that_failed_rings_for_later_by_the_database_clock(received, prov
     assert failures == [1]
     later = [o for o in sent if "eta" in o or "countdown" in o]  # the rings for later
     assert later and not [o for o in later if "countdown" in o], sent
-    db_now = database_now()
+    db_now = database_now().timestamp()
     for options in later:  # within the capped backoff of the database clock, not 5 min on
         assert db_now - 60 < options["eta"].timestamp() < db_now + 60, options
     assert_compensated_once(received, provider)

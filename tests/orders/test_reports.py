@@ -12,6 +12,7 @@ from django.conf import settings
 from django.core.management import CommandError, call_command
 from django.db import connection
 
+from core.db import database_now
 from idempotency import failpoints
 from orders.models import OrderEvent
 from reports import pipeline
@@ -115,7 +116,7 @@ def test_the_day_is_the_shops_time_zone(sell, settings):
 
 @pytest.mark.django_db
 def test_a_day_not_closed_is_refused(staff_client):
-    today = pipeline.db_now().astimezone(ZoneInfo(settings.TIME_ZONE)).date()
+    today = database_now().astimezone(ZoneInfo(settings.TIME_ZONE)).date()
     with pytest.raises(pipeline.ReportDayNotClosed, match="not closed yet"):
         pipeline.run(day=today)
     with pytest.raises(CommandError, match="not closed yet"):

@@ -44,7 +44,7 @@ def test_every_task_of_the_shop_gets_the_database_clock_request():
 def test_a_ring_for_later_is_due_on_a_host_behind_when_the_database_clock_says(host_behind):
     """A ring 1 s from now by the database clock, received on a host 5 minutes behind."""
     assert worker_clock.read_offset_once()  # what the consumer's reader thread does
-    db_eta = datetime.fromtimestamp(database_now() + 1.0, tz=UTC)
+    db_eta = datetime.fromtimestamp(database_now().timestamp() + 1.0, tz=UTC)
     host_now = time.time()
     due_in = _request(worker_clock.DatabaseClockRequest, eta=db_eta).eta.timestamp() - host_now
     assert 0.0 < due_in < 3.0

@@ -41,7 +41,9 @@ def test_retry_now_gives_a_mail_that_needs_attention_a_fresh_budget_and_rings(
     superuser_client, monkeypatch
 ):
     rang = []
-    monkeypatch.setattr("core.due.ring", lambda model, pk, delay=0.0, **_: rang.append((model, pk)))
+    monkeypatch.setattr(
+        "core.due.doorbell.ring", lambda model, pk, delay=0.0, **_: rang.append((model, pk))
+    )
     row = flagged_mail()
     answer = superuser_client.post(
         "/admin/shop/mail/", {"action": "retry_now", "_selected_action": [row.pk]}

@@ -17,7 +17,8 @@ from django.db import connection
 from django.db.models.functions import Now
 from django.test.utils import CaptureQueriesContext
 
-from idempotency import deliveries, failpoints, metrics, relay
+from idempotency import failpoints, metrics
+from idempotency.messaging import deliveries, relay
 from idempotency.models import Delivery, InboxMessage
 from shop import emails, events, history
 from shop.models import Mail

@@ -15,10 +15,11 @@ import pytest
 from django.db import transaction
 from django.db.models.functions import Now
 
-from idempotency import metrics, relay
-from idempotency.deliveries import dead_letter_requeue, dead_letters_count
+from idempotency import metrics
+from idempotency.messaging import relay
+from idempotency.messaging.deliveries import dead_letter_requeue, dead_letters_count
+from idempotency.messaging.outbox import outbox_write
 from idempotency.models import Delivery, OutboxMessage
-from idempotency.outbox import outbox_write
 from shop import events, history, loyalty
 from shop.models import LoyaltyAccount, PurchaseHistoryLine
 from shop.tasks import consume_history, consume_loyalty

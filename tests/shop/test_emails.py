@@ -196,7 +196,9 @@ def test_a_mail_that_keeps_failing_needs_attention_and_staff_can_retry_it(
     monkeypatch.undo()
     with pytest.MonkeyPatch.context() as patch:
         rang = []
-        patch.setattr("core.due.ring", lambda model, pk, delay=0.0, **_: rang.append((model, pk)))
+        patch.setattr(
+            "core.due.doorbell.ring", lambda model, pk, delay=0.0, **_: rang.append((model, pk))
+        )
         assert emails.mail_retry_now(mail_id=row.pk)
     assert rang == [(Mail, row.pk)]
     assert send_mail(row.pk) == "sent:1"  # the bell's one id

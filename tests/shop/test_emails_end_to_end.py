@@ -16,7 +16,7 @@ from celery import current_app
 from django.core import mail
 from django.core.mail import EmailMultiAlternatives
 
-from idempotency import relay
+from idempotency.messaging import relay
 from idempotency.models import Delivery
 from orders.models import Order
 from payments.refunds import refund_run

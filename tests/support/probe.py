@@ -24,8 +24,8 @@ from django.db import transaction
 from core.errors import ApplicationError
 from idempotency.failpoints import failpoint
 from idempotency.keys import KeyRun, Presenter, Reply, Result, keyed_operation
+from idempotency.messaging.outbox import outbox_write
 from idempotency.models import STARTED
-from idempotency.outbox import outbox_write
 
 from .models import ProbeRecord
 

@@ -17,7 +17,7 @@ from django.core.management.base import BaseCommand
 from django.db import close_old_connections, connection
 
 from core.due import backoff, default_owner
-from idempotency import relay
+from idempotency.messaging import relay
 
 
 class Command(BaseCommand):

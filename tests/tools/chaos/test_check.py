@@ -29,9 +29,9 @@ from django.db import connection, transaction
 from django.db.models import F
 from django.db.models.functions import Now
 
-from idempotency import relay
+from idempotency.messaging import relay
+from idempotency.messaging.outbox import outbox_write
 from idempotency.models import InboxMessage, OutboxMessage
-from idempotency.outbox import outbox_write
 from inventory.models import Reservation, StockItem
 from orders.models import CompensationStep, Order, OrderLine, ReturnRequest
 from payments.models import Payment, PaymentSettlement, PaymentTransaction, Refund

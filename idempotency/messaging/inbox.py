@@ -25,8 +25,8 @@ from django.db.models.functions import Now
 
 from core.db import delete_in_batches, violated_constraint
 
-from . import metrics
-from .models import InboxMessage
+from .. import metrics
+from ..models import InboxMessage
 
 INBOX_CONSTRAINT = "idempotency_inboxmessage_consumer_message_uniq"
 

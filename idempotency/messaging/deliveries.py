@@ -68,8 +68,8 @@ from django.db import connection, transaction
 from core import due
 from core.instruments import OUTBOX_LAG
 
-from .failpoints import failpoint
-from .models import Delivery, OutboxMessage
+from ..failpoints import failpoint
+from ..models import Delivery, OutboxMessage
 
 logger = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 Publishing after commit (`on_commit(task.delay)`) loses the event if the
 process dies between the commit and the publish; a row written inside the
-business transaction cannot be lost that way. The relay (`idempotency.relay`)
+business transaction cannot be lost that way. The relay (`idempotency.messaging.relay`)
 publishes the rows.
 """
 
@@ -12,7 +12,7 @@ from typing import Any
 
 from django.db import connection
 
-from .models import OutboxMessage
+from ..models import OutboxMessage
 
 
 def outbox_write(

@@ -34,8 +34,8 @@ from django.db.models.functions import Now
 from core import due
 from core.db import delete_in_batches
 
-from .failpoints import failpoint
-from .models import Delivery, OutboxMessage
+from ..failpoints import failpoint
+from ..models import Delivery, OutboxMessage
 
 logger = logging.getLogger(__name__)
 
