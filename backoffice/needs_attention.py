@@ -37,8 +37,8 @@ from django.utils.http import urlencode
 from core import attention
 from idempotency import selectors as idempotency_selectors
 from idempotency.admin_actions import ADMIN_NEEDS_ATTENTION
-from idempotency.messaging.deliveries import dead_letter_requeue
 from idempotency.keys import Reply, Result, close_run, keyed_phase
+from idempotency.messaging.deliveries import dead_letter_requeue
 from idempotency.views import FORM_FIELD, idempotent_form
 from orders import compensation
 from orders import selectors as orders_selectors

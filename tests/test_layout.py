@@ -444,6 +444,8 @@ def test_the_family_rule_finds_a_prefix_family_and_passes_a_package(tmp_path, mo
     assert _prefix_families(["orders"]) == [
         "orders/admin_*: admin.py, admin_compensation.py, admin_forms.py"
     ]
+
+
 # --- config/ wires; patches of third-party code import no app ------------------------
 
 # config/ holds the wiring and nothing else (docs/architecture.md, "Who may import whom").
