@@ -17,7 +17,7 @@ _counter = itertools.count()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Split the suite into its parallel and its serial pass (docs/testing.md, "Running in parallel").
+    """Split the suite into its parallel and its serial pass (docs/testing.md).
 
     Tests marked `serial` (and `rabbitmq`, whose queues on the one broker every worker would
     share) never run in an xdist worker; `SHOP_TEST_SERIAL_ONLY=1` selects only them, for
