@@ -42,7 +42,7 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser, args) -> 
     # URLs in the checkout's .env count as set (the settings read it too).
     load_env_file()
     worker = os.environ.get("PYTEST_XDIST_WORKER")
-    if worker:
+    if worker and os.environ.get("DATABASE_URL") and os.environ.get("REDIS_URL"):
         # The controller has set the URLs (its own servers or the environment's).
         os.environ["REDIS_URL"] = worker_redis_url(os.environ["REDIS_URL"], worker)
         return
