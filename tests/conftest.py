@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 from decimal import Decimal
 
 import pytest
@@ -13,6 +14,26 @@ from rest_framework.test import APIClient
 from core.api_tokens import api_token_issue
 
 _counter = itertools.count()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Split the suite into its parallel and its serial pass (docs/testing.md).
+
+    Tests marked `serial` (and `rabbitmq`, whose queues on the one broker every worker would
+    share) never run in an xdist worker; `SHOP_TEST_SERIAL_ONLY=1` selects only them, for
+    `make test`'s second pass. A run without xdist and without that variable runs everything.
+    """
+    serial_only = os.environ.get("SHOP_TEST_SERIAL_ONLY") == "1"
+    in_worker = bool(os.environ.get("PYTEST_XDIST_WORKER"))
+    if not (serial_only or in_worker):
+        return
+    keep, drop = [], []
+    for item in items:
+        serial = item.get_closest_marker("serial") or item.get_closest_marker("rabbitmq")
+        (keep if bool(serial) == serial_only else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
 
 
 @pytest.fixture(autouse=True)

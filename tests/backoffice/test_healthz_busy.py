@@ -46,6 +46,8 @@ def _healthz(url: str, timeout: float) -> tuple[int | None, float]:
     return status, time.monotonic() - started
 
 
+@pytest.mark.tcp_servers  # the fault proxy needs a TCP PostgreSQL
+@pytest.mark.serial  # a bound of a second or two on the answer
 def test_healthz_answers_503_in_time_while_every_worker_has_a_hung_request(tmp_path):
     with web_behind_db_proxy(tmp_path, workers=2, threads=8) as (url, proxy):
         proxy.drop()
@@ -55,6 +57,8 @@ def test_healthz_answers_503_in_time_while_every_worker_has_a_hung_request(tmp_p
         assert (status, took < 2.0) == (503, True), f"{status} after {took:.1f} s"
 
 
+@pytest.mark.tcp_servers  # the fault proxy needs a TCP PostgreSQL
+@pytest.mark.serial  # a bound of a second or two on the answer
 @pytest.mark.parametrize(
     "argv_tail, answered",
     [

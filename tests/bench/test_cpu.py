@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from urllib.parse import urlsplit
 
 import pytest
+from psycopg.conninfo import conninfo_to_dict
 
 from bench import cpu
 from bench.dbs import DEFAULT_DATABASE_URL, PgTarget
@@ -51,8 +53,12 @@ def test_spent_and_per_unit_say_none_where_a_source_could_not_be_read():
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux /proc")
 def test_the_postmaster_is_found_from_the_servers_data_directory():
-    target = PgTarget.from_url(os.environ.get("DATABASE_URL") or DEFAULT_DATABASE_URL)
-    pid = cpu.postmaster_pid(target.maintenance_conninfo())
+    url = os.environ.get("DATABASE_URL") or DEFAULT_DATABASE_URL
+    if urlsplit(url).hostname:
+        conninfo = PgTarget.from_url(url).maintenance_conninfo()
+    else:  # the embedded server (runner/pytest_plugin.py): its socket folder, no host
+        conninfo = {**conninfo_to_dict(url), "dbname": "postgres"}
+    pid = cpu.postmaster_pid(conninfo)
     if pid is None:
         pytest.skip("the server's data directory is not readable here (another machine?)")
 

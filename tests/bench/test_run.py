@@ -75,6 +75,7 @@ def _needs_tcp_servers_and_tools():
         pytest.skip(str(exc))
 
 
+@pytest.mark.tcp_servers  # make bench needs TCP PostgreSQL and Redis
 @pytest.mark.slow
 def test_quick_run_writes_results_and_leaves_nothing_behind(tmp_path):
     _needs_tcp_servers_and_tools()
@@ -108,6 +109,7 @@ def test_quick_run_writes_results_and_leaves_nothing_behind(tmp_path):
     assert _existing_databases(base) == set()
 
 
+@pytest.mark.tcp_servers  # make bench needs TCP PostgreSQL and Redis
 @pytest.mark.slow
 def test_ctrl_c_stops_gunicorn_and_drops_the_databases(tmp_path):
     _needs_tcp_servers_and_tools()

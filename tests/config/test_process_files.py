@@ -161,12 +161,14 @@ def _localise(argv: list[str], tmp_path: Path) -> list[str]:
     """The file's paths on this checkout: the venv's python, a temporary state folder."""
     out = []
     for word in argv:
-        word = word.replace("/srv/shop/.venv/bin/python", sys.executable)
         word = word.replace("%%", "%")  # systemd's escape for a literal % (celery's %h)
+        # The file's own state folders only, before the venv's path comes in: a
+        # checkout under /tmp/ has a python under /tmp/ too.
         for state in ("/var/lib/shop/", "/tmp/"):
             if word.startswith(state):
                 word = f"{tmp_path}/{word.removeprefix(state)}"
                 break
+        word = word.replace("/srv/shop/.venv/bin/python", sys.executable)
         out.append(sys.executable if word == "python" else word)
     return out
 

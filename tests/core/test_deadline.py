@@ -116,6 +116,8 @@ def _a_dark_database_after_one_answer(tmp_path, deadline: str):
         yield url, proxy
 
 
+@pytest.mark.tcp_servers  # the fault proxy needs a TCP PostgreSQL
+@pytest.mark.serial  # a bound of a second or two on the answer
 def test_a_web_request_on_a_partitioned_database_answers_503_by_its_deadline(tmp_path):
     """WEB_REQUEST_TIMEOUT=3: a request that needs the database answers 503 within the
     deadline plus 2 s, and the next one after the heal answers 200 (the connection the
@@ -134,12 +136,16 @@ def test_a_web_request_on_a_partitioned_database_answers_503_by_its_deadline(tmp
         assert requests.get(f"{url}/api/v1/products/", timeout=10).status_code == 200
 
 
+@pytest.mark.tcp_servers  # the fault proxy needs a TCP PostgreSQL
+@pytest.mark.serial  # a bound of a second or two on the answer
 def test_wrong_twin_without_a_deadline_the_request_waits_as_long_as_the_partition(tmp_path):
     with _a_dark_database_after_one_answer(tmp_path, "0") as (url, _proxy):
         with pytest.raises(requests.Timeout):
             requests.get(f"{url}/api/v1/products/", timeout=8)
 
 
+@pytest.mark.tcp_servers  # the fault proxy needs a TCP PostgreSQL
+@pytest.mark.serial  # a bound of a second or two on the answer
 @pytest.mark.parametrize(
     "argv_tail, within",
     [

@@ -17,10 +17,14 @@ def many_orders(make_user):
     """20,000 orders of 20 shoppers, in number order (as a shop writes them), vacuumed.
 
     VACUUM sets the visibility map, as autovacuum does (orders 0006 runs it after 2 % of
-    the rows were inserted or changed): the index-only scan's cost counts on it.
+    the rows were inserted or changed): the index-only scan's cost counts on it. The
+    insert commits synchronously: VACUUM marks no page all-visible while its inserter's
+    commit record may be unflushed, as on a server with `synchronous_commit=off` (the
+    embedded test server, runner/embedded/postgres.py).
     """
     owners = [make_user().pk for _ in range(SHOPPERS)]
     with connection.cursor() as cursor:
+        cursor.execute("SET synchronous_commit = on")
         cursor.execute(
             "INSERT INTO orders_order (id, owner_id, status, fulfillment, on_shortage,"
             " payment_method, shipping_address, currency, total)"
@@ -28,7 +32,12 @@ def many_orders(make_user):
             " 'reject', 'card', '{}'::jsonb, 'EUR', 10 FROM generate_series(1, %s) g",
             [owners, SHOPPERS, ORDERS],
         )
+        cursor.execute("RESET synchronous_commit")
         cursor.execute("VACUUM ANALYZE orders_order")
+        cursor.execute(
+            "SELECT relallvisible = relpages FROM pg_class WHERE relname = 'orders_order'"
+        )
+        assert cursor.fetchone() == (True,), "VACUUM left pages not all-visible"
     return owners
 
 

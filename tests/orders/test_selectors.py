@@ -30,7 +30,9 @@ def test_staff_read_every_order(orders, make_user):
     assert order_get_for_user(user=staff, order_id=str(bobs.id)) == bobs
 
 
-@pytest.mark.parametrize("order_id", ["not-a-uuid", str(uuid.uuid4()), ""])
+@pytest.mark.parametrize(
+    "order_id", ["not-a-uuid", pytest.param(str(uuid.uuid4()), id="random-uuid"), ""]
+)
 def test_unknown_or_malformed_id_is_not_found(orders, order_id):
     with pytest.raises(NotFound):
         order_get_for_user(user=orders[0], order_id=order_id)

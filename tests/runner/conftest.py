@@ -41,8 +41,14 @@ def marker():
 
 
 def embedded_env(*, marker: str, var: Path, **extra: str) -> dict[str, str]:
-    """The environment of a fresh machine: no DATABASE_URL / REDIS_URL, our own var folder."""
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
+    """The environment of a fresh machine: no DATABASE_URL / REDIS_URL, our own var folder,
+    and nothing of this session's xdist worker (an inner pytest is no worker)."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("DATABASE_URL", "REDIS_URL", "SHOP_TEST_SERIAL_ONLY")
+        and not k.startswith("PYTEST_XDIST_")
+    }
     env.update(SHOP_VAR_DIR=str(var), SHOP_TEST_MARKER=marker, PYTHONUNBUFFERED="1")
     env["SIMULATOR_PORT"] = str(free_port())
     env.update(extra)

@@ -188,6 +188,7 @@ def test_a_killed_supervisor_leaves_no_celery_worker_running_a_task(short_tmp, m
                 supervisor.wait()
 
 
+@pytest.mark.tcp_servers  # the fault proxy needs a TCP PostgreSQL
 def test_a_killed_supervisor_leaves_no_gunicorn_worker_holding_a_request(short_tmp, marker):
     # A supervisor SIGKILLed while a web request waits on a hung (partitioned)
     # database. gunicorn's master dies of its parent-death signal; without more,
