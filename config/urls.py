@@ -29,5 +29,7 @@ urlpatterns = [
     path("api/v1/", include(api_v1)),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger-ui"),
+    # The language switcher's target (django.views.i18n.set_language; docs/storefront.md).
+    path("i18n/", include("django.conf.urls.i18n")),
     path("", include("shop.urls")),
 ]
