@@ -17,6 +17,7 @@ from django.contrib import messages
 from django.http import HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
+from django.utils.functional import Promise
 from django.utils.http import urlencode
 
 from core.admin import require_permission
@@ -114,9 +115,9 @@ def keyed_action(
     queryset,
     *,
     operation: str,
-    title: str,
-    explanation: str,
-    button: str,
+    title: str | Promise,
+    explanation: str | Promise,
+    button: str | Promise,
     decide,
     done_message,
 ):

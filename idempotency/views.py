@@ -30,6 +30,7 @@ from typing import Any
 from django.contrib.auth.views import redirect_to_login
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
+from django.utils.functional import Promise
 from django.utils.html import format_html
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
@@ -264,7 +265,7 @@ def form_refusal(
     request: HttpRequest,
     exc: ApplicationError,
     *,
-    texts: Mapping[str, str] = FORM_REFUSALS,
+    texts: Mapping[str, str | Promise] = FORM_REFUSALS,
     template: str | None = None,
 ) -> HttpResponse:
     """Render a refusal of a keyed form submission as a page, with the refusal's headers.

@@ -11,6 +11,8 @@ courier's tracking events.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from django.utils.functional import Promise
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import gettext_noop
@@ -141,7 +143,7 @@ PROBLEMS = {
 }
 
 
-def words(table: dict[str, Promise], value: str) -> str:
+def words(table: Mapping[str, Promise], value: str) -> str:
     if value in table:
         return str(table[value])
     return value.replace("_", " ").capitalize()

@@ -23,6 +23,8 @@ from django.utils import translation
 from core.checks import shop_currency_is_iso
 from core.money import UnknownCurrency, display_money, minor_units
 
+from .conftest import add_to_cart, checkout_form
+
 ROOT = Path(__file__).resolve().parents[2]
 CATALOGUE = ROOT / "locale" / "fr" / "LC_MESSAGES" / "django.po"
 NBSP = "\xa0"
@@ -62,7 +64,10 @@ def test_the_switcher_on_every_page_sets_the_language_and_returns_to_the_page(ca
     answer = client.post("/i18n/setlang/", {"language": "fr", "next": "/products/TEE-M/"})
     assert answer.status_code == 302 and answer["Location"] == "/products/TEE-M/"
     html = client.get("/products/TEE-M/").content.decode()
-    assert "Ajouter au panier" in html and 'value="fr" lang="fr" class="nav-button" aria-current' in html
+    assert (
+        "Ajouter au panier" in html
+        and 'value="fr" lang="fr" class="nav-button" aria-current' in html
+    )
     client.post("/i18n/setlang/", {"language": "en", "next": "/"})
     assert "Add to cart" in client.get("/products/TEE-M/").content.decode()
 
@@ -73,6 +78,18 @@ def test_form_labels_and_errors_are_french(catalog):
     html = client.post("/products/TEE-M/", {"quantity": "x", "cart_version": "0"}).content.decode()
     assert "<label" in html and "Quantité</label>" in html
     assert "Saisissez un nombre entier." in html  # Django's own message, in French
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_french_checkout_places_the_order_its_total_read_back_as_sent(browser, catalog, provider):
+    browser.cookies.load({settings.LANGUAGE_COOKIE_NAME: "fr"})
+    add_to_cart(browser, "TEE-M", 2)
+    form = checkout_form(browser)
+    assert form["expected_total"] == "39.98"  # not "39,98": a value the form reads back
+    placed = browser.post("/checkout/", form)
+    assert placed.status_code == 303 and "/orders/" in placed["Location"]
+    html = browser.get(placed["Location"]).content.decode()
+    assert "Confirmée" in html and f"39,98{NBSP}€" in html
 
 
 @pytest.mark.django_db(transaction=True)
