@@ -1,5 +1,7 @@
 from django.contrib import admin
 from django.urls import include, path
+from django.views.decorators.http import require_POST
+from django.views.i18n import set_language
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from . import needs_attention, views
@@ -29,7 +31,7 @@ urlpatterns = [
     path("api/v1/", include(api_v1)),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger-ui"),
-    # The language switcher's target (django.views.i18n.set_language; docs/storefront.md).
-    path("i18n/", include("django.conf.urls.i18n")),
+    # The language switcher's form: Django's set_language, POST only (docs/storefront.md).
+    path("i18n/setlang/", require_POST(set_language), name="set_language"),
     path("", include("shop.urls")),
 ]
