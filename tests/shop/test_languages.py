@@ -150,6 +150,20 @@ def test_an_unknown_currency_is_an_error_not_two_places(currency):
         minor_units(currency or "???")
 
 
+@pytest.mark.parametrize(
+    ("amount", "currency", "refused"),
+    [("1.234", "KWD", False), ("1500", "JPY", False), ("1.5", "JPY", True), ("1", "XYZ", True)],
+)
+def test_the_payment_simulator_takes_minor_units_from_babel_too(amount, currency, refused):
+    from payments.simulator.ledger import RequestError, parse_amount
+
+    if refused:
+        with pytest.raises(RequestError):
+            parse_amount(amount, currency)
+    else:
+        assert parse_amount(amount, currency) == Decimal(amount)
+
+
 @pytest.mark.parametrize(("currency", "errors"), [("EUR", 0), ("JPY", 0), ("XYZ", 1), ("eur", 1)])
 def test_shop_currency_is_checked_at_start(currency, errors):
     with override_settings(SHOP_CURRENCY=currency):
