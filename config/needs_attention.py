@@ -381,7 +381,7 @@ def present(result: Result) -> Reply:
     """303 back to the page: the action's outcome, or the refusal's title and detail."""
     if result.refusal is not None:
         refusal = result.refusal
-        text = f"{refusal.default_title()}: {refusal.detail}"
+        text = f"{gettext(refusal.default_title())}: {refusal.detail}"
         return Reply(status=303, headers={"Location": page_url(level="error", text=text)})
     return Reply(status=303, headers={"Location": page_url(level="success", text=result.value)})
 

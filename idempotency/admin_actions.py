@@ -19,6 +19,7 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.functional import Promise
 from django.utils.http import urlencode
+from django.utils.translation import gettext
 
 from core.admin import require_permission
 from core.errors import ApplicationError
@@ -71,7 +72,7 @@ def state_key(kind: str, *state) -> str:
 def refusal_message(request, exc: ApplicationError) -> None:
     """Tell the person a refusal as an admin message: the problem's title, then its detail."""
     text = FORM_REFUSALS.get(exc.code, exc.detail)
-    messages.error(request, f"{exc.default_title()}: {text}")
+    messages.error(request, f"{gettext(exc.default_title())}: {text}")
 
 
 def admin_form_refusal(request, exc: ApplicationError, *, after: bool = True):
