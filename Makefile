@@ -12,7 +12,7 @@ STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements/dev.txt | 
 BENCH_STAMP := $(VENV)/.bench-installed-$(shell cat requirements/bench.txt | sha1sum | cut -c1-12)
 TOOLS_STAMP := $(VENV)/.tools-installed-$(shell cat requirements/tools.txt | sha1sum | cut -c1-12)
 
-.PHONY: venv tools lock test lint format run bench mutants chaos fuzz-money clean
+.PHONY: venv tools lock test lint format messages run bench mutants chaos fuzz-money clean
 
 venv: $(STAMP)
 
@@ -91,6 +91,15 @@ lint: $(STAMP)
 format: $(STAMP)
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
+
+## The translation catalogues (docs/storefront.md, "Languages"): the marked strings
+## into locale/<language>/LC_MESSAGES/django.po, then the .mo files, which are
+## committed (a host needs no gettext). Needs GNU gettext (xgettext, msgfmt).
+MESSAGES_IGNORE := -i ".venv/*" -i "tests/*" -i "bench/*" -i "tools/*" -i "docs/*" \
+	-i "staticfiles/*" -i "runner/*" -i "devtools/*" -i "var/*"
+messages: $(STAMP)
+	$(BIN)/python manage.py makemessages --all --no-obsolete --no-location $(MESSAGES_IGNORE)
+	$(BIN)/python manage.py compilemessages --ignore ".venv/*"
 
 
 $(BENCH_STAMP): requirements/bench.txt $(STAMP)

@@ -14,6 +14,7 @@ from django.contrib import admin
 from django.contrib.admin.forms import AdminAuthenticationForm
 from django.contrib.auth.views import LoginView
 from django.http import HttpRequest, HttpResponse
+from django.utils.translation import gettext
 from django.views.decorators.cache import never_cache
 from django.views.decorators.csrf import csrf_protect
 
@@ -33,11 +34,13 @@ def admin_login(request: HttpRequest) -> HttpResponse:
                 authentication_form=AdminAuthenticationForm,
                 extra_context={
                     **admin.site.each_context(request),
-                    "title": "Log in",
+                    "title": gettext("Log in"),
                     "subtitle": None,
                     "app_path": request.get_full_path(),
                     "username": "",
-                    "throttled": f"Too many log-in attempts. Try again in {seconds} seconds.",
+                    "throttled": gettext(
+                        "Too many log-in attempts. Try again in {seconds} seconds."
+                    ).format(seconds=seconds),
                 },
             )
             view.setup(request)

@@ -32,7 +32,9 @@ from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.template.response import TemplateResponse
 from django.urls import reverse
+from django.utils.functional import Promise
 from django.utils.http import urlencode
+from django.utils.translation import gettext, gettext_lazy
 
 from core import attention
 from idempotency import selectors as idempotency_selectors
@@ -67,11 +69,11 @@ ROW_PAGE = {
     attention.REPORT_DAY: "admin:reports_reportday_change",
 }
 TITLES = {
-    attention.SETTLEMENT: "Settlements past their attempt budget",
-    attention.REFUND: "Refunds that need attention",
-    attention.STEP: "Compensation steps that failed",
-    attention.DEAD_LETTER: "Dead letters",
-    attention.REPORT_DAY: "Report days that could not be made",
+    attention.SETTLEMENT: gettext_lazy("Settlements past their attempt budget"),
+    attention.REFUND: gettext_lazy("Refunds that need attention"),
+    attention.STEP: gettext_lazy("Compensation steps that failed"),
+    attention.DEAD_LETTER: gettext_lazy("Dead letters"),
+    attention.REPORT_DAY: gettext_lazy("Report days that could not be made"),
 }
 
 
@@ -90,11 +92,11 @@ def _settlement_retry(pk: str, by) -> bool:
 @dataclass(frozen=True)
 class Action:
     name: str
-    label: str
+    label: str | Promise
     permission: str  # the model permission it changes
     run: Callable[[str, object], bool]  # (row pk, staff user) -> changed
     statuses: tuple[str, ...] = ()  # the row statuses it applies to (empty: any)
-    explanation: str = ""
+    explanation: str | Promise = ""
     also: tuple[str, ...] = ()  # further permissions it needs (a refund: `orders.refund_order`)
 
     def allowed(self, user) -> bool:
@@ -106,98 +108,115 @@ ACTIONS: dict[str, tuple[Action, ...]] = {
     attention.SETTLEMENT: (
         Action(
             "retry",
-            "Retry now",
+            gettext_lazy("Retry now"),
             "payments.change_paymentsettlement",
             _settlement_retry,
-            explanation="A fresh attempt budget, due now (the same provider key).",
+            explanation=gettext_lazy("A fresh attempt budget, due now (the same provider key)."),
         ),
         Action(
             "record",
-            "Record what the provider captured",
+            gettext_lazy("Record what the provider captured"),
             "payments.change_paymentsettlement",
             lambda pk, by: capture_differs.settlement_record_provider_capture(
                 settlement_id=int(pk), by=by
             ),
             statuses=(SettlementAttention.CAPTURED_MORE, SettlementAttention.CAPTURED_LESS),
-            explanation="The payment books the provider's amount and the order is paid "
-            "(less than asked: the shop bears the shortfall; more: the shop keeps it).",
+            explanation=gettext_lazy(
+                "The payment books the provider's amount and the order is paid "
+                "(less than asked: the shop bears the shortfall; more: the shop keeps it)."
+            ),
         ),
         Action(
             "refund_difference",
-            "Refund the difference",
+            gettext_lazy("Refund the difference"),
             "payments.change_paymentsettlement",
             lambda pk, by: capture_differs.settlement_refund_difference(
                 settlement_id=int(pk), by=by
             ),
             statuses=(SettlementAttention.CAPTURED_MORE,),
-            explanation="The payment books the provider's amount, the order is paid and "
-            "what the provider took over the amount asked is refunded.",
+            explanation=gettext_lazy(
+                "The payment books the provider's amount, the order is paid and "
+                "what the provider took over the amount asked is refunded."
+            ),
             also=("orders.refund_order",),
         ),
     ),
     attention.REFUND: (
         Action(
             "retry",
-            "Retry now",
+            gettext_lazy("Retry now"),
             "payments.change_refund",
             lambda pk, by: refund_decisions.refund_retry_now(refund_id=pk, by=by),
             statuses=(RefundStatus.NEEDS_ATTENTION,),
-            explanation="Send the refund to the provider again (the same provider key).",
+            explanation=gettext_lazy(
+                "Send the refund to the provider again (the same provider key)."
+            ),
         ),
         Action(
             "outside",
-            "Refunded outside the shop",
+            gettext_lazy("Refunded outside the shop"),
             "payments.change_refund",
             lambda pk, by: refund_decisions.refund_record_outside(refund_id=pk, by=by),
             statuses=(RefundStatus.NEEDS_ATTENTION,),
-            explanation="The money went back another way; the provider is not called.",
+            explanation=gettext_lazy(
+                "The money went back another way; the provider is not called."
+            ),
         ),
         Action(
             "failed",
-            "Record as failed",
+            gettext_lazy("Record as failed"),
             "payments.change_refund",
             lambda pk, by: refund_decisions.refund_record_failed(refund_id=pk, by=by),
             statuses=(RefundStatus.NEEDS_ATTENTION,),
-            explanation="The refund will not happen; its reserved amount is released.",
+            explanation=gettext_lazy(
+                "The refund will not happen; its reserved amount is released."
+            ),
         ),
         Action(
             "accept_provider",
-            "Accept the provider's refund",
+            gettext_lazy("Accept the provider's refund"),
             "payments.change_refund",
             lambda pk, by: refund_decisions.refund_accept_provider(refund_id=pk, by=by),
             # Flagged after staff decided it: the provider reports it refunded after all.
             statuses=(RefundStatus.SUCCEEDED, RefundStatus.FAILED),
-            explanation="The provider's refund becomes the record (outside the shop: the "
-            "outside payment was recovered or accepted; failed: it counts as refunded).",
+            explanation=gettext_lazy(
+                "The provider's refund becomes the record (outside the shop: the "
+                "outside payment was recovered or accepted; failed: it counts as refunded)."
+            ),
         ),
     ),
     attention.STEP: (
         Action(
             "retry",
-            "Retry step",
+            gettext_lazy("Retry step"),
             "orders.change_compensationstep",
             lambda pk, by: bool(compensation.steps_retry_failed(step_ids=[int(pk)], by=by)),
             statuses=("failed",),
-            explanation="A fresh attempt budget, due now; its return goes back to processing.",
+            explanation=gettext_lazy(
+                "A fresh attempt budget, due now; its return goes back to processing."
+            ),
         ),
     ),
     attention.DEAD_LETTER: (
         Action(
             "requeue",
-            "Requeue",
+            gettext_lazy("Requeue"),
             "idempotency.change_deadletter",
             lambda pk, by: dead_letter_requeue(int(pk)),
-            explanation="A fresh attempt budget, published now (fix the cause first).",
+            explanation=gettext_lazy(
+                "A fresh attempt budget, published now (fix the cause first)."
+            ),
         ),
     ),
     attention.REPORT_DAY: (
         Action(
             "retry",
-            "Retry now",
+            gettext_lazy("Retry now"),
             "reports.change_reportday",
             lambda pk, by: report_days.day_retry_now(day_id=int(pk), by=by),
-            explanation="A fresh attempt budget, due now: the run makes the day (fix the "
-            "cause first).",
+            explanation=gettext_lazy(
+                "A fresh attempt budget, due now: the run makes the day (fix the cause first)."
+            ),
         ),
     ),
 }
@@ -362,7 +381,7 @@ def present(result: Result) -> Reply:
     """303 back to the page: the action's outcome, or the refusal's title and detail."""
     if result.refusal is not None:
         refusal = result.refusal
-        text = f"{refusal.default_title()}: {refusal.detail}"
+        text = f"{gettext(refusal.default_title())}: {refusal.detail}"
         return Reply(status=303, headers={"Location": page_url(level="error", text=text)})
     return Reply(status=303, headers={"Location": page_url(level="success", text=result.value)})
 
@@ -373,9 +392,11 @@ def _submit(request: HttpRequest, action: Action, pk: str, *, key) -> None:
     with keyed_phase(run, present, next_point="done"):
         changed = action.run(pk, request.user)
         text = (
-            f"{action.label}: done."
+            gettext("{action}: done.").format(action=action.label)
             if changed
-            else f"{action.label}: nothing changed (no longer waiting for this action)."
+            else gettext("{action}: nothing changed (no longer waiting for this action).").format(
+                action=action.label
+            )
         )
         close_run(run, Result.done(text), present)
 
@@ -409,7 +430,7 @@ def needs_attention_view(request: HttpRequest) -> HttpResponse:
         "admin/needs_attention.html",
         {
             **admin.site.each_context(request),
-            "title": "Needs attention",
+            "title": gettext("Needs attention"),
             "sections": [
                 {"kind": kind, "title": TITLES[kind], "rows": rows[kind]} for kind in rows
             ],

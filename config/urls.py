@@ -1,5 +1,7 @@
 from django.contrib import admin
 from django.urls import include, path
+from django.views.decorators.http import require_POST
+from django.views.i18n import set_language
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from backoffice import health, metrics, needs_attention
@@ -29,5 +31,7 @@ urlpatterns = [
     path("api/v1/", include(api_v1)),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger-ui"),
+    # The language switcher's form: Django's set_language, POST only (docs/storefront.md).
+    path("i18n/setlang/", require_POST(set_language), name="set_language"),
     path("", include("shop.urls")),
 ]

@@ -5,6 +5,7 @@ from typing import Any, ClassVar
 from django.contrib import admin, messages
 from django.contrib.auth import get_permission_codename
 from django.core.exceptions import PermissionDenied
+from django.utils.translation import gettext, gettext_lazy
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -99,7 +100,9 @@ class DueWorkAdmin(ReadOnlyAdmin):
 
         return due.retry_now(self.model, pk=pk)
 
-    @admin.action(description="Retry now (fresh attempt budget)", permissions=["change_state"])
+    @admin.action(
+        description=gettext_lazy("Retry now (fresh attempt budget)"), permissions=["change_state"]
+    )
     def retry_now(self, request, queryset):
         from django.db import transaction
 
@@ -107,4 +110,4 @@ class DueWorkAdmin(ReadOnlyAdmin):
             reopened = sum(
                 bool(self.retry_one(request, pk)) for pk in queryset.values_list("pk", flat=True)
             )
-        messages.success(request, f"{reopened} scheduled now.")
+        messages.success(request, gettext("{count} scheduled now.").format(count=reopened))

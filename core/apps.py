@@ -7,4 +7,7 @@ class CoreConfig(AppConfig):
 
     def ready(self) -> None:
         # Celery task retries and task log context (signals), in web and worker processes.
-        from . import instruments  # noqa: F401
+        from . import (
+            checks,  # noqa: F401 - checks register themselves
+            instruments,  # noqa: F401
+        )

@@ -8,6 +8,9 @@ It writes one `shop.request` line per request (method, route, status,
 duration). `RequestMetricsMiddleware` counts requests and their duration in
 Prometheus (core.instruments) by method, status and the resolved route's
 pattern, never the raw path, so label values stay bounded.
+`LocaleMiddleware` picks the shopper's language on every page but the API's,
+which answers in LANGUAGE_CODE with neither `Content-Language` nor
+`Vary: Accept-Language` (docs/storefront.md, "Languages").
 """
 
 from __future__ import annotations
@@ -17,8 +20,13 @@ import re
 import time
 import uuid
 
+from django.conf import settings
+from django.middleware import locale
+from django.utils import translation
+
 from . import instruments
 from . import logging as shop_logging
+from .problems import is_api_path
 
 REQUEST_ID_HEADER = "X-Request-ID"
 _VALID_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
@@ -86,3 +94,19 @@ class RequestMetricsMiddleware:
         except OSError:  # the multiprocess folder is gone or full: lose the sample, not the answer
             logger.warning("request not counted in metrics", exc_info=True)
         return response
+
+
+class LocaleMiddleware(locale.LocaleMiddleware):
+    """Django's LocaleMiddleware for the pages; the API keeps LANGUAGE_CODE and its headers."""
+
+    def process_request(self, request):
+        if is_api_path(request.path):
+            translation.activate(settings.LANGUAGE_CODE)
+            request.LANGUAGE_CODE = settings.LANGUAGE_CODE
+            return
+        super().process_request(request)
+
+    def process_response(self, request, response):
+        if is_api_path(request.path):
+            return response
+        return super().process_response(request, response)

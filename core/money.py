@@ -1,4 +1,11 @@
-"""Money as decimal strings in the shop currency's minor units."""
+"""Money as decimal strings in the shop currency's minor units, and in words per locale.
+
+The minor units of a currency are CLDR's, through babel, for any ISO 4217 code;
+an unknown code is an error, never a guess (`SHOP_CURRENCY` is checked at start,
+`core.checks.shop_currency_is_iso`). The API and the events carry `format_money`'s decimal
+strings; pages and e-mails show `display_money` in the active language
+("€19.99" in English, "19,99 €" in French; docs/storefront.md).
+"""
 
 from __future__ import annotations
 
@@ -6,13 +13,14 @@ import re
 from decimal import Decimal
 from typing import cast
 
+from babel.numbers import format_currency, get_currency_precision, is_currency
 from django.conf import settings
+from django.utils import translation
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from .errors import ApplicationError
 
-MINOR_UNITS = {"EUR": 2, "USD": 2, "GBP": 2, "CHF": 2, "SEK": 2, "JPY": 0, "KWD": 3}
 _MONEY_RE = re.compile(r"^-?\d{1,10}(\.\d+)?$")
 
 
@@ -20,14 +28,30 @@ def shop_currency() -> str:
     return settings.SHOP_CURRENCY
 
 
+class UnknownCurrency(ValueError):
+    """A code that is no ISO 4217 currency babel knows."""
+
+
 def minor_units(currency: str | None = None) -> int:
-    return MINOR_UNITS.get(currency or shop_currency(), 2)
+    """The currency's decimal places (CLDR's, through babel); raise UnknownCurrency if unknown."""
+    code = currency or shop_currency()
+    if not is_currency(code):
+        raise UnknownCurrency(f"{code!r} is not an ISO 4217 currency code.")
+    return get_currency_precision(code)
 
 
 def format_money(amount: Decimal, currency: str | None = None) -> str:
     """Render an amount with exactly the currency's minor units."""
     places = minor_units(currency)
     return f"{amount:.{places}f}"
+
+
+def display_money(amount: Decimal, currency: str | None = None) -> str:
+    """The amount in words for people, in the active language: "€19.99", "19,99 €"."""
+    code = currency or shop_currency()
+    minor_units(code)  # an unknown code raises here, not deep in babel
+    locale = translation.to_locale(translation.get_language() or settings.LANGUAGE_CODE)
+    return format_currency(amount, code, locale=locale)
 
 
 class CurrencyMismatch(ApplicationError):

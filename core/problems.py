@@ -218,7 +218,8 @@ def drf_exception_handler(exc: Exception, context: dict[str, Any]) -> Response |
     return response
 
 
-def _is_api_path(path: str) -> bool:
+def is_api_path(path: str) -> bool:
+    """The API's paths: problem+json answers, in English (core.middleware.LocaleMiddleware)."""
     return path.startswith("/api/") or path.rstrip("/") in ("/healthz", "/metrics")
 
 
@@ -251,7 +252,7 @@ class ProblemMiddleware:
         self.get_response = get_response
 
     def __call__(self, request):
-        if _is_api_path(request.path):
+        if is_api_path(request.path):
             _append_slash(request)
             limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
             try:
@@ -266,7 +267,7 @@ class ProblemMiddleware:
                 )
         response = self.get_response(request)
         if (
-            _is_api_path(request.path)
+            is_api_path(request.path)
             and response.status_code >= 400
             and not response.get("Content-Type", "").startswith(PROBLEM_CONTENT_TYPE)
             and not response.get("Content-Type", "").startswith("text/plain; version=0.0.4")
@@ -280,7 +281,7 @@ class ProblemMiddleware:
         return response
 
     def process_exception(self, request, exception):
-        if not _is_api_path(request.path):
+        if not is_api_path(request.path):
             return None
         mapped = exception_to_problem(exception)
         if mapped is not None:

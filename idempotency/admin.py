@@ -8,6 +8,7 @@ import datetime
 
 from django.contrib import admin
 from django.utils import timezone
+from django.utils.translation import gettext, gettext_lazy
 
 from core.admin import DueWorkAdmin, ReadOnlyAdmin
 
@@ -73,7 +74,7 @@ class _DeliveryAdmin(DueWorkAdmin):
     list_select_related = ("message",)
     actions = ["retry_now"]
 
-    @admin.display(description="event type")
+    @admin.display(description=gettext_lazy("event type"))
     def event_type(self, obj) -> str:
         return obj.message.event_type
 
@@ -83,7 +84,8 @@ class _DeliveryAdmin(DueWorkAdmin):
         return dead_letter_requeue(pk)
 
     @admin.action(
-        description="Requeue (fresh attempt budget, published now)", permissions=["change_state"]
+        description=gettext_lazy("Requeue (fresh attempt budget, published now)"),
+        permissions=["change_state"],
     )
     def retry_now(self, request, queryset):
         return keyed_action(
@@ -91,14 +93,16 @@ class _DeliveryAdmin(DueWorkAdmin):
             request,
             queryset,
             operation=ADMIN_DELIVERY_REQUEUE,
-            title="Requeue",
-            explanation="Give these deliveries a fresh attempt budget and publish them now "
-            "(fix the cause first). Deliveries already done stay done.",
-            button="Requeue",
-            decide=lambda pk: self.retry_one(request, pk),
-            done_message=lambda changed, skipped: (
-                f"{changed} requeued; {skipped} unchanged (already done)."
+            title=gettext_lazy("Requeue"),
+            explanation=gettext_lazy(
+                "Give these deliveries a fresh attempt budget and publish them now "
+                "(fix the cause first). Deliveries already done stay done."
             ),
+            button=gettext_lazy("Requeue"),
+            decide=lambda pk: self.retry_one(request, pk),
+            done_message=lambda changed, skipped: gettext(
+                "{changed} requeued; {skipped} unchanged (already done)."
+            ).format(changed=changed, skipped=skipped),
         )
 
 

@@ -18,7 +18,9 @@ from django.contrib import messages
 from django.http import HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
+from django.utils.functional import Promise
 from django.utils.http import urlencode
+from django.utils.translation import gettext
 
 from core.admin import require_permission
 from core.errors import ApplicationError
@@ -64,7 +66,7 @@ def state_key(kind: str, *state) -> str:
 def refusal_message(request, exc: ApplicationError) -> None:
     """Tell the person a refusal as an admin message: the problem's title, then its detail."""
     text = FORM_REFUSALS.get(exc.code, exc.detail)
-    messages.error(request, f"{exc.default_title()}: {text}")
+    messages.error(request, f"{gettext(exc.default_title())}: {text}")
 
 
 def admin_form_refusal(request, exc: ApplicationError, *, after: bool = True):
@@ -102,9 +104,9 @@ def keyed_action(
     queryset,
     *,
     operation: str,
-    title: str,
-    explanation: str,
-    button: str,
+    title: str | Promise,
+    explanation: str | Promise,
+    button: str | Promise,
     decide,
     done_message,
 ):

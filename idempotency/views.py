@@ -30,7 +30,9 @@ from typing import Any
 from django.contrib.auth.views import redirect_to_login
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
+from django.utils.functional import Promise
 from django.utils.html import format_html
+from django.utils.translation import gettext_lazy
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework.exceptions import NotAuthenticated
@@ -252,11 +254,15 @@ def form_fields(post: Any, *, exclude: tuple[str, ...] = ()) -> dict[str, list[s
 
 # What a person is told when a form's key refuses the submission (the admin's
 # forms say it as a message, idempotency.admin_actions.admin_form_refusal).
-FORM_REFUSALS = {
-    "idempotency_key_in_use": "This form is being submitted already. Wait a moment, then "
-    "reload the page to see the result.",
-    "idempotency_key_reused": "This form was already submitted with other values. Open the "
-    "form again to start a new submission.",
+FORM_REFUSALS: dict[str, str | Promise] = {
+    "idempotency_key_in_use": gettext_lazy(
+        "This form is being submitted already. Wait a moment, then "
+        "reload the page to see the result."
+    ),
+    "idempotency_key_reused": gettext_lazy(
+        "This form was already submitted with other values. Open the "
+        "form again to start a new submission."
+    ),
 }
 
 
@@ -264,7 +270,7 @@ def form_refusal(
     request: HttpRequest,
     exc: ApplicationError,
     *,
-    texts: Mapping[str, str] = FORM_REFUSALS,
+    texts: Mapping[str, str | Promise] = FORM_REFUSALS,
     template: str | None = None,
 ) -> HttpResponse:
     """Render a refusal of a keyed form submission as a page, with the refusal's headers.

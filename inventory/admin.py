@@ -14,6 +14,7 @@ from django.contrib import admin
 from django.core.exceptions import ValidationError
 from django.urls import path, reverse
 from django.utils.html import format_html
+from django.utils.translation import gettext_lazy
 
 from core.admin import ReadOnlyAdmin
 from core.errors import ApplicationError
@@ -76,15 +77,15 @@ class StockItemAdmin(ReadOnlyAdmin):
             *super().get_urls(),
         ]
 
-    @admin.display(description="sku", ordering="product__sku")
+    @admin.display(description=gettext_lazy("sku"), ordering="product__sku")
     def sku(self, stock):
         return stock.product.sku
 
-    @admin.display(description="name", ordering="product__name")
+    @admin.display(description=gettext_lazy("name"), ordering="product__name")
     def name(self, stock):
         return stock.product.name
 
-    @admin.display(description="available")
+    @admin.display(description=gettext_lazy("available"))
     def available(self, stock):
         return stock.available
 
@@ -116,22 +117,22 @@ class ReservationAdmin(ReadOnlyAdmin):
     list_filter = ("state", "created_at")
     # `=`: exact sku and order number, the way staff quote them.
     search_fields = ("=stock__product__sku", "=order_line__order__number")
-    search_help_text = "Sku or order number (exact)."
+    search_help_text = gettext_lazy("Sku or order number (exact).")
     # The flag's line is a reverse one-to-one: joined, not one query per row.
     list_select_related = ("stock__product", "order_line__order")
     ordering = ("-created_at",)
     show_full_result_count = False
 
-    @admin.display(description="sku", ordering="stock__product__sku")
+    @admin.display(description=gettext_lazy("sku"), ordering="stock__product__sku")
     def sku(self, reservation):
         return reservation.stock.product.sku
 
-    @admin.display(description="order", ordering="order_line__order__number")
+    @admin.display(description=gettext_lazy("order"), ordering="order_line__order__number")
     def order_number(self, reservation):
         line = getattr(reservation, "order_line", None)
         return line.order.number if line else "-"
 
-    @admin.display(description="order")
+    @admin.display(description=gettext_lazy("order"))
     def order_link(self, reservation):
         line = getattr(reservation, "order_line", None)
         if line is None:

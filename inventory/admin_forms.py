@@ -23,6 +23,7 @@ from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.http import urlencode
+from django.utils.translation import gettext, gettext_lazy
 
 from core.money import shop_currency
 from idempotency.admin_actions import admin_form_refusal, refusal_message, state_key
@@ -49,7 +50,9 @@ def stock_redirect(result: Result, *, stock_id=None, form_key: str = "", request
         if request is not None:
             messages.success(
                 request,
-                f"{stock.product.sku}: {stock.on_hand} on hand, {stock.available} available.",
+                gettext("{sku}: {on_hand} on hand, {available} available.").format(
+                    sku=stock.product.sku, on_hand=stock.on_hand, available=stock.available
+                ),
             )
         url = reverse("admin:inventory_stockitem_change", args=[stock.pk])
         return Reply(status=303, headers={"Location": url})
@@ -68,7 +71,9 @@ class StockAdjustForm(forms.Form):
 
     mode = forms.ChoiceField(choices=MODES, widget=forms.RadioSelect, initial="delta")
     quantity = forms.IntegerField(min_value=-MAX_ON_HAND, max_value=MAX_ON_HAND)
-    reason = forms.CharField(max_length=500, help_text="Kept in the stock item's history.")
+    reason = forms.CharField(
+        max_length=500, help_text=gettext_lazy("Kept in the stock item's history.")
+    )
 
     def clean(self):
         super().clean()
@@ -118,7 +123,7 @@ def stock_adjust_view(modeladmin, request, object_id):
         "admin/inventory/stockitem/adjust.html",
         {
             **modeladmin.admin_site.each_context(request),
-            "title": f"Adjust stock: {stock.product.sku}",
+            "title": gettext("Adjust stock: {sku}").format(sku=stock.product.sku),
             "opts": modeladmin.model._meta,
             "stock": stock,
             "form": form,

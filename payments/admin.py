@@ -2,7 +2,9 @@
 
 from django.contrib import admin
 from django.urls import reverse
+from django.utils.functional import Promise
 from django.utils.html import format_html
+from django.utils.translation import gettext, gettext_lazy
 
 from core.admin import DueWorkAdmin, ReadOnlyAdmin, ReadOnlyInline
 from core.admin_export import CsvExportMixin
@@ -50,7 +52,7 @@ class PaymentAdmin(ReadOnlyAdmin):
     readonly_fields = ["order_link"]
 
     # The order it pays for (a reverse one-to-one; none for a payment of no order).
-    @admin.display(description="order")
+    @admin.display(description=gettext_lazy("order"))
     def order_link(self, payment):
         order = getattr(payment, "order", None)
         if order is None:
@@ -132,7 +134,9 @@ class RefundAdmin(CsvExportMixin, DueWorkAdmin):
     def retry_one(self, request, pk) -> bool:
         return refund_decisions.refund_retry_now(refund_id=pk, by=request.user)
 
-    def _decide(self, request, queryset, *, operation: str, title: str, explanation, decide):
+    def _decide(
+        self, request, queryset, *, operation: str, title: str | Promise, explanation, decide
+    ):
         return keyed_action(
             self,
             request,
@@ -140,50 +144,61 @@ class RefundAdmin(CsvExportMixin, DueWorkAdmin):
             operation=operation,
             title=title,
             explanation=explanation,
-            button=f"Yes, {title.lower()}",
+            button=gettext("Yes, {action}").format(action=str(title).lower()),
             decide=lambda pk: decide(refund_id=pk, by=request.user),
-            done_message=lambda changed, skipped: (
-                f"{changed} recorded; {skipped} unchanged (not needing attention)."
-            ),
+            done_message=lambda changed, skipped: gettext(
+                "{changed} recorded; {skipped} unchanged (not needing attention)."
+            ).format(changed=changed, skipped=skipped),
         )
 
-    @admin.action(description="Refunded outside the shop", permissions=["change_state"])
+    @admin.action(
+        description=gettext_lazy("Refunded outside the shop"), permissions=["change_state"]
+    )
     def refunded_outside_shop(self, request, queryset):
         return self._decide(
             request,
             queryset,
             operation=ADMIN_REFUND_OUTSIDE,
-            title="Refunded outside the shop",
-            explanation="Record these refunds as given back outside the provider (bank transfer, "
-            "the provider's dashboard). The payment's refunded amount moves; the provider is not "
-            "called. Only refunds that need attention change.",
+            title=gettext_lazy("Refunded outside the shop"),
+            explanation=gettext_lazy(
+                "Record these refunds as given back outside the provider (bank transfer, "
+                "the provider's dashboard). The payment's refunded amount moves; the provider "
+                "is not called. Only refunds that need attention change."
+            ),
             decide=refund_decisions.refund_record_outside,
         )
 
     @admin.action(
-        description="Record as failed (release the reserved amount)", permissions=["change_state"]
+        description=gettext_lazy("Record as failed (release the reserved amount)"),
+        permissions=["change_state"],
     )
     def record_failed(self, request, queryset):
         return self._decide(
             request,
             queryset,
             operation=ADMIN_REFUND_FAILED,
-            title="Record as failed",
-            explanation="Record that these refunds will not happen. Their reserved amounts become "
-            "refundable again. Only refunds that need attention change.",
+            title=gettext_lazy("Record as failed"),
+            explanation=gettext_lazy(
+                "Record that these refunds will not happen. Their reserved amounts become "
+                "refundable again. Only refunds that need attention change."
+            ),
             decide=refund_decisions.refund_record_failed,
         )
 
-    @admin.action(description="Accept the provider's refund", permissions=["change_state"])
+    @admin.action(
+        description=gettext_lazy("Accept the provider's refund"), permissions=["change_state"]
+    )
     def accept_provider_refund(self, request, queryset):
         return self._decide(
             request,
             queryset,
             operation=ADMIN_REFUND_ACCEPT_PROVIDER,
-            title="Accept the provider's refund",
-            explanation="The provider refunded these after they were recorded as outside the "
-            "shop or failed. Recorded outside the shop: the provider's refund becomes the record "
-            "(the payment made outside was recovered or accepted). Recorded failed: the refund "
-            "counts as refunded. Only refunds flagged for this change.",
+            title=gettext_lazy("Accept the provider's refund"),
+            explanation=gettext_lazy(
+                "The provider refunded these after they were recorded as outside the "
+                "shop or failed. Recorded outside the shop: the provider's refund becomes the "
+                "record (the payment made outside was recovered or accepted). Recorded failed: "
+                "the refund counts as refunded. Only refunds flagged for this change."
+            ),
             decide=refund_decisions.refund_accept_provider,
         )

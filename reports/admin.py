@@ -2,6 +2,7 @@
 
 from django.contrib import admin
 from django.utils.html import format_html
+from django.utils.translation import gettext_lazy
 
 from core.admin import ReadOnlyAdmin
 from core.admin_export import CsvExportMixin
@@ -64,7 +65,7 @@ class DailySalesReportAdmin(CsvExportMixin, ReadOnlyAdmin):
     ]
     readonly_fields = fields
 
-    @admin.display(description="replaced")
+    @admin.display(description=gettext_lazy("replaced"))
     def replacement(self, report):
         if report.revision == 1:
             return "-"
@@ -74,7 +75,7 @@ class DailySalesReportAdmin(CsvExportMixin, ReadOnlyAdmin):
             report.replaced_at.isoformat(timespec="seconds"),
         )
 
-    @admin.display(description="content hash")
+    @admin.display(description=gettext_lazy("content hash"))
     def short_hash(self, report):
         return report.content_hash[:12]
 
@@ -110,6 +111,6 @@ class ReportDayAdmin(ReadOnlyAdmin):
     ]
     readonly_fields = fields
 
-    @admin.display(description="made", boolean=True)
+    @admin.display(description=gettext_lazy("made"), boolean=True)
     def made(self, day) -> bool:
         return day.done_at is not None

@@ -35,6 +35,7 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from celery import current_app
@@ -44,10 +45,13 @@ from django.contrib.auth import get_user_model
 from django.core.mail import EmailMultiAlternatives, get_connection
 from django.db import connection, transaction
 from django.template.loader import render_to_string
+from django.utils import translation
+from django.utils.translation import gettext_lazy
 
 from core import due
 from core.db import delete_in_batches
 from core.mail import send_deadline
+from core.money import display_money
 from idempotency.failpoints import failpoint
 from idempotency.messaging.deliveries import Message
 from idempotency.messaging.inbox import inbox_claim_many
@@ -65,12 +69,18 @@ MAIL_CONSTRAINT = "shop_mail_message_uniq"
 
 # event type → template name (shop/templates/shop/email/<name>.txt / .html) and subject.
 # The types are the producers' (orders/event_types.py, payments/event_types.py).
-MAILS: dict[str, tuple[str, str]] = {
-    OrderEventType.CONFIRMED: ("order_confirmed", "Your order {number} is confirmed"),
-    OrderEventType.PARTIALLY_CONFIRMED: ("order_confirmed", "Your order {number} is confirmed"),
-    OrderEventType.PAYMENT_FAILED: ("payment_declined", "Payment for order {number} was declined"),
-    OrderEventType.SHIPMENT_CREATED: ("shipped", "Your order {number} has shipped"),
-    PaymentEventType.REFUND_SUCCEEDED: ("refunded", "Your refund for order {number}"),
+MAILS: dict[str, tuple[str, Any]] = {
+    OrderEventType.CONFIRMED: ("order_confirmed", gettext_lazy("Your order {number} is confirmed")),
+    OrderEventType.PARTIALLY_CONFIRMED: (
+        "order_confirmed",
+        gettext_lazy("Your order {number} is confirmed"),
+    ),
+    OrderEventType.PAYMENT_FAILED: (
+        "payment_declined",
+        gettext_lazy("Payment for order {number} was declined"),
+    ),
+    OrderEventType.SHIPMENT_CREATED: ("shipped", gettext_lazy("Your order {number} has shipped")),
+    PaymentEventType.REFUND_SUCCEEDED: ("refunded", gettext_lazy("Your refund for order {number}")),
 }
 EVENT_TYPES = frozenset(MAILS)
 
@@ -238,21 +248,40 @@ class SendResult:
         return ",".join(f"{name}:{n}" for name, n in sorted(counts.items()))
 
 
+def _money(payload: dict, key: str) -> str:
+    """The payload's decimal string in words for people ("€39.98"); as sent if unreadable."""
+    value, currency = payload.get(key), payload.get("currency")
+    try:
+        return display_money(Decimal(str(value)), str(currency))
+    except (InvalidOperation, ValueError):
+        return f"{value} {currency}"
+
+
 def mail_message(mail: Mail, *, connection=None) -> EmailMultiAlternatives:
-    """Render the mail row's two parts (plain text and HTML) as a message to its address."""
+    """Render the mail row's two parts (plain text and HTML) as a message to its address.
+
+    Mails are written in LANGUAGE_CODE: no shopper's language is stored.
+    """
     template, subject = MAILS[mail.event_type]
     payload = mail.payload if isinstance(mail.payload, dict) else {}
-    context = {"user": mail.user, "payload": payload, "number": _number(payload)}
-    message = EmailMultiAlternatives(
-        subject=subject.format(number=context["number"]),
-        body=render_to_string(f"shop/email/{template}.txt", context),
-        from_email=settings.DEFAULT_FROM_EMAIL,
-        to=[mail.address],
-        connection=connection,
-    )
-    message.attach_alternative(
-        render_to_string(f"shop/email/{template}.html", context), "text/html"
-    )
+    with translation.override(settings.LANGUAGE_CODE):
+        context = {
+            "user": mail.user,
+            "payload": payload,
+            "number": _number(payload),
+            "total": _money(payload, "total"),
+            "amount": _money(payload, "amount"),
+        }
+        message = EmailMultiAlternatives(
+            subject=str(subject).format(number=context["number"]),
+            body=render_to_string(f"shop/email/{template}.txt", context),
+            from_email=settings.DEFAULT_FROM_EMAIL,
+            to=[mail.address],
+            connection=connection,
+        )
+        message.attach_alternative(
+            render_to_string(f"shop/email/{template}.html", context), "text/html"
+        )
     return message
 
 

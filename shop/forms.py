@@ -1,4 +1,7 @@
-"""The storefront's forms. Labels are the contract's accessible names (http-api.md, Storefront)."""
+"""The storefront's forms. Labels are the contract's accessible names (http-api.md, Storefront).
+
+Labels, help and errors are translated: lazily where a class defines them, at once
+where a form's __init__ or clean makes them (docs/storefront.md, "Languages")."""
 
 from __future__ import annotations
 
@@ -8,33 +11,43 @@ from typing import cast
 from django import forms
 from django.conf import settings
 from django.contrib.auth import forms as auth_forms
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
 from django_countries import countries
 
 from orders.states import OnShortage
 
 PAYMENT_METHODS = (
-    ("pm_card_ok", "Test card: approved"),
-    ("pm_card_declined", "Test card: declined"),
-    ("pm_card_timeout", "Test card: answer lost (payment pending, settled later)"),
-    ("pm_card_unavailable", "Test card: provider briefly unavailable (settled later)"),
+    ("pm_card_ok", gettext_lazy("Test card: approved")),
+    ("pm_card_declined", gettext_lazy("Test card: declined")),
+    ("pm_card_timeout", gettext_lazy("Test card: answer lost (payment pending, settled later)")),
+    (
+        "pm_card_unavailable",
+        gettext_lazy("Test card: provider briefly unavailable (settled later)"),
+    ),
 )
 
 
 def _shortage_choices() -> tuple[tuple[str, str], ...]:
     minutes = max(1, round(getattr(settings, "ORDER_RESERVATION_TTL_SECONDS", 900) / 60))
     return (
-        (OnShortage.REJECT, "Don't place the order"),
-        (OnShortage.PARTIAL, "Send what is available, charge only that"),
-        (OnShortage.ASK, f"Ask me first (available items are held for {minutes} minutes)"),
+        (OnShortage.REJECT, _("Don't place the order")),
+        (OnShortage.PARTIAL, _("Send what is available, charge only that")),
+        (
+            OnShortage.ASK,
+            _("Ask me first (available items are held for {minutes} minutes)").format(
+                minutes=minutes
+            ),
+        ),
     )
 
 
-PASSWORD_HELP = "At least 8 characters, not only digits, not a common password."
+PASSWORD_HELP = gettext_lazy("At least 8 characters, not only digits, not a common password.")
 
 
 def country_choices() -> list[tuple[str, str]]:
     """ISO 3166-1 countries (django-countries), by name; the value is the two-letter code."""
-    return [("", "Choose a country"), *((code, name) for code, name in countries)]
+    return [("", _("Choose a country")), *((code, name) for code, name in countries)]
 
 
 class Accessible:
@@ -77,38 +90,44 @@ class AccessibleForm(Accessible, forms.Form):
 
 
 class QuantityForm(AccessibleForm):
-    quantity = forms.IntegerField(label="Quantity", min_value=1, max_value=1000, initial=1)
+    quantity = forms.IntegerField(
+        label=gettext_lazy("Quantity"), min_value=1, max_value=1000, initial=1
+    )
 
 
 class CheckoutForm(AccessibleForm):
     name = forms.CharField(
-        label="Name", max_length=200, widget=forms.TextInput({"autocomplete": "name"})
+        label=gettext_lazy("Name"), max_length=200, widget=forms.TextInput({"autocomplete": "name"})
     )
     line1 = forms.CharField(
-        label="Address",
+        label=gettext_lazy("Address"),
         max_length=200,
         widget=forms.TextInput({"autocomplete": "address-line1"}),
     )
     city = forms.CharField(
-        label="City", max_length=100, widget=forms.TextInput({"autocomplete": "address-level2"})
+        label=gettext_lazy("City"),
+        max_length=100,
+        widget=forms.TextInput({"autocomplete": "address-level2"}),
     )
     postal_code = forms.CharField(
-        label="Postal code",
+        label=gettext_lazy("Postal code"),
         max_length=20,
         widget=forms.TextInput({"autocomplete": "postal-code"}),
     )
     country = forms.ChoiceField(
-        label="Country",
+        label=gettext_lazy("Country"),
         choices=(),
         error_messages={
-            "required": "Choose the country to ship to.",
-            "invalid_choice": "Choose a country from the list.",
+            "required": gettext_lazy("Choose the country to ship to."),
+            "invalid_choice": gettext_lazy("Choose a country from the list."),
         },
         widget=forms.Select({"autocomplete": "country"}),
     )
-    payment_method = forms.ChoiceField(label="Payment method", choices=PAYMENT_METHODS)
+    payment_method = forms.ChoiceField(
+        label=gettext_lazy("Payment method"), choices=PAYMENT_METHODS
+    )
     on_shortage = forms.ChoiceField(
-        label="If some items are short",
+        label=gettext_lazy("If some items are short"),
         choices=(),
         initial=OnShortage.REJECT,
     )
@@ -131,7 +150,7 @@ class CheckoutForm(AccessibleForm):
         try:
             return Decimal(value)
         except InvalidOperation:
-            raise forms.ValidationError("The total shown was not a number.") from None
+            raise forms.ValidationError(_("The total shown was not a number.")) from None
 
     def shipping_address(self) -> dict:
         data = self.cleaned_data
@@ -140,12 +159,16 @@ class CheckoutForm(AccessibleForm):
 
 class SignupForm(AccessibleForm):
     username = forms.CharField(
-        label="Username", max_length=150, widget=forms.TextInput({"autocomplete": "username"})
+        label=gettext_lazy("Username"),
+        max_length=150,
+        widget=forms.TextInput({"autocomplete": "username"}),
     )
-    email = forms.EmailField(label="Email", widget=forms.EmailInput({"autocomplete": "email"}))
+    email = forms.EmailField(
+        label=gettext_lazy("Email"), widget=forms.EmailInput({"autocomplete": "email"})
+    )
     password = forms.CharField(
-        label="Password",
-        help_text="At least 8 characters, not only digits, not a common password.",
+        label=gettext_lazy("Password"),
+        help_text=PASSWORD_HELP,
         widget=forms.PasswordInput({"autocomplete": "new-password"}),
     )
 
@@ -158,7 +181,7 @@ class ReturnForm(AccessibleForm):
     """
 
     reason = forms.CharField(
-        label="Reason",
+        label=gettext_lazy("Reason"),
         max_length=500,
         required=False,
         widget=forms.Textarea({"rows": 3}),
@@ -169,14 +192,16 @@ class ReturnForm(AccessibleForm):
         quantities = {}
         for line, name, returnable in self.lines:
             quantities[f"quantity_{line.id}"] = forms.IntegerField(
-                label="Quantity",
+                label=_("Quantity"),
                 min_value=0,
                 max_value=line.quantity_shipped,
                 initial=0,
                 error_messages={
-                    "max_value": f"At most {line.quantity_shipped} of {name} shipped.",
-                    "min_value": "Enter 0 or more.",
-                    "invalid": "Enter a whole number.",
+                    "max_value": _("At most {shipped} of {name} shipped.").format(
+                        shipped=line.quantity_shipped, name=name
+                    ),
+                    "min_value": _("Enter 0 or more."),
+                    "invalid": _("Enter a whole number."),
                 },
                 widget=forms.NumberInput(
                     {
@@ -204,7 +229,7 @@ class ReturnForm(AccessibleForm):
         if not self.errors and not any(
             data.get(f"quantity_{line.id}") for line, _name, _r in self.lines
         ):
-            raise forms.ValidationError("Enter how many of at least one item you send back.")
+            raise forms.ValidationError(_("Enter how many of at least one item you send back."))
         return data
 
     def return_lines(self) -> list[tuple[str, int]]:
@@ -228,9 +253,9 @@ class SetPasswordForm(Accessible, auth_forms.SetPasswordForm):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["new_password1"].label = "Password"
+        self.fields["new_password1"].label = _("Password")
         self.fields["new_password1"].help_text = PASSWORD_HELP
-        self.fields["new_password2"].label = "Confirm password"
+        self.fields["new_password2"].label = _("Confirm password")
         self.fields["new_password2"].help_text = ""
         self._describe()
 
@@ -240,11 +265,11 @@ class PasswordChangeForm(Accessible, auth_forms.PasswordChangeForm):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["old_password"].label = "Current password"
+        self.fields["old_password"].label = _("Current password")
         self.fields["old_password"].widget.attrs.pop("autofocus", None)
-        self.fields["new_password1"].label = "New password"
+        self.fields["new_password1"].label = _("New password")
         self.fields["new_password1"].help_text = PASSWORD_HELP
-        self.fields["new_password2"].label = "Confirm new password"
+        self.fields["new_password2"].label = _("Confirm new password")
         self.fields["new_password2"].help_text = ""
         self._describe()
 
@@ -254,10 +279,12 @@ class EmailChangeForm(AccessibleForm):
     e-mail address is where a password reset goes, so changing it proves who asks)."""
 
     email = forms.EmailField(
-        label="Email", max_length=254, widget=forms.EmailInput({"autocomplete": "email"})
+        label=gettext_lazy("Email"),
+        max_length=254,
+        widget=forms.EmailInput({"autocomplete": "email"}),
     )
     current_password = forms.CharField(
-        label="Current password",
+        label=gettext_lazy("Current password"),
         strip=False,
         widget=forms.PasswordInput({"autocomplete": "current-password"}),
     )
@@ -269,11 +296,11 @@ class EmailChangeForm(AccessibleForm):
     def clean_current_password(self) -> str:
         password = self.cleaned_data["current_password"]
         if not self.user.check_password(password):
-            raise forms.ValidationError("That is not your current password.")
+            raise forms.ValidationError(_("That is not your current password."))
         return password
 
     def clean_email(self) -> str:
         email = self.cleaned_data["email"].strip()
         if email.lower() == (self.user.email or "").lower():
-            raise forms.ValidationError("That is already your e-mail address.")
+            raise forms.ValidationError(_("That is already your e-mail address."))
         return email

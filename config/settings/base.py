@@ -71,6 +71,9 @@ MIDDLEWARE = [
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "core.problems.ProblemMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
+    # The shopper's language: the session's choice, else Accept-Language; the API
+    # stays in English (core.middleware.LocaleMiddleware; docs/storefront.md).
+    "core.middleware.LocaleMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
@@ -105,6 +108,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "django.template.context_processors.i18n",
             ],
         },
     },
@@ -273,7 +277,11 @@ CELERY_BEAT_SCHEDULE["idempotency-purge-finished-keys"] = _beat_every(
 )
 
 # --- i18n, static ------------------------------------------------------------
-LANGUAGE_CODE = "en-us"
+# The storefront, its e-mails and the admin speak these languages; the API answers
+# in English whatever the request asks (docs/storefront.md, "Languages").
+LANGUAGE_CODE = "en"
+LANGUAGES = [("en", "English"), ("fr", "Français")]
+LOCALE_PATHS = [BASE_DIR / "locale"]
 TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True

@@ -19,6 +19,8 @@ from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
 from typing import cast
 
+from babel.numbers import get_currency_precision, is_currency
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS operations (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -68,7 +70,6 @@ EVENT_COLUMNS = {
 }
 
 KINDS = ("authorize", "capture", "void", "refund")
-MINOR_UNITS = {"JPY": 0, "KWD": 3}
 
 EVENT_TYPES = {
     ("capture", "succeeded"): "charge.captured",
@@ -101,7 +102,9 @@ def parse_amount(value, currency: str) -> Decimal:
         amount = Decimal(value)
     except InvalidOperation as exc:
         raise RequestError(400, "invalid_amount", f"not an amount: {value!r}") from exc
-    places = MINOR_UNITS.get(currency, 2)
+    if not is_currency(currency):  # minor units are CLDR's, as in core.money
+        raise RequestError(400, "invalid_currency", f"not an ISO 4217 currency: {currency!r}")
+    places = get_currency_precision(currency)
     if not amount.is_finite() or amount <= 0 or -cast(int, amount.as_tuple().exponent) > places:
         raise RequestError(400, "invalid_amount", f"amount must be > 0 with <= {places} places")
     return amount.quantize(Decimal(1).scaleb(-places))

@@ -20,6 +20,7 @@ from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
+from django.utils.translation import gettext, gettext_lazy
 
 from core.admin import DueWorkAdmin, ReadOnlyAdmin, ReadOnlyInline, require_permission
 from core.money import format_money
@@ -114,26 +115,30 @@ def cancel_explanation(order: Order) -> str:
     """What "Cancel order" will do to this order, as its confirmation page says it."""
     status = order.status
     if status == OrderStatus.AWAITING_DECISION:
-        return (
+        return gettext(
             "The order is cancelled at once: its reserved units go back to stock. "
             "Nothing was charged, so nothing is refunded."
         )
     if status in (OrderStatus.CONFIRMED, OrderStatus.PARTIALLY_CONFIRMED):
         if order.fulfillment != Fulfillment.UNFULFILLED:
-            return "Part of this order has shipped: it cannot be cancelled; return it instead."
+            return gettext(
+                "Part of this order has shipped: it cannot be cancelled; return it instead."
+            )
         payment = order.payment
         captured = payment.amount_captured if payment is not None else Decimal(0)
-        return (
-            f"The order moves to cancelling. Compensation steps then refund what is still "
-            f"refundable of the {format_money(captured)} {order.currency} captured, put its "
-            f"units back in stock, reverse its loyalty points and tell the shopper; when the "
-            f"last one is done the order is cancelled."
-        )
+        return gettext(
+            "The order moves to cancelling. Compensation steps then refund what is still "
+            "refundable of the {captured} {currency} captured, put its "
+            "units back in stock, reverse its loyalty points and tell the shopper; when the "
+            "last one is done the order is cancelled."
+        ).format(captured=format_money(captured), currency=order.currency)
     if status in (OrderStatus.CANCELLING, OrderStatus.CANCELLED):
-        return f"The order is {status} already: cancelling it again changes nothing."
+        return gettext(
+            "The order is {status} already: cancelling it again changes nothing."
+        ).format(status=status)
     if status == OrderStatus.PAYMENT_PENDING:
-        return "The payment's outcome is not known yet: cancel once it is."
-    return f"An order that is {status} cannot be cancelled."
+        return gettext("The payment's outcome is not known yet: cancel once it is.")
+    return gettext("An order that is {status} cannot be cancelled.").format(status=status)
 
 
 def cancel_form_key(order: Order, *, after: str = "") -> str:
@@ -202,11 +207,11 @@ class ReturnRequestAdmin(ReadOnlyAdmin):
     actions = ["mark_received", "retry_failed_steps"]
     change_form_template = "admin/orders/returnrequest/change_form.html"
 
-    @admin.display(description="steps")
+    @admin.display(description=gettext_lazy("steps"))
     def steps_table(self, obj):
         return _steps_table(CompensationStep.objects.filter(order_return=obj).order_by("position"))
 
-    @admin.display(description="refund")
+    @admin.display(description=gettext_lazy("refund"))
     def refund_row(self, obj):
         refund = payment_selectors.refund_get_or_none(
             refund_id=compensation.return_refund_id(obj.id)
@@ -226,11 +231,11 @@ class ReturnRequestAdmin(ReadOnlyAdmin):
     def _one(self, request, queryset, url_name):
         ids = list(queryset.values_list("id", flat=True)[:2])
         if len(ids) != 1:
-            self.message_user(request, "Select exactly one return.", level="warning")
+            self.message_user(request, gettext_lazy("Select exactly one return."), level="warning")
             return None
         return HttpResponseRedirect(reverse(url_name, args=[ids[0]]))
 
-    @admin.action(description="Mark received", permissions=["change_state"])
+    @admin.action(description=gettext_lazy("Mark received"), permissions=["change_state"])
     def mark_received(self, request, queryset):
         """Bulk: a keyed confirmation (keyed_action); each return is received at most once."""
         if not request.user.has_perm(permissions.RECEIVE_RETURN):
@@ -240,18 +245,20 @@ class ReturnRequestAdmin(ReadOnlyAdmin):
             request,
             queryset,
             operation=ADMIN_RETURNS_RECEIVE,
-            title="Mark received",
-            explanation="Record these returns as received in the warehouse. Each requested "
-            "return starts its compensation (restock, refund, points, the shopper's e-mail) "
-            "once; returns already received are left as they are.",
-            button="Yes, mark received",
-            decide=lambda pk: returns.return_receive(return_id=pk, by=request.user).started,
-            done_message=lambda changed, skipped: (
-                f"{changed} marked received; {skipped} unchanged (received already)."
+            title=gettext_lazy("Mark received"),
+            explanation=gettext_lazy(
+                "Record these returns as received in the warehouse. Each requested "
+                "return starts its compensation (restock, refund, points, the shopper's e-mail) "
+                "once; returns already received are left as they are."
             ),
+            button=gettext_lazy("Yes, mark received"),
+            decide=lambda pk: returns.return_receive(return_id=pk, by=request.user).started,
+            done_message=lambda changed, skipped: gettext(
+                "{changed} marked received; {skipped} unchanged (received already)."
+            ).format(changed=changed, skipped=skipped),
         )
 
-    @admin.action(description="Retry failed steps", permissions=["change_state"])
+    @admin.action(description=gettext_lazy("Retry failed steps"), permissions=["change_state"])
     def retry_failed_steps(self, request, queryset):
         return self._one(request, queryset, "admin:orders_returnrequest_retry")
 
@@ -280,7 +287,7 @@ class ReturnRequestAdmin(ReadOnlyAdmin):
             "admin/orders/returnrequest/action.html",
             {
                 **self.admin_site.each_context(request),
-                "title": f"{title}: return {order_return.id}",
+                "title": gettext("{action}: return {id}").format(action=title, id=order_return.id),
                 "opts": self.model._meta,
                 "order_return": order_return,
                 "button": title,
@@ -312,19 +319,19 @@ class ReturnInline(ReadOnlyInline):
     readonly_fields = fields
     ordering = ["created_at"]
 
-    @admin.display(description="return")
+    @admin.display(description=gettext_lazy("return"))
     def return_link(self, obj):
         url = reverse("admin:orders_returnrequest_change", args=[obj.pk])
         return format_html('<a href="{}">{}</a>', url, obj.pk)
 
-    @admin.display(description="steps")
+    @admin.display(description=gettext_lazy("steps"))
     def steps(self, obj):
         return _steps_table(CompensationStep.objects.filter(order_return=obj).order_by("position"))
 
 
 class CancellationStepInline(ReadOnlyInline):
     model = CompensationStep
-    verbose_name_plural = "cancellation steps"
+    verbose_name_plural = gettext_lazy("cancellation steps")
     fields = ["name", "status", "attempts", "next_attempt_at", "after", "refund_id", "last_error"]
     readonly_fields = fields
     ordering = ["position"]
@@ -336,11 +343,11 @@ class CancellationStepInline(ReadOnlyInline):
 class CancelOrderMixin(admin.ModelAdmin):
     """The orders' admin: the "Cancel order" action and its confirmation page."""
 
-    @admin.action(description="Cancel order", permissions=["change_state"])
+    @admin.action(description=gettext_lazy("Cancel order"), permissions=["change_state"])
     def cancel_order(self, request, queryset):
         ids = list(queryset.values_list("id", flat=True)[:2])
         if len(ids) != 1:
-            self.message_user(request, "Select exactly one order.", level="warning")
+            self.message_user(request, gettext_lazy("Select exactly one order."), level="warning")
             return None
         return HttpResponseRedirect(reverse("admin:orders_order_cancel", args=[ids[0]]))
 
@@ -364,12 +371,12 @@ class CancelOrderMixin(admin.ModelAdmin):
             "admin/orders/order/cancel.html",
             {
                 **self.admin_site.each_context(request),
-                "title": f"Cancel order {order.number}",
+                "title": gettext("Cancel order {number}").format(number=order.number),
                 "opts": self.model._meta,
                 "order": order,
                 "original": order,
                 "explanation": cancel_explanation(order),
                 "key": cancel_form_key(order, after=request.GET.get("after", "")),
-                "button": "Cancel order",
+                "button": gettext("Cancel order"),
             },
         )

@@ -28,6 +28,7 @@ from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.http import urlencode
+from django.utils.translation import gettext
 
 from idempotency.admin_actions import admin_form_refusal, refusal_message, state_key
 from idempotency.keys import Reply, Result, keyed_operation
@@ -77,7 +78,7 @@ def shipment_redirect(result: Result, *, order_id=None, form_key: str = "", requ
     if result.refusal is None:
         shipment = result.value
         if request is not None:
-            messages.success(request, f"Shipment {shipment.pk} created.")
+            messages.success(request, gettext("Shipment {id} created.").format(id=shipment.pk))
         url = reverse("admin:orders_order_change", args=[shipment.order_id])
         return Reply(status=303, headers={"Location": url})
     if request is not None:
@@ -104,7 +105,9 @@ class ShipmentForm(forms.Form):
                 min_value=0,
                 max_value=1000,
                 initial=unshipped(line),
-                label=f"{line.sku} (units to ship; {unshipped(line)} unshipped)",
+                label=gettext("{sku} (units to ship; {unshipped} unshipped)").format(
+                    sku=line.sku, unshipped=unshipped(line)
+                ),
             )
 
     @staticmethod
@@ -177,7 +180,7 @@ class ShipmentFormMixin(admin.ModelAdmin):
             "admin/orders/order/shipment.html",
             {
                 **self.admin_site.each_context(request),
-                "title": f"Create shipment: order {order.number}",
+                "title": gettext("Create shipment: order {number}").format(number=order.number),
                 "opts": self.model._meta,
                 "order": order,
                 "form": form,

@@ -18,6 +18,7 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
+from django.utils.translation import gettext, gettext_lazy
 
 from core.admin import ReadOnlyAdmin, ReadOnlyInline, require_permission
 from core.admin_export import CsvExportMixin
@@ -126,26 +127,26 @@ class OrderLineInline(ReadOnlyInline):
         # One query for every line and its flag, not one more per line.
         return super().get_queryset(request).select_related("reservation")
 
-    @admin.display(description="reservation")
+    @admin.display(description=gettext_lazy("reservation"))
     def reservation_link(self, line):
         if line.reservation is None:
             return "-"
         url = reverse("admin:inventory_reservation_change", args=[line.reservation.pk])
         return format_html('<a href="{}">{}</a>', url, line.reservation.pk)
 
-    @admin.display(description="flag state")
+    @admin.display(description=gettext_lazy("flag state"))
     def reservation_state(self, line):
         return line.reservation.state if line.reservation else "-"
 
-    @admin.display(description="flag units")
+    @admin.display(description=gettext_lazy("flag units"))
     def reservation_quantity(self, line):
         return line.reservation.quantity if line.reservation else "-"
 
-    @admin.display(description="flag expires at")
+    @admin.display(description=gettext_lazy("flag expires at"))
     def reservation_expires_at(self, line):
         return line.reservation.expires_at if line.reservation else None
 
-    @admin.display(description="flag resolved at")
+    @admin.display(description=gettext_lazy("flag resolved at"))
     def reservation_resolved_at(self, line):
         return line.reservation.resolved_at if line.reservation else None
 
@@ -169,7 +170,7 @@ class ShipmentInline(ReadOnlyInline):
     readonly_fields = fields
     ordering = ["created_at", "id"]
 
-    @admin.display(description="shipment")
+    @admin.display(description=gettext_lazy("shipment"))
     def shipment_link(self, shipment):
         url = reverse("admin:orders_shipment_change", args=[shipment.pk])
         return format_html('<a href="{}">{}</a>', url, shipment.pk)
@@ -182,11 +183,13 @@ class RefundFormMixin(admin.ModelAdmin):
         """Refunds move money: the custom `orders.refund_order` permission, not "change order"."""
         return request.user.has_perm(permissions.REFUND)
 
-    @admin.action(description="Refund (amount and reason)", permissions=["refund"])
+    @admin.action(description=gettext_lazy("Refund (amount and reason)"), permissions=["refund"])
     def refund(self, request, queryset):
         orders = list(queryset.values_list("id", flat=True)[:2])
         if len(orders) != 1:
-            self.message_user(request, "Select exactly one order to refund.", level="warning")
+            self.message_user(
+                request, gettext_lazy("Select exactly one order to refund."), level="warning"
+            )
             return None
         return HttpResponseRedirect(reverse("admin:orders_order_refund", args=[orders[0]]))
 
@@ -216,7 +219,7 @@ class RefundFormMixin(admin.ModelAdmin):
             "admin/orders/order/refund.html",
             {
                 **self.admin_site.each_context(request),
-                "title": f"Refund order {order.number}",
+                "title": gettext("Refund order {number}").format(number=order.number),
                 "opts": self.model._meta,
                 "order": order,
                 "form": form,
@@ -255,7 +258,7 @@ class OrderAdmin(
     # `=number`: an exact match on the human number, which staff read off a
     # receipt or an e-mail; the owner's name and e-mail by substring.
     search_fields = ["=number", "owner__username", "owner__email"]
-    search_help_text = "Order number (exact), or the shopper's username or e-mail."
+    search_help_text = gettext_lazy("Order number (exact), or the shopper's username or e-mail.")
     list_select_related = ["owner", "payment"]
     ordering = ["-number"]
     show_full_result_count = False
@@ -318,7 +321,7 @@ class OrderAdmin(
         return [*super().get_readonly_fields(request, obj), "refunds"]
 
     # Refunds hang off the payment, not the order: shown as a read-only table.
-    @admin.display(description="refunds (whatever started them)")
+    @admin.display(description=gettext_lazy("refunds (whatever started them)"))
     def refunds(self, order):
         if order.payment_id is None:
             return "-"
@@ -351,15 +354,15 @@ class OrderAdmin(
         )
 
     # None until the order goes to payment ("none" in the API's body).
-    @admin.display(description="payment status")
+    @admin.display(description=gettext_lazy("payment status"))
     def payment_status(self, order):
         return order.payment.status if order.payment else "none"
 
-    @admin.display(description="captured")
+    @admin.display(description=gettext_lazy("captured"))
     def payment_amount_captured(self, order):
         return order.payment.amount_captured if order.payment else "-"
 
-    @admin.display(description="refunded")
+    @admin.display(description=gettext_lazy("refunded"))
     def payment_amount_refunded(self, order):
         return order.payment.amount_refunded if order.payment else "-"
 
@@ -383,7 +386,7 @@ class ShipmentAdmin(ReadOnlyAdmin):
     list_display = ["id", "order", "carrier", "tracking_number", "created_at"]
     list_select_related = ["order"]
     search_fields = ["=tracking_number", "=order__number"]
-    search_help_text = "Tracking number or order number (exact)."
+    search_help_text = gettext_lazy("Tracking number or order number (exact).")
     ordering = ["-created_at"]
     fields = [
         "id",
@@ -397,7 +400,7 @@ class ShipmentAdmin(ReadOnlyAdmin):
     readonly_fields = fields
     inlines = [ShipmentLineInline]
 
-    @admin.display(description="tracking: received")
+    @admin.display(description=gettext_lazy("tracking: received"))
     def tracking_counts(self, shipment):
         summary = tracking.tracking_summary(shipment_id=shipment.pk)
         return format_html(
@@ -408,7 +411,9 @@ class ShipmentAdmin(ReadOnlyAdmin):
             summary.suspicious,
         )
 
-    @admin.display(description="tracking events (each event id once, first received wins)")
+    @admin.display(
+        description=gettext_lazy("tracking events (each event id once, first received wins)")
+    )
     def tracking_events(self, shipment):
         events = list(tracking.tracking_events(shipment_id=shipment.pk)[:500])
         if not events:

@@ -4,7 +4,7 @@ from decimal import Decimal
 
 from django import template
 
-from core.money import format_money, shop_currency
+from core.money import display_money
 
 from .. import words
 
@@ -26,15 +26,14 @@ _TABLES = {
 
 @register.filter
 def in_words(value: str, kind: str) -> str:
-    """`{{ order.status|in_words:"order" }}` → "Payment declined"."""
+    """`{{ order.status|in_words:"order" }}` → "Payment declined" (in the active language)."""
     return words.words(_TABLES[kind], str(value))
 
 
 @register.filter
 def money(amount, currency: str | None = None) -> str:
-    """`{{ product.price|money }}` → "19.99 EUR"."""
-    currency = currency or shop_currency()
-    return f"{format_money(Decimal(amount), currency)} {currency}"
+    """`{{ product.price|money }}` → "€19.99" in English, "19,99 €" in French."""
+    return display_money(Decimal(amount), currency or None)
 
 
 @register.simple_tag(takes_context=True)

@@ -20,6 +20,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.urls import reverse, reverse_lazy
 from django.utils.http import url_has_allowed_host_and_scheme
+from django.utils.translation import gettext as _
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from core.errors import InvalidRequest
@@ -70,7 +71,9 @@ def account_email(request: HttpRequest) -> HttpResponse:
         return _account_page(request, email_form=form, status=400)
     # login_required: an authenticated User; the stubs cannot narrow request.user.
     services.user_email_change(user=request.user, email=form.cleaned_data["email"])  # type: ignore[arg-type]
-    messages.success(request, f"Your e-mail address is now {form.cleaned_data['email']}.")
+    messages.success(
+        request, _("Your e-mail address is now {email}.").format(email=form.cleaned_data["email"])
+    )
     return see_other(reverse("account"))
 
 
@@ -79,12 +82,14 @@ def account_email(request: HttpRequest) -> HttpResponse:
 @refuse_couriers
 def account_delete(request: HttpRequest) -> HttpResponse:
     if request.POST.get("confirm") != "yes":
-        messages.error(request, "Tick the box to confirm that you want to delete your account.")
+        messages.error(request, _("Tick the box to confirm that you want to delete your account."))
         return see_other(reverse("account"))
     # login_required: an authenticated User; the stubs cannot narrow request.user.
     services.user_anonymise(user=request.user)  # type: ignore[arg-type]
     auth_logout(request)
-    messages.success(request, "Your account was deleted. Your orders stay on record, anonymised.")
+    messages.success(
+        request, _("Your account was deleted. Your orders stay on record, anonymised.")
+    )
     return see_other(reverse("catalog"))
 
 
@@ -96,7 +101,7 @@ def account_logout_everywhere(request: HttpRequest) -> HttpResponse:
     # login_required: an authenticated User; the stubs cannot narrow request.user.
     services.user_log_out_everywhere(user=request.user)  # type: ignore[arg-type]
     auth_logout(request)
-    messages.success(request, "You are logged out on every device and every API token ended.")
+    messages.success(request, _("You are logged out on every device and every API token ended."))
     return see_other(reverse("login"))
 
 
@@ -110,7 +115,7 @@ def _safe_next(request: HttpRequest) -> str:
 def _merge_guest_cart(request: HttpRequest, user) -> None:
     """Just logged in or signed up: the session's guest cart joins the shopper's (once)."""
     if carts.guest_cart_merge(session=request.session, user=user):
-        messages.info(request, "The items you added before logging in are in your cart.")
+        messages.info(request, _("The items you added before logging in are in your cart."))
 
 
 @require_http_methods(["GET", "POST"])
@@ -125,14 +130,17 @@ def signup(request: HttpRequest) -> HttpResponse:
                 username=data["username"], email=data["email"], password=data["password"]
             )
         except services.UsernameTaken:
-            form.add_error("username", "This username is taken; choose another one.")
+            form.add_error("username", _("This username is taken; choose another one."))
         except InvalidRequest as exc:
             for message in (exc.errors or {}).get("password", [exc.detail]):
                 form.add_error("password", message)
         else:
             auth_login(request, user, backend="django.contrib.auth.backends.ModelBackend")
             _merge_guest_cart(request, user)
-            messages.success(request, f"Welcome, {user.username}! Your account is ready.")
+            messages.success(
+                request,
+                _("Welcome, {username}! Your account is ready.").format(username=user.username),
+            )
             return see_other(_safe_next(request))
     status = 400 if form.is_bound and form.errors else 200
     return render(
@@ -160,7 +168,9 @@ class ShopLoginView(LoginView):
             response = self.render_to_response(
                 self.get_context_data(
                     form=self.get_form_class()(request),
-                    throttled=f"Too many log-in attempts. Try again in {seconds} seconds.",
+                    throttled=_("Too many log-in attempts. Try again in {seconds} seconds.").format(
+                        seconds=seconds
+                    ),
                 ),
                 status=429,
             )
@@ -179,7 +189,7 @@ class ShopLoginView(LoginView):
 def logout_page(request: HttpRequest) -> HttpResponse:
     if request.method == "POST":
         auth_logout(request)
-        messages.success(request, "You are logged out.")
+        messages.success(request, _("You are logged out."))
         return see_other(reverse("catalog"))
     return render(request, "shop/logout.html")
 
@@ -219,7 +229,9 @@ class PasswordResetView(_SeeOther, auth_views.PasswordResetView):
             response = self.render_to_response(
                 self.get_context_data(
                     form=self.get_form_class()(request.POST),
-                    throttled=f"Too many requests. Try again in {seconds} seconds.",
+                    throttled=_("Too many requests. Try again in {seconds} seconds.").format(
+                        seconds=seconds
+                    ),
                 ),
                 status=429,
             )

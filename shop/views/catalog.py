@@ -15,6 +15,7 @@ from django.db.models import Q
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.urls import reverse
+from django.utils.translation import gettext as _
 from django.views.decorators.http import require_GET, require_http_methods
 
 from core.errors import InvalidRequest, NotFound
@@ -75,14 +76,26 @@ def product_page(request: HttpRequest, sku: str) -> HttpResponse:
             except (ValueError, carts.CartChanged):
                 messages.warning(
                     request,
-                    "Your cart changed since this page was shown (in another tab?), so "
-                    "nothing was added. Check your cart, then add the item again.",
+                    _(
+                        "Your cart changed since this page was shown (in another tab?), so "
+                        "nothing was added. Check your cart, then add the item again."
+                    ),
                 )
                 return see_other(request.path)
-            except carts.CartFull as exc:
-                messages.error(request, f"{exc.detail} Log in to keep more.")
+            except carts.CartFull:
+                messages.error(
+                    request,
+                    _("A cart holds at most {limit} different items. Log in to keep more.").format(
+                        limit=carts.MAX_GUEST_LINES
+                    ),
+                )
                 return see_other(request.path)
-            messages.success(request, f"Added {quantity} × {product.name} to your cart.")
+            messages.success(
+                request,
+                _("Added {quantity} × {name} to your cart.").format(
+                    quantity=quantity, name=product.name
+                ),
+            )
             return see_other(reverse("cart"))
         status = 400
     context = {"product": product, "form": form, "cart_version": _cart_version(request)}
@@ -148,13 +161,15 @@ def _cart_post(
     except carts.CartChanged:
         messages.warning(
             request,
-            "Your cart changed since this page was shown (in another tab?), so nothing was "
-            "changed. Here it is as it is now.",
+            _(
+                "Your cart changed since this page was shown (in another tab?), so nothing was "
+                "changed. Here it is as it is now."
+            ),
         )
     except (ValueError, InvalidRequest):
-        messages.error(request, "Enter a quantity between 0 and 1000.")
+        messages.error(request, _("Enter a quantity between 0 and 1000."))
     else:
-        messages.success(request, "Your cart was updated.")
+        messages.success(request, _("Your cart was updated."))
     return see_other(reverse("cart"))
 
 
@@ -186,7 +201,7 @@ def _checkout_page(request, *, form=None, problem=None, status=200) -> HttpRespo
     cart.refresh_from_db()
     items = carts.cart_items(cart=cart)
     if not items:
-        messages.info(request, "Your cart is empty: add something first.")
+        messages.info(request, _("Your cart is empty: add something first."))
         return see_other(reverse("cart"))
     total = carts.cart_total(items)
     if form is None:
@@ -245,10 +260,10 @@ def _checkout_submit(request: HttpRequest, *, key) -> HttpResponse | None:
     items = carts.cart_items(cart=cart)
     if version == cart.version:
         if not items:
-            messages.info(request, "Your cart is empty: add something first.")
+            messages.info(request, _("Your cart is empty: add something first."))
             return see_other(reverse("cart"))
         if any(item.product is None for item in items):
-            messages.error(request, "An item in your cart is no longer sold; remove it first.")
+            messages.error(request, _("An item in your cart is no longer sold; remove it first."))
             return see_other(reverse("cart"))
     data = form.cleaned_data
     order_operations.order_place_keyed(

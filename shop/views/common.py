@@ -10,6 +10,7 @@ import functools
 
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
+from django.utils.translation import gettext as _
 
 from core.permissions import is_courier
 from idempotency.views import form_refusal as keyed_form_refusal
@@ -49,7 +50,7 @@ def refuse_couriers(view):
             return render(
                 request,
                 "shop/form_refusal.html",
-                {"title": "Permission denied", "message": words.COURIER_REFUSAL},
+                {"title": _("Permission denied"), "message": words.COURIER_REFUSAL},
                 status=403,
             )
         return view(request, *args, **kwargs)
@@ -60,4 +61,6 @@ def refuse_couriers(view):
 def problem_text(code: str | None) -> str | None:
     if not code:
         return None
-    return words.PROBLEMS.get(code, "Something went wrong; nothing was charged twice.")
+    if code in words.PROBLEMS:
+        return str(words.PROBLEMS[code])
+    return _("Something went wrong; nothing was charged twice.")

@@ -14,6 +14,7 @@ from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.urls import reverse
+from django.utils.translation import gettext as _
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from core.errors import NotFound
@@ -117,9 +118,9 @@ def _order_context(request: HttpRequest, order) -> dict:
         "returns": _order_returns(order, names),
         "method_label": dict(PAYMENT_METHODS).get(order.payment_method, order.payment_method),
         "hint": (
-            "Your items are on their way."
+            _("Your items are on their way.")
             if order.fulfillment == "shipped" and order.status in checkout.KEPT
-            else words.ORDER_STATUS_HINT.get(order.status, "")
+            else str(words.ORDER_STATUS_HINT.get(order.status, ""))
         ),
         "shipments": shipments,
         "problem_text": problem_text(request.GET.get("problem")),

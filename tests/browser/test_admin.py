@@ -121,7 +121,7 @@ def test_return_requested_in_the_storefront_and_marked_received_twice_is_refunde
     ui.visit(shopper, f"/orders/{order.id}/")
     text = shopper.locator("body").inner_text()
     assert "Completed: refunded" in text, text
-    assert re.search(r"8\.50 \w+\s+Refunded\s+Return", text), text
+    assert re.search(r"€8\.50\s+Refunded\s+Return", text), text
     ui.check_page(shopper, "order-with-return")
 
 

@@ -622,3 +622,65 @@ def test_catalog_search_and_order_pages(shop, page, make_product):
     page.get_by_role("link", name="Newer orders").click()
     page.wait_for_url(re.compile(r"/orders/\?after=\d+$"))
     assert page.locator("tbody tr").count() == 20
+
+
+# --- In French -------------------------------------------------------------------
+
+
+def test_a_shopper_switches_to_french_and_checks_out_in_french(shop, page, make_product):
+    """The footer's switcher turns the storefront French: labels, buttons, statuses and
+    money ("19,99 €"); one order, one charge. Screenshots at both widths, axe-clean."""
+    make_product("TEE-M", price="19.99", stock=5, name="T-shirt, medium")
+    ui.visit(page, "/accounts/signup/")
+    page.get_by_role("button", name="Français").click()
+    page.wait_for_load_state()
+    assert page.locator("html").get_attribute("lang") == "fr"
+    assert page.get_by_role("heading", name="S'inscrire").count()
+    ui.check_page(page, "fr-signup")
+    username = ui.unique_name()
+    page.get_by_label("Nom d'utilisateur", exact=True).fill(username)
+    page.get_by_label("E-mail", exact=True).fill(f"{username}@example.com")
+    page.get_by_label("Mot de passe", exact=True).fill(ui.PASSWORD)
+    page.get_by_role("button", name="S'inscrire").click()
+    page.wait_for_load_state()
+    assert page.get_by_role("button", name="Se déconnecter", exact=True).count()
+
+    ui.visit(page, "/products/TEE-M/")
+    assert re.search(r"19,99\s€", page.locator(".price").inner_text())
+    assert page.get_by_text("Plus que 5").count()
+    ui.check_page(page, "fr-product")
+    page.get_by_label("Quantité", exact=True).fill("2")
+    page.get_by_role("button", name="Ajouter au panier").click()
+    page.wait_for_load_state()
+    ui.visit(page, "/cart/")
+    assert re.search(r"Total\s+39,98\s€", page.locator(".total").inner_text())
+    ui.check_page(page, "fr-cart")
+
+    ui.visit(page, "/checkout/")
+    for label, value in {
+        "Nom": "Ada Lovelace",
+        "Adresse": "1 rue de l'Analyse",
+        "Ville": "Paris",
+        "Code postal": "75001",
+        "Pays": "FR",
+        "Moyen de paiement": "pm_card_ok",
+    }.items():
+        ui.fill_field(page.get_by_label(label, exact=True), value)
+    assert page.get_by_label("Pays", exact=True).locator("option:checked").inner_text() == "France"
+    ui.check_page(page, "fr-checkout")
+    page.get_by_role("button", name="Passer la commande").click()
+    page.wait_for_url(ORDER_URL)
+    order = order_on(page)
+    assert order.status == "confirmed"
+    text = page.locator("body").inner_text()
+    assert f"Commande {order.number}" in text and "Confirmée" in text
+    assert re.search(r"Total\s+39,98\s€", text) and "Order" not in text
+    ui.check_page(page, "fr-order")
+    assert_one_order_one_charge(shop, username)
+
+    ui.visit(page, "/orders/")
+    assert page.get_by_role("heading", name="Vos commandes").count()
+    ui.check_page(page, "fr-orders")
+    page.get_by_role("button", name="English").click()
+    page.wait_for_load_state()
+    assert page.get_by_role("heading", name="Your orders").count()

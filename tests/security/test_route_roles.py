@@ -255,6 +255,8 @@ ROUTES: dict[str, Row] = {
         fresh=True,
     ),
     "accounts/logout/": Row({"GET": EVERYONE_OK, "POST": EVERYONE_OK}, fresh=True),
+    # The language switcher (Django's set_language): anyone may choose a language.
+    "i18n/setlang/": Row({"POST": EVERYONE_OK}, bodies={"POST": {"language": "fr"}}),
     "accounts/password-reset/": Row(
         {"GET": PAGE_EVERYONE, "POST": EVERYONE_OK, "PUT": EVERYONE_OK},
         bodies={"POST": {"email": "x@example.com"}},

@@ -141,7 +141,7 @@ def test_a_changed_price_is_a_message_and_nothing_is_reserved(browser, catalog, 
     assert response["Location"] == "/checkout/?problem=price_changed"
     assert not Order.objects.exists()
     page = browser.get(response["Location"]).content.decode()
-    assert "Prices changed" in page and "19.99 EUR" in page
+    assert "Prices changed" in page and "€19.99" in page
 
 
 def test_a_form_of_an_older_cart_version_places_nothing(browser, catalog, provider):

@@ -78,14 +78,14 @@ def make_due_again(row: Mail) -> None:
 @pytest.mark.parametrize(
     ("event_type", "extra", "needle"),
     [
-        ("order.confirmed", {}, "39.98 EUR"),
+        ("order.confirmed", {}, "€39.98"),
         ("order.partially_confirmed", {}, "confirmed"),
         ("order.payment_failed", {"status": "payment_failed"}, "declined"),
         ("order.shipment_created", {"carrier": "DHL", "tracking_number": "TRK-777"}, "TRK-777"),
         (
             "refund.succeeded",
             {"amount": "12.50", "reference": "order-42", "refund_id": "r1"},
-            "12.50 EUR",
+            "€12.50",
         ),
     ],
 )
