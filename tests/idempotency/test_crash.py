@@ -226,6 +226,7 @@ def test_stalled_request_taken_over_after_its_ttl_cannot_commit(gunicorn, stub_s
 # Also run on the embedded servers in CI: real server processes must find the
 # socket-only PostgreSQL of a fresh machine.
 @pytest.mark.embedded
+@pytest.mark.serial  # the overlap needs the requests to meet within the winner's 1.5 s
 def test_concurrent_requests_to_real_workers_make_one_effect(gunicorn, stub_service, token):
     """Twenty clients released together against four worker processes."""
     n = 20

@@ -190,7 +190,7 @@ def test_step_retry_now_needs_the_change_step_permission(viewer, order, make_use
 def test_the_demo_staff_user_may_do_everything(order):
     from django.contrib.auth import get_user_model
 
-    from shop import demo
+    from devtools.demo import seeding as demo
 
     staff = next(u for u in demo.DEMO_USERS if u.staff)
     demo._user_create(staff)  # as `make demo` makes it
