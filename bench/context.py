@@ -37,6 +37,10 @@ class BenchContext:
     rss_checkouts: int = 10_000
     # `--steady-seconds`: how long each steady phase of the relay scenario writes.
     steady_seconds: float = 300.0
+    # `--sustained-rates` and `--sustained-seconds`: the sustained scenario's steps
+    # (orders/s, rising) and how long each sends; None: the scenario's defaults.
+    sustained_rates: tuple[float, ...] | None = None
+    sustained_seconds: float | None = None
     # CPU sources sampled at the edges of every load run besides gunicorn's
     # (bench/cpu.py: name -> cumulative CPU seconds); each run's `cpu_s` holds them.
     cpu_sources: dict[str, Callable[[], float | None]] | None = None

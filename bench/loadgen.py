@@ -1,4 +1,4 @@
-"""A small closed-loop HTTP/1.1 load generator for loopback servers.
+"""A small HTTP/1.1 load generator for loopback servers: closed loop, and open loop.
 
 `concurrency` threads each send one request, wait for the whole response,
 record its latency and status, and send the next, until the duration is over
@@ -8,6 +8,9 @@ http.client header parsing, so the generator's own CPU per request stays
 small. Keep-alive is used when the server allows it; gunicorn's sync workers
 close every connection, so there each request also pays a TCP connect, as a
 real client of such a server does.
+
+`run_open` is the open loop: requests due at a fixed rate whatever the
+answers, latency counted from the due time (the sustained scenario).
 
 Only loopback addresses are accepted: this is a benchmark tool, not a way to
 load someone else's server.
@@ -407,4 +410,126 @@ def run_load(
         latencies_ms=latencies,
         expected=expected,
         client_cpu_s=cpu,
+    )
+
+
+@dataclass
+class OpenLoadResult:
+    """What an open-loop run (`run_open`) measured: one sample per request sent.
+
+    `samples` are (due, latency_ms, status) with `due` the second of the run
+    the request was due at and the latency counted from then, not from when a
+    thread was free to send it: a server that falls behind shows as latency,
+    not as a lower rate (no coordinated omission). `status` is None when the
+    request got no answer (`errors` counts those by kind).
+    """
+
+    rate: float
+    duration_s: float
+    samples: list[tuple[float, float, int | None]]
+    errors: Counter
+    late_starts: int
+    client_cpu_s: float
+
+    @property
+    def statuses(self) -> Counter:
+        return Counter(status for _, _, status in self.samples if status is not None)
+
+
+def run_open(
+    base_url: str,
+    *,
+    factory: Callable[[int], Request],
+    rate: float,
+    duration: float,
+    max_in_flight: int = 64,
+    timeout: float = 10.0,
+) -> OpenLoadResult:
+    """Send `factory(n)` for n = 0, 1, ... at `rate` requests/s for `duration` s, open loop.
+
+    Request n is due at n / rate seconds after the start, whatever the answers
+    to the earlier ones; up to `max_in_flight` threads send them. When every
+    thread is busy a due request waits for one, and that wait is part of its
+    latency (`late_starts` counts requests sent more than 10 ms after their
+    due time). Loopback only, like `run_load`.
+    """
+    if rate <= 0 or duration <= 0:
+        raise ValueError("rate and duration must be positive")
+    if max_in_flight < 1:
+        raise ValueError("max_in_flight must be at least 1")
+    parts = urlsplit(base_url)
+    if parts.scheme != "http" or not parts.hostname:
+        raise ValueError(f"only http://<loopback>:<port> URLs are supported, not {base_url!r}")
+    host, port = parts.hostname, parts.port or 80
+    check_loopback(host)
+    prefix = parts.path.rstrip("/")
+    host_header = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    total = int(rate * min(duration, HARD_CAP_SECONDS))
+    tickets = itertools.count()
+    lock = threading.Lock()
+    samples: list[tuple[float, float, int | None]] = []
+    errors: Counter = Counter()
+    late = [0]
+    failures: list[BaseException] = []
+    stop = threading.Event()
+    start = time.perf_counter() + 0.05  # every thread is up before the first is due
+
+    def work() -> None:
+        conn = _Connection(host, port, timeout)
+        perf = time.perf_counter
+        try:
+            while not stop.is_set():
+                with lock:
+                    n = next(tickets)
+                if n >= total:
+                    break
+                due = start + n / rate
+                wait = due - perf()
+                if wait > 0:
+                    time.sleep(wait)
+                elif wait < -0.01:
+                    with lock:
+                        late[0] += 1
+                payload = factory(n).encode(host_header, prefix)
+                status: int | None
+                try:
+                    status, _, _ = conn.exchange(payload, False)
+                except (OSError, ProtocolError, ValueError) as exc:
+                    conn.close()
+                    status = None
+                    with lock:
+                        errors[type(exc).__name__] += 1
+                sample = (due - start, (perf() - due) * 1000.0, status)
+                with lock:
+                    samples.append(sample)
+        except BaseException as exc:  # noqa: BLE001 - re-raised by run_open
+            failures.append(exc)
+            stop.set()
+        finally:
+            conn.close()
+
+    threads = [
+        threading.Thread(target=work, name=f"openload-{i}", daemon=True)
+        for i in range(min(max_in_flight, max(1, total)))
+    ]
+    cpu0 = time.process_time()
+    for thread in threads:
+        thread.start()
+    try:
+        for thread in threads:
+            thread.join()
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout + 1.0)
+    if failures:
+        raise failures[0]
+    samples.sort()
+    return OpenLoadResult(
+        rate=rate,
+        duration_s=total / rate,
+        samples=samples,
+        errors=errors,
+        late_starts=late[0],
+        client_cpu_s=time.process_time() - cpu0,
     )

@@ -157,6 +157,41 @@ def capacity_text(model: dict | None) -> str:
     return "\n".join(lines)
 
 
+SUSTAINED_TARGET = 80.0  # orders/s with every consumer keeping up (issue 34)
+
+
+def sustained_text(result: dict) -> str:
+    """The headline (the sustained scenario's figure) and its steps, as the run prints it first."""
+    if "steps" not in result:
+        return f"SUSTAINED: not measured ({_error(result)})"
+    rate = result.get("sustained_orders_per_s")
+    crit = result.get("criteria", {})
+    lines = [
+        f"SUSTAINED: {'none' if rate is None else f'{rate:g}'} orders/s on this machine with "
+        f"every consumer keeping up (checkout p99 < {crit.get('checkout_p99_ms', 0):g} ms, "
+        f"lag p99 < {crit.get('lag_p99_s', 0):g} s, neither growing over a "
+        f"{result.get('step_seconds', 0):g} s step; target ≥ {SUSTAINED_TARGET:g})",
+    ]
+    for step in result["steps"]:
+        lat = step["checkout_ms"]
+        worst = max(
+            step["lag_s"].items(), key=lambda item: item[1]["p99"] or 0.0, default=(None, None)
+        )
+        lag = (
+            "no effects"
+            if worst[0] is None
+            else f"worst lag {worst[0]} p50 {worst[1]['p50']} / p99 {worst[1]['p99']} s "
+            f"(growth {worst[1]['growth']} s)"
+        )
+        lines.append(
+            f"  {step['rate']:>6g}/s: {step['orders_per_s']} orders/s, checkout p50 "
+            f"{lat['p50']} / p99 {lat['p99']} ms (growth {lat['growth']} ms), {lag}, CPU "
+            f"{step.get('cpu_ms_per_order_total')} ms per order: "
+            + ("kept up" if step["verdict"]["kept_up"] else "NOT kept up")
+        )
+    return "\n".join(lines)
+
+
 def write_json(path: Path, data: dict) -> None:
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
@@ -422,20 +457,63 @@ def _subtitle(data: dict) -> str:
     return title
 
 
+def _plot_sustained(fig, cell, result: dict) -> None:
+    """Orders/s offered against checkout latency (left) and each consumer's lag (right)."""
+    steps = result.get("steps") or []
+    if not steps:
+        _not_measured(fig.add_subplot(cell), "Sustained: the whole shop", _error(result))
+        return
+    left, right = cell.subgridspec(1, 2).subplots()
+    rates = [s["rate"] for s in steps]
+    crit = result.get("criteria", {})
+    for key, style in (("p50", "o-"), ("p99", "s-"), ("last_window_p99", "^:")):
+        left.plot(rates, [s["checkout_ms"][key] for s in steps], style, label=key)
+    left.axhline(crit.get("checkout_p99_ms", 500), color="tab:red", linestyle="--")
+    if max((s["checkout_ms"]["p99"] or 0) for s in steps) > 10 * crit.get("checkout_p99_ms", 500):
+        left.set_yscale("log")
+    left.set_xlabel("orders/s offered (open loop)")
+    left.set_ylabel("checkout latency from due time (ms)")
+    left.set_title("Sustained: checkout latency")
+    consumers = sorted({name for s in steps for name in s["lag_s"]})
+    for name in consumers:
+        right.plot(
+            rates, [s["lag_s"].get(name, {}).get("p99") for s in steps], "o-", label=f"{name} p99"
+        )
+    right.axhline(crit.get("lag_p99_s", 2), color="tab:red", linestyle="--", label="target")
+    right.set_xlabel("orders/s offered (open loop)")
+    right.set_ylabel("lag, outbox row written → effect committed (s)")
+    sustained = result.get("sustained_orders_per_s")
+    right.set_title(f"Sustained: {sustained if sustained is not None else 'none'} orders/s kept up")
+    for ax in (left, right):
+        if sustained is not None:
+            ax.axvline(sustained, color="tab:green", linestyle=":")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=9, loc="upper left")
+
+
 def plot(path: Path, data: dict) -> None:
-    """Draw the run for a person: orders/s beside the peers, the pipeline, CPU, RSS (2 x 2)."""
+    """Draw the run for a person: orders/s beside the peers, the pipeline, CPU, RSS (2 x 2).
+
+    With the sustained scenario in the run, its row comes first (3 x 2, taller).
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     scenarios = data.get("scenarios", {})
-    fig = plt.figure(figsize=PLOT_SIZE_IN, layout="constrained")
-    grid = fig.add_gridspec(2, 2)
-    _plot_orders(fig.add_subplot(grid[0, 0]), scenarios)
-    _plot_pipeline(fig, grid[0, 1], scenarios)
-    _plot_cpu(fig.add_subplot(grid[1, 0]), scenarios)
-    _plot_rss(fig.add_subplot(grid[1, 1]), scenarios.get("rss", {}))
+    sustained = "sustained" in scenarios
+    width, height = PLOT_SIZE_IN
+    fig = plt.figure(figsize=(width, height * 1.5 if sustained else height), layout="constrained")
+    grid = fig.add_gridspec(3 if sustained else 2, 2)
+    top = 0
+    if sustained:
+        _plot_sustained(fig, grid[0, :], scenarios["sustained"])
+        top = 1
+    _plot_orders(fig.add_subplot(grid[top, 0]), scenarios)
+    _plot_pipeline(fig, grid[top, 1], scenarios)
+    _plot_cpu(fig.add_subplot(grid[top + 1, 0]), scenarios)
+    _plot_rss(fig.add_subplot(grid[top + 1, 1]), scenarios.get("rss", {}))
     fig.suptitle(_subtitle(data), fontsize=11, color="tab:red" if data.get("noisy") else "black")
     tmp = path.with_suffix(".png.tmp")
     fig.savefig(tmp, dpi=PLOT_DPI, format="png")
@@ -505,6 +583,24 @@ def targets(data: dict) -> list[dict]:
         value = " / ".join(f"c{lvl.lstrip('c')}: {_fmt(v, 2)}" for lvl, v in levels)
         add(name, issue, value, goal, all(test(v) for _, v in levels))
 
+    sustained = scenarios.get("sustained", {})
+    if "steps" in sustained:
+        rate = sustained.get("sustained_orders_per_s")
+        add(
+            "sustained orders/s, every consumer keeping up (whole shop)",
+            "#34",
+            "none" if rate is None else f"{rate:g}",
+            f"≥ {SUSTAINED_TARGET:g}",
+            rate is not None and rate >= SUSTAINED_TARGET,
+        )
+    else:
+        add(
+            "sustained orders/s, every consumer keeping up (whole shop)",
+            "#34",
+            "not measured",
+            f"≥ {SUSTAINED_TARGET:g}",
+            None,
+        )
     checkout = scenarios.get("checkout", {})
     tps = (data.get("reference") or {}).get("pgbench_tps")
     orders = [r for r in checkout.get("runs", []) if r.get("label") == "order"]

@@ -1,7 +1,8 @@
 """`make bench`: reference, bench database, gunicorn, scenarios, results.
 
     python -m bench.run [--quick] [--scenario NAME ...] [--duration S] [--workers N]
-                        [--steady-seconds S] [--results-dir DIR] [--keep-db]
+                        [--steady-seconds S] [--sustained-rates R,R,...]
+                        [--sustained-seconds S] [--results-dir DIR] [--keep-db]
                         [--no-reference] [--list]
 
 Steps (each printed as it happens):
@@ -215,6 +216,8 @@ class Bench:
             log=self.log,
             rss_checkouts=self.args.rss_checkouts,
             steady_seconds=self.args.steady_seconds,
+            sustained_rates=self.args.sustained_rates,
+            sustained_seconds=self.args.sustained_seconds,
         )
         results: dict = {}
         ok = True
@@ -276,6 +279,8 @@ class Bench:
                 "db_pool": self.environ.get("DB_POOL", "true (default)"),
                 "rss_checkouts": args.rss_checkouts,
                 "steady_seconds": args.steady_seconds,
+                "sustained_rates": args.sustained_rates,
+                "sustained_seconds": args.sustained_seconds,
             },
             "reference": reference_data,
             "scenarios": scenarios,
@@ -295,6 +300,8 @@ class Bench:
     def _print_summary(self, data: dict) -> None:
         ref = data["reference"] or {}
         mark = "noisy: " if data.get("noisy") else ""
+        if "sustained" in data["scenarios"]:
+            print("\n" + mark + report.sustained_text(data["scenarios"]["sustained"]), flush=True)
         if data.get("noisy"):
             self.log(
                 f"NOISY RUN: pgbench moved {ref.get('pgbench_spread_pct')} % between before and "
@@ -417,6 +424,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=float,
         help="seconds each steady phase of the relay scenario runs (default 300; quick 10)",
     )
+    parser.add_argument(
+        "--sustained-rates",
+        type=_rates,
+        help="orders/s of the sustained scenario's steps, rising (default 20,40,60,80,100,120; "
+        "quick 5,10)",
+    )
+    parser.add_argument(
+        "--sustained-seconds",
+        type=float,
+        help="seconds each step of the sustained scenario sends (default 180; quick 10)",
+    )
     parser.add_argument("--list", action="store_true", help="list the scenarios and exit")
     args = parser.parse_args(argv)
     if args.duration is None:
@@ -427,9 +445,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.rss_checkouts = 600 if args.quick else 10_000
     if args.steady_seconds is None:
         args.steady_seconds = 10.0 if args.quick else 300.0
+    if args.sustained_seconds is not None and args.sustained_seconds <= 0:
+        parser.error("--sustained-seconds must be positive")
     if min(args.duration, args.workers, args.rss_checkouts, args.steady_seconds) <= 0:
         parser.error("--duration, --workers, --rss-checkouts and --steady-seconds must be positive")
     return args
+
+
+def _rates(text: str) -> tuple[float, ...]:
+    """Parse "20,40,60" into rising positive rates."""
+    try:
+        rates = tuple(float(part) for part in text.split(",") if part.strip())
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not a list of numbers: {text!r}") from exc
+    if not rates or min(rates) <= 0 or list(rates) != sorted(rates):
+        raise argparse.ArgumentTypeError(f"rates must be positive and rising: {text!r}")
+    return rates
 
 
 def _raise_interrupt(signum, frame):

@@ -108,20 +108,32 @@ def hot_table_autovacuum(*tables: str):
 
 
 def delete_in_batches(
-    sql: str, params: list, *, batch: int, max_batches: int, durable: bool = False
+    sql: str,
+    params: list,
+    *,
+    batch: int,
+    max_batches: int,
+    durable: bool = False,
+    pace: float = 0.0,
 ) -> int:
     """Run a bounded `DELETE` (its `LIMIT` is `batch`, its last parameter) until a batch is
     short or `max_batches` ran, each batch its own short transaction; return the rows deleted.
 
     The purges share it: a long purge never holds one big transaction, and a
     concurrent purge skips what this one holds (the statements say `SKIP LOCKED`).
+    With `pace` > 0 it pauses after each full batch `pace` times as long as that
+    batch took, so the purge uses at most 1 / (1 + pace) of one connection's time
+    however fast or slow the database is (docs/performance.md, "A paced purge").
     """
     total = 0
-    for _ in range(max_batches):
+    for number in range(1, max_batches + 1):
+        started = time.monotonic()
         with transaction.atomic(durable=durable), connection.cursor() as cursor:
             cursor.execute(sql, [*params, batch])
             deleted = cursor.rowcount
         total += deleted
         if deleted < batch:
             break
+        if pace > 0 and number < max_batches:
+            time.sleep(pace * (time.monotonic() - started))
     return total

@@ -12,9 +12,10 @@ Its own simulator and gunicorn (as `checkout`). Three loads of keyed
    them finished two days ago (past the 24 h retention), the rest in the last
    hour. Then `ANALYZE` of the loaded tables (what autovacuum's analyze does
    after a bulk load);
-3. `purging`: the same load while `keys_purge` (the beat task's function, its
-   batch of IDEMPOTENCY_PURGE_BATCH rows, `FOR UPDATE SKIP LOCKED`) runs in a
-   loop in another thread of the harness.
+3. `purging`: the same load while `keys_purge` (the beat task's call: its
+   batches of IDEMPOTENCY_PURGE_BATCH rows, `FOR UPDATE SKIP LOCKED`, at most
+   IDEMPOTENCY_PURGE_MAX_BATCHES a run, paced by IDEMPOTENCY_PURGE_PACE) runs
+   run after run in another thread of the harness.
 
 Target: orders/s and gunicorn CPU per order of `full` and `purging` within
 10 % of `fresh`. Also stored: the EXPLAIN of the hot statements against the
@@ -246,25 +247,29 @@ def _explain(owner_id: int) -> dict:
 
 
 class _Purger(threading.Thread):
-    """Run keys_purge batch after batch until stopped (its own connection)."""
+    """Run keys_purge as beat runs it, run after run until stopped (its own connection)."""
 
     def __init__(self) -> None:
         super().__init__(daemon=True)
         self.stop = threading.Event()
         self.deleted = 0
         self.batches = 0
+        self.runs = 0
         self.error: str | None = None
 
     def run(self) -> None:
+        from django.conf import settings
         from django.db import connection
 
         from idempotency.keys.purge import keys_purge
 
+        batch = int(settings.IDEMPOTENCY_PURGE_BATCH)
         try:
             while not self.stop.is_set():
-                deleted = keys_purge(max_batches=1)
+                deleted = keys_purge()
                 self.deleted += deleted
-                self.batches += 1
+                self.batches += -(-deleted // batch)
+                self.runs += 1
                 if not deleted:
                     self.stop.wait(0.5)
         except Exception as exc:  # noqa: BLE001 - reported in the results
@@ -338,6 +343,7 @@ def run(ctx) -> dict:
         "purge": {
             "deleted_during_load": purger.deleted,
             "batches": purger.batches,
+            "runs": purger.runs,
             "error": purger.error,
         },
         "explain": plans,

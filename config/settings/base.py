@@ -269,6 +269,9 @@ IDEMPOTENCY_PURGE_EVERY = env.float("IDEMPOTENCY_PURGE_EVERY", default=900.0)
 IDEMPOTENCY_KEY_RETENTION = env.float("IDEMPOTENCY_KEY_RETENTION", default=24 * 3600.0)
 IDEMPOTENCY_PURGE_BATCH = env.int("IDEMPOTENCY_PURGE_BATCH", default=1000)
 IDEMPOTENCY_PURGE_MAX_BATCHES = env.int("IDEMPOTENCY_PURGE_MAX_BATCHES", default=50)
+# After each full batch the purge pauses this many times as long as the batch took
+# (0: no pause): it uses at most 1 / (1 + pace) of one connection (docs/performance.md).
+IDEMPOTENCY_PURGE_PACE = env.float("IDEMPOTENCY_PURGE_PACE", default=2.0)
 CELERY_BEAT_SCHEDULE["idempotency-complete-abandoned-keys"] = _beat_every(
     "idempotency.complete_abandoned_keys", IDEMPOTENCY_COMPLETER_EVERY
 )

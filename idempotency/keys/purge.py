@@ -1,4 +1,4 @@
-"""Delete finished keys past their retention, in bounded batches."""
+"""Delete finished keys past their retention, in bounded, paced batches."""
 
 from __future__ import annotations
 
@@ -15,11 +15,18 @@ def keys_purge(
     retention: float | None = None,
     batch_size: int | None = None,
     max_batches: int | None = None,
+    pace: float | None = None,
 ) -> int:
-    """Delete finished keys older than the retention, in bounded batches; never an open key."""
+    """Delete finished keys older than the retention, in bounded batches; never an open key.
+
+    After each full batch it pauses `pace` (IDEMPOTENCY_PURGE_PACE) times as
+    long as the batch took: the purge yields the database to checkout, whose
+    key rows share the table and its index (docs/performance.md, "A paced purge").
+    """
     retention = float(settings.IDEMPOTENCY_KEY_RETENTION if retention is None else retention)
     batch_size = batch_size or int(settings.IDEMPOTENCY_PURGE_BATCH)
     max_batches = max_batches or int(settings.IDEMPOTENCY_PURGE_MAX_BATCHES)
+    pace = float(settings.IDEMPOTENCY_PURGE_PACE if pace is None else pace)
     table = connection.ops.quote_name(IdempotencyKey._meta.db_table)
     sql = (
         f"DELETE FROM {table} WHERE id IN ("
@@ -28,5 +35,10 @@ def keys_purge(
         "  ORDER BY finished_at LIMIT %s FOR UPDATE SKIP LOCKED)"
     )
     return delete_in_batches(
-        sql, [FINISHED, retention], batch=batch_size, max_batches=max_batches, durable=True
+        sql,
+        [FINISHED, retention],
+        batch=batch_size,
+        max_batches=max_batches,
+        durable=True,
+        pace=pace,
     )

@@ -530,6 +530,52 @@ def test_purge_retention_is_a_setting(shopper):
     assert keys_purge() == 1
 
 
+class _PurgeTime:
+    """The purge's clock and sleep: each DELETE batch takes BATCH_S, a sleep only advances it."""
+
+    BATCH_S = 0.1
+
+    def __init__(self):
+        self.now = 0.0
+        self.sleeps: list[float] = []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+    def batch(self, execute, sql, params, many, context):
+        if sql.startswith("DELETE"):
+            self.now += self.BATCH_S
+        return execute(sql, params, many, context)
+
+
+def test_purge_pauses_after_each_full_batch_in_proportion_to_its_time(shopper, monkeypatch):
+    for i in range(5):
+        _finished(shopper, f"k{i}", age_hours=48)
+    clock = _PurgeTime()
+    monkeypatch.setattr("core.db.time", clock)
+    with connection.execute_wrapper(clock.batch):
+        assert keys_purge(batch_size=1, max_batches=10, pace=2.0) == 5
+    # Five full batches then a short one: a pause of 2 x 0.1 s after each full one,
+    # so the purge took at least (1 + pace) x its work.
+    assert clock.sleeps == pytest.approx([0.2] * 5)
+    assert clock.now >= 3 * 5 * _PurgeTime.BATCH_S
+    assert not IdempotencyKey.objects.exists()
+
+
+@override_settings(IDEMPOTENCY_PURGE_PACE=0)
+def test_purge_without_pace_never_pauses(shopper, monkeypatch):
+    for i in range(3):
+        _finished(shopper, f"k{i}", age_hours=48)
+    clock = _PurgeTime()
+    monkeypatch.setattr("core.db.time", clock)
+    assert keys_purge(batch_size=1, max_batches=10) == 3
+    assert clock.sleeps == []
+
+
 class _FakeClock:
     """A monotonic clock the completer reads; each settled key advances it."""
 
