@@ -345,7 +345,7 @@ def test_rings_coalesce_under_load_many_due_rows_few_rings(make_user, rings):
 
 def test_the_only_my_ids_twin_needs_a_ring_per_ten_rows(make_user, rings, monkeypatch):
     # DELIBERATELY WRONG: the claim takes only the ids its ring carries (no room for
-    # the consumer's other due rows). Under load every ring of 10 is a run of 10.
+    # the consumer's other due rows). Under load every ring of ten ids applies ten rows.
     monkeypatch.setattr(
         deliveries, "_CLAIM", deliveries._CLAIM.replace("LIMIT %(room)s", "LIMIT 0")
     )
