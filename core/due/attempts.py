@@ -230,8 +230,7 @@ def retry_now(model: type[DueWork], *, pk) -> bool:
 def _table(model: type[DueWork]) -> tuple[str, str, str]:
     """The kind's table, pk column and pk type, quoted for raw SQL."""
     meta = model._meta
-    pk = meta.pk
-    assert pk is not None  # a concrete model has a primary key
+    pk: Any = meta.pk  # a concrete model has a primary key, and it has a column
     return (
         connection.ops.quote_name(meta.db_table),
         connection.ops.quote_name(pk.column),
