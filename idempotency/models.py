@@ -161,6 +161,13 @@ class Delivery(DueWork):
                 condition=Q(needs_attention=True, done_at__isnull=True),
                 name="idempotency_delivery_dead_idx",
             ),
+            # A ring's claim takes its consumer's oldest fresh rows (never tried) besides
+            # its own (idempotency.messaging.deliveries, "claim").
+            models.Index(
+                fields=["consumer", "id"],
+                condition=Q(attempts=0, done_at__isnull=True, needs_attention=False),
+                name="idempotency_delivery_fresh_idx",
+            ),
         ]
 
     def __str__(self) -> str:

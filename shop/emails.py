@@ -14,14 +14,15 @@ Two steps, so that no mail is sent while a delivery waits (docs/events.md,
    (`email_apply`), the poison message alone becomes a dead letter. After the
    commit one bell rings `shop.send_mail` for the rows written (on_commit:
    only sooner; the sweeper `shop.sweep_mail` finds them anyway).
-2. **send** (due work, `core.due`): `mails_send` takes each row's attempt
-   (`attempt_begin`: one runner, leased for one send's worst case, judged by
-   the database clock), renders both parts, sends over one connection for
-   the task's rows within the send's total deadline (`core.mail`: the lease
-   covers the whole send, however slowly a live server answers) and marks
-   the row done. **At least once**: a crash
-   between the send and the mark leaves the row due once the attempt's lease
-   runs out, and it is sent again (the promise `notify` makes). A failing send
+2. **send** (due work, `core.due`): `mails_send` takes the attempts of the
+   task's rows in one statement (`attempts_begin`: one runner per row, the
+   row at position k leased for k sends' worst case, judged by the database
+   clock), renders both parts, sends over one connection, each send within
+   its total deadline (`core.mail`: the lease covers the sends before and
+   this one, however slowly a live server answers), and marks the rows sent
+   done in one statement (`attempts_done`). **At least once**: a crash
+   between a send and the mark leaves the row due once its lease runs out,
+   and it is sent again (the promise `notify` makes). A failing send
    records its error and is due again after the backoff; past its budget the
    row needs attention (the admin's "Needs attention" page, "Retry now").
 """
@@ -298,40 +299,56 @@ def send_budget() -> float:
 def mails_send(*, mail_ids: Sequence[int]) -> SendResult:
     """Send the mail rows `mail_ids` that are due, each one attempt, over one connection.
 
-    Per row: `attempt_begin` (committed before the send: one runner, leased
-    for the send's worst case: its total deadline `EMAIL_SEND_DEADLINE` and a
-    margin), render, open and send within that deadline, failpoint `mail.sent`, then
-    `mark_done` fenced by the attempt. A failed send records its error
-    (`attempt_failed`) and, past the budget, the row needs attention; the
-    connection is opened again for the next row. No attempt begins after
-    `send_budget()`: those rows are left due.
+    The ring's attempts begin in one statement (`core.due.attempts_begin`,
+    committed before any send: one runner per row, the row at position k
+    leased for k sends' worst case, at most the task's soft time limit), and
+    the rows sent are marked done in one statement at the end
+    (`attempts_done`, fenced by each attempt). Per row: render, open and send
+    within the send's total deadline `EMAIL_SEND_DEADLINE`, failpoint
+    `mail.sent`. A failed send records its error (`attempt_failed`) and, past
+    the budget, the row needs attention; the connection is opened again for
+    the next row. No send begins after `send_budget()`: those rows' attempts
+    are given back (`attempts_give_back`) and the next sweep rings them.
+    **At least once**: a crash between a send and the ring's mark leaves the
+    rows sent so far due once their leases run out, and they are sent again.
     """
     result = SendResult(results={})
-    mail_connection = get_connection(fail_silently=False)
-    opened = False
-    deadline = time.monotonic() + send_budget()
-    try:
-        for mail_id in dict.fromkeys(mail_ids):
-            if result.results and time.monotonic() > deadline:
-                result.results[mail_id] = Sent.LEFT
+    wanted = list(dict.fromkeys(mail_ids))
+    policy = Mail.due_policy()
+    begun = due.attempts_begin(
+        Mail, pks=wanted, lease_cap=send_budget() + policy.attempt_lease_seconds
+    )
+    if len(begun) < len(wanted):
+        spent = set(due.attempts_spent(Mail, pks=[pk for pk in wanted if pk not in begun]))
+        for mail_id in wanted:
+            if mail_id in begun:
                 continue
-            attempt = due.attempt_begin(Mail, pk=mail_id)
-            if attempt.budget_spent:
-                budget = Mail.due_policy().max_attempts
+            if mail_id in spent:
                 due.flag_attention(
                     Mail,
                     pk=mail_id,
-                    reason=f"not sent after {budget} attempts",
-                    only_if_attempts_at_least=budget,
+                    reason=f"not sent after {policy.max_attempts} attempts",
+                    only_if_attempts_at_least=policy.max_attempts,
                 )
                 result.results[mail_id] = Sent.ATTENTION
-                continue
-            if not attempt.taken:
+            else:
                 result.results[mail_id] = Sent.SKIPPED
+    mails = Mail.objects.select_related("user").in_bulk(list(begun))
+    sent: list[due.Attempt] = []
+    left: list[due.Attempt] = []
+    mail_connection = get_connection(fail_silently=False)
+    opened = False
+    tried = False
+    deadline = time.monotonic() + send_budget()
+    try:
+        for mail_id, attempt in begun.items():
+            if tried and time.monotonic() > deadline:
+                left.append(attempt)
+                result.results[mail_id] = Sent.LEFT
                 continue
-            mail = Mail.objects.select_related("user").get(pk=mail_id)
+            tried = True
             try:
-                message = mail_message(mail, connection=mail_connection)
+                message = mail_message(mails[mail_id], connection=mail_connection)
                 # Opening and sending within the send's total deadline: the attempt's
                 # lease (Mail.due_policy) covers them whatever the server's pace.
                 with send_deadline(mail_connection):
@@ -340,7 +357,17 @@ def mails_send(*, mail_ids: Sequence[int]) -> SendResult:
                         opened = True
                     message.send()
             except SoftTimeLimitExceeded:
-                # The task must end now: the attempt's lease makes the row due again.
+                # The task must end now: what was sent is marked, the rest's attempts
+                # are given back (this one's lease makes it due again).
+                due.attempts_done(Mail, attempts=sent)
+                due.attempts_give_back(
+                    Mail,
+                    attempts=[
+                        a
+                        for pk, a in begun.items()
+                        if pk != mail_id and result.results.get(pk) in (None, Sent.LEFT)
+                    ],
+                )
                 raise
             except Exception as exc:  # noqa: BLE001 - every failure ends in the row
                 if opened:
@@ -352,15 +379,15 @@ def mails_send(*, mail_ids: Sequence[int]) -> SendResult:
                 logger.warning("mail %s not sent (%s): %s", mail_id, ended.value, exc)
                 result.results[mail_id] = Sent.ATTENTION if ended else Sent.FAILED
                 continue
-            # Sent: a crash from here to the mark's commit sends it again (at least once).
+            # Sent: a crash from here to the ring's mark sends it again (at least once).
             failpoint("mail.sent")
-            due.mark_done(Mail, pk=mail_id, attempt=attempt)
+            sent.append(attempt)
             result.results[mail_id] = Sent.SENT
     finally:
         if opened:
             mail_connection.close()
-    left = [pk for pk, sent in result.results.items() if sent is Sent.LEFT]
-    due.leave_for_sweep(Mail, left)  # this ring's lease ends here: the next sweep rings them
+    due.attempts_done(Mail, attempts=sent)
+    due.attempts_give_back(Mail, attempts=left)
     return result
 
 

@@ -13,6 +13,8 @@ database's clock (`now()`), never the worker's.
     attempt_begin      count one attempt, take the attempt's lease (its worst case) and
                        push next_attempt_at back by the backoff, before the work calls out;
                        exactly one runner wins, and none while an attempt's lease runs
+    attempts_begin, attempts_done, attempts_give_back, attempts_spent
+                       the same for a ring of rows worked in order, one statement each
     attempt_failed     record the error, free the lease; spent budget -> needs_attention
     mark_done          the work is done (done_at), nothing is due any more
     flag_attention     stop retrying, staff decide (needs_attention + reason)
@@ -43,6 +45,10 @@ from .attempts import (
     attempt_begin,
     attempt_failed,
     attempt_token,
+    attempts_begin,
+    attempts_done,
+    attempts_give_back,
+    attempts_spent,
     fence,
     flag_attention,
     mark_done,
@@ -92,6 +98,10 @@ __all__ = [
     "attempt_begin",
     "attempt_failed",
     "attempt_token",
+    "attempts_begin",
+    "attempts_done",
+    "attempts_give_back",
+    "attempts_spent",
     "backoff",
     "countdown",
     "default_owner",

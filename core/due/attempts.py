@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import enum
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from django.db import models, transaction
+from django.db import connection, models, transaction
 from django.db.models.functions import Now
 
 from .doorbell import ring_after_commit
@@ -221,3 +222,133 @@ def retry_now(model: type[DueWork], *, pk) -> bool:
     if reopened:
         ring_after_commit(model, pk)
     return bool(reopened)
+
+
+# -- a ring's attempts, one statement each ----------------------------------------------
+
+
+def _table(model: type[DueWork]) -> tuple[str, str, str]:
+    """The kind's table, pk column and pk type, quoted for raw SQL."""
+    meta = model._meta
+    pk: Any = meta.pk  # a concrete model has a primary key, and it has a column
+    return (
+        connection.ops.quote_name(meta.db_table),
+        connection.ops.quote_name(pk.column),
+        pk.db_type(connection) or "bigint",
+    )
+
+
+def _touch_sql(model: type[DueWork]) -> str:
+    return ", updated_at = now()" if touch_values(model) else ""
+
+
+def attempts_begin(
+    model: type[DueWork], *, pks: Sequence, lease_cap: float | None = None
+) -> dict[Any, Attempt]:
+    """Begin one attempt at each due row of a ring in one statement; return them by pk.
+
+    As `attempt_begin` for each row (still due, budget left, no attempt's lease
+    running; `next_attempt_at` pushed back by the backoff), with one fencing
+    token for the ring. The ring's rows are worked in order, so the row at
+    position k is leased for k attempt leases (at most `lease_cap` seconds):
+    each lease covers the work before it. A row left out (not due, done,
+    flagged, an attempt running, its budget spent) has no entry: the caller
+    asks `attempts_spent` which of those have spent their budget.
+    """
+    ordered = list(dict.fromkeys(pks))
+    if not ordered:
+        return {}
+    policy = model.due_policy()
+    table, pk, pk_type = _table(model)
+    token = f"{ATTEMPT_OWNER_PREFIX}ring {uuid.uuid4().hex[:12]} {default_owner()}"[:100]
+    lease = policy.attempt_lease_seconds
+    cap = lease * len(ordered) if lease_cap is None else max(lease, lease_cap)
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {table} AS t SET attempts = t.attempts + 1,"
+            "  next_attempt_at = now()"
+            "   + make_interval(secs => (%(delays)s::float8[])[t.attempts + 1]),"
+            "  lease_owner = %(token)s,"
+            "  lease_expires_at = now()"
+            "   + make_interval(secs => LEAST(r.position * %(lease)s, %(cap)s))"
+            f"{_touch_sql(model)}"
+            f" FROM unnest(%(pks)s::{pk_type}[]) WITH ORDINALITY AS r(pk, position)"
+            f" WHERE t.{pk} = r.pk AND t.done_at IS NULL AND NOT t.needs_attention"
+            "  AND t.next_attempt_at <= now() AND t.attempts < %(budget)s"
+            "  AND NOT (starts_with(t.lease_owner, %(prefix)s) AND t.lease_expires_at > now())"
+            f" RETURNING t.{pk}, t.attempts",
+            {
+                "delays": [policy.backoff(n) for n in range(1, policy.max_attempts + 1)],
+                "token": token,
+                "lease": lease,
+                "cap": cap,
+                "pks": ordered,
+                "budget": policy.max_attempts,
+                "prefix": ATTEMPT_OWNER_PREFIX,
+            },
+        )
+        begun = {row[0]: row[1] for row in cursor.fetchall()}
+    return {key: Attempt(number=begun[key], token=token, pk=key) for key in ordered if key in begun}
+
+
+def attempts_spent(model: type[DueWork], *, pks: Sequence) -> list:
+    """Of the rows `pks`, those pending whose budget is spent and no attempt is running."""
+    if not pks:
+        return []
+    return list(
+        model.objects.filter(pk__in=list(pks), attempts__gte=model.due_policy().max_attempts)
+        .pending()
+        .exclude(attempt_running())
+        .values_list("pk", flat=True)
+    )
+
+
+def _by_attempt(attempts: Sequence[Attempt]) -> dict[str, list]:
+    return {
+        "pks": [a.pk for a in attempts],
+        "numbers": [a.number for a in attempts],
+        "tokens": [a.token for a in attempts],
+    }
+
+
+def attempts_done(model: type[DueWork], *, attempts: Sequence[Attempt]) -> list:
+    """Mark done, in one statement, the rows whose `attempts` still hold them; return their pks.
+
+    As `mark_done(attempt=...)` for each: a stale attempt marks nothing.
+    """
+    if not attempts:
+        return []
+    table, pk, pk_type = _table(model)
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {table} AS t SET done_at = now(), needs_attention = false,"
+            f"  lease_owner = '', lease_expires_at = NULL{_touch_sql(model)}"
+            f" FROM unnest(%(pks)s::{pk_type}[], %(numbers)s::int[], %(tokens)s::text[])"
+            "  AS a(pk, number, token)"
+            f" WHERE t.{pk} = a.pk AND t.attempts = a.number AND t.lease_owner = a.token"
+            f"  AND t.done_at IS NULL RETURNING t.{pk}",
+            _by_attempt(attempts),
+        )
+        return [row[0] for row in cursor.fetchall()]
+
+
+def attempts_give_back(model: type[DueWork], *, attempts: Sequence[Attempt]) -> list:
+    """Undo, in one statement, attempts begun and never made (the ring's time ran out).
+
+    The row's count goes back, its lease is freed and it is due now: the next
+    sweep rings it, and no budget was spent on it. A stale attempt changes nothing.
+    """
+    if not attempts:
+        return []
+    table, pk, pk_type = _table(model)
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {table} AS t SET attempts = t.attempts - 1, next_attempt_at = now(),"
+            f"  lease_owner = '', lease_expires_at = NULL{_touch_sql(model)}"
+            f" FROM unnest(%(pks)s::{pk_type}[], %(numbers)s::int[], %(tokens)s::text[])"
+            "  AS a(pk, number, token)"
+            f" WHERE t.{pk} = a.pk AND t.attempts = a.number AND t.lease_owner = a.token"
+            f"  AND t.done_at IS NULL RETURNING t.{pk}",
+            _by_attempt(attempts),
+        )
+        return [row[0] for row in cursor.fetchall()]

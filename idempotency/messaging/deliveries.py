@@ -26,11 +26,17 @@ dead letter is not run until staff requeue it.
 "Batched consumers"): one task message carries many message ids of one
 consumer.
 
-1. **claim** (one committed transaction): the batch's delivery rows, `FOR
-   UPDATE SKIP LOCKED` in pk order (rows another copy is applying right now
-   are left to it). Fresh rows (no attempt yet) get their attempt counted in
+1. **claim** (one committed transaction): the ring's own delivery rows and,
+   up to the consumer's batch in all, the oldest other *fresh* rows of its
+   consumer (never tried, due), `FOR UPDATE SKIP LOCKED` in pk order (rows
+   another claim holds right now are left to it): under load the rings
+   coalesce, the first to run takes what is due and the later ones find
+   their rows done. Fresh rows (no attempt yet) get their attempt counted in
    one UPDATE; rows tried before (a failed or killed run: *suspects*) are set
-   aside; spent budgets become dead letters;
+   aside; spent budgets become dead letters. A row taken **ahead** of its own
+   ring keeps that ring's lease when it is marked done; the ring that then
+   names it ends the lease and is acknowledged (`Result.TAKEN`), not handed
+   to the consumer as a copy;
 2. **apply** (one transaction): the fresh rows (and copies of done ones) are
    locked again, `apply_many` makes every effect (inbox rows or applied ids
    with them), and one UPDATE marks them all done;
@@ -79,6 +85,7 @@ class Result(enum.StrEnum):
     DEAD_LETTER = "dead_letter"  # this run made it a dead letter
     FAILED = "failed"  # retryable failure recorded; due again after the backoff
     SKIPPED = "skipped"  # a dead letter already, or no such message / delivery
+    TAKEN = "taken"  # applied ahead by another ring before this one, its own, arrived
 
 
 def _attempt_count(pk: int, *, seen: int) -> int | None:
@@ -154,17 +161,22 @@ def _run_one(
     payload: Any,
     apply: Callable[..., Any],
     atomic: bool,
+    ahead: bool = False,
 ) -> tuple[Result, Any]:
-    """Apply one delivery whose attempt is already counted; mark it done or record why not."""
+    """Apply one delivery whose attempt is already counted; mark it done or record why not.
+
+    `ahead`: the row was taken ahead of its own ring, whose lease it keeps when done.
+    """
     kwargs = {"message_id": message_id, "event_type": event_type, "payload": payload}
+    kept = [pk] if ahead else []
     try:
         if atomic:
             with transaction.atomic():
                 outcome = apply(**kwargs)
-                lags = _mark_done([pk])
+                lags = _mark_done([pk], ahead=kept)
         else:
             outcome = apply(**kwargs)
-            lags = _mark_done([pk])
+            lags = _mark_done([pk], ahead=kept)
     except Exception as exc:  # noqa: BLE001 - every failure ends in a row, never a crash
         if getattr(exc, "retryable", True) is False:
             due.flag_attention(Delivery, pk=pk, reason=f"{type(exc).__name__} (not retried): {exc}")
@@ -184,22 +196,28 @@ def _run_one(
 # -- done, and how late ---------------------------------------------------------------
 
 # Done in one statement for a whole batch; the lag (message created -> delivery done,
-# both by the database clock) comes back for `shop_outbox_lag_seconds`.
+# both by the database clock) comes back for `shop_outbox_lag_seconds`. A row taken
+# ahead of its own ring keeps that ring's lease: the ring still on its way ends it.
 _MARK_DONE = (
     "UPDATE idempotency_delivery d SET done_at = now(), needs_attention = false,"
-    " lease_owner = '', lease_expires_at = NULL, updated_at = now()"
+    " lease_owner = CASE WHEN d.id = ANY(%(ahead)s) THEN d.lease_owner ELSE '' END,"
+    " lease_expires_at = CASE WHEN d.id = ANY(%(ahead)s) THEN d.lease_expires_at END,"
+    " updated_at = now()"
     " FROM idempotency_outboxmessage m"
-    " WHERE d.id = ANY(%s) AND d.done_at IS NULL AND m.id = d.message_id"
+    " WHERE d.id = ANY(%(pks)s) AND d.done_at IS NULL AND m.id = d.message_id"
     " RETURNING EXTRACT(EPOCH FROM now() - m.created_at)::float"
 )
 
 
-def _mark_done(pks: Sequence[int]) -> list[float]:
-    """Mark the deliveries `pks` done (those not done yet); return each one's lag in seconds."""
+def _mark_done(pks: Sequence[int], *, ahead: Sequence[int] = ()) -> list[float]:
+    """Mark the deliveries `pks` done (those not done yet); return each one's lag in seconds.
+
+    `ahead`: those of `pks` taken ahead of their own ring (they keep its lease).
+    """
     if not pks:
         return []
     with connection.cursor() as cursor:
-        cursor.execute(_MARK_DONE, [list(pks)])
+        cursor.execute(_MARK_DONE, {"pks": list(pks), "ahead": list(ahead)})
         return [max(0.0, float(row[0])) for row in cursor.fetchall()]
 
 
@@ -239,11 +257,28 @@ class BatchResult:
         return ",".join(f"{name}:{n}" for name, n in sorted(counts.items()))
 
 
+# The ring's own rows, then (`room`: the batch less the ring's ids) the oldest fresh
+# rows of its consumer (never tried, due; `idempotency_delivery_fresh_idx`), each
+# `FOR UPDATE SKIP LOCKED`; the columns as locked (a row changed since the statement
+# began is read as it is now). The last column: the row is one of the ring's own.
+_CLAIM_COLUMNS = "d.id, d.message_id, d.attempts, d.done_at, d.needs_attention, d.lease_owner"
 _CLAIM = (
-    "SELECT d.id, d.message_id::text, d.attempts, d.done_at IS NOT NULL, d.needs_attention"
-    " FROM idempotency_delivery d"
-    " WHERE d.consumer = %s AND d.message_id = ANY(%s::uuid[])"
-    " ORDER BY d.id FOR UPDATE SKIP LOCKED"
+    f"WITH own AS MATERIALIZED (SELECT {_CLAIM_COLUMNS} FROM idempotency_delivery d"
+    "  WHERE d.consumer = %(consumer)s AND d.message_id = ANY(%(ids)s::uuid[])"
+    "  ORDER BY d.id FOR UPDATE SKIP LOCKED),"
+    f" ahead AS MATERIALIZED (SELECT {_CLAIM_COLUMNS} FROM idempotency_delivery d"
+    "  WHERE d.consumer = %(consumer)s AND d.attempts = 0 AND d.done_at IS NULL"
+    "   AND NOT d.needs_attention AND d.next_attempt_at <= now()"
+    "   AND d.id NOT IN (SELECT id FROM own)"
+    "  ORDER BY d.id LIMIT %(room)s FOR UPDATE SKIP LOCKED),"
+    " claimed AS (SELECT *, true AS mine FROM own UNION ALL SELECT *, false FROM ahead)"
+    " SELECT id, message_id::text, attempts, done_at IS NOT NULL, needs_attention,"
+    "  lease_owner <> '', mine FROM claimed ORDER BY id"
+)
+# The ring arrived for rows taken ahead of it: their lease (its own) ends.
+_END_LEASE = (
+    "UPDATE idempotency_delivery SET lease_owner = '', lease_expires_at = NULL,"
+    " updated_at = now() WHERE id = ANY(%s) AND done_at IS NOT NULL"
 )
 _COUNT_FRESH = (
     "UPDATE idempotency_delivery SET attempts = attempts + 1,"
@@ -271,20 +306,29 @@ class _Claim:
     copies: list[int]  # done already: handed to the consumer to refuse (and count)
     suspects: list[tuple[int, str]]  # tried before and not done: one by one
     skipped: dict[str, Result]  # dead letters, spent budgets, rows held by another copy
+    ahead: set[int]  # not the ring's own: taken ahead of their ring (fresh ones only)
 
 
-def _claim(consumer: str, message_ids: list[str]) -> tuple[_Claim, dict[int, str]]:
-    """Lock the batch's deliveries (skip those another copy holds), count fresh attempts."""
+def _claim(consumer: str, message_ids: list[str], *, room: int) -> tuple[_Claim, dict[int, str]]:
+    """Lock the ring's deliveries and up to `room` other fresh ones of its consumer (skip
+    those another claim holds), count fresh attempts."""
     budget = Delivery.due_policy().max_attempts
-    claim = _Claim(fresh=[], copies=[], suspects=[], skipped={})
+    claim = _Claim(fresh=[], copies=[], suspects=[], skipped={}, ahead=set())
     ids: dict[int, str] = {}
     with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(_CLAIM, [consumer, message_ids])
+        cursor.execute(_CLAIM, {"consumer": consumer, "ids": message_ids, "room": max(0, room)})
         rows = cursor.fetchall()
         maybe_fresh = []
-        for pk, message_id, attempts, done, attention in rows:
+        arrived = []
+        for pk, message_id, attempts, done, attention, leased, mine in rows:
             ids[pk] = message_id
-            if done:
+            if not mine:
+                claim.ahead.add(pk)
+            if done and leased:
+                # Taken ahead of this ring, which is its own: acknowledged, not a copy.
+                arrived.append(pk)
+                claim.skipped[message_id] = Result.TAKEN
+            elif done:
                 claim.copies.append(pk)
             elif attention:
                 claim.skipped[message_id] = Result.SKIPPED
@@ -302,6 +346,8 @@ def _claim(consumer: str, message_ids: list[str]) -> tuple[_Claim, dict[int, str
             # row is a suspect on the next run, and runs alone).
             cursor.execute(_COUNT_FRESH, [Delivery.due_policy().backoff(1), maybe_fresh])
             claim.fresh = sorted(row[0] for row in cursor.fetchall())
+        if arrived:
+            cursor.execute(_END_LEASE, [arrived])
         failpoint("delivery.claimed")  # the batch's rows still locked by this claim
     claimed = {ids[pk] for pk in ids}
     for message_id in message_ids:
@@ -339,8 +385,12 @@ def deliveries_consume(
     apply_many: Callable[[list[Message]], list[Any]] | None,
     apply: Callable[..., Any],
     atomic: bool,
+    batch: int | None = None,
 ) -> BatchResult:
     """Apply consumer `consumer` to a batch of outbox messages; see the module doc.
+
+    `batch`: the most rows one run claims, the ring's own ids included (default: the
+    consumer's ring size, `relay.ring_size`); the room left goes to other due rows.
 
     `apply_many(messages)` runs inside the batch's transaction and returns one
     outcome per message, in order; it may raise (any exception sends the batch
@@ -358,13 +408,19 @@ def deliveries_consume(
             result.results[message_id] = Result.SKIPPED
     if not valid:
         return result
-    claim, ids = _claim(consumer, valid)
+    if batch is None:
+        from . import relay
+
+        batch = relay.ring_size(consumer)
+    claim, ids = _claim(consumer, valid, room=batch - len(valid))
     result.results.update(claim.skipped)
     together = sorted([*claim.fresh, *claim.copies])
     if together and apply_many is None:
         # No batch transaction: an effect that cannot be rolled back (a call out) must
         # commit with its own inbox claim, never wait on (or be undone with) a neighbour's.
-        _one_by_one(consumer, together, ids, apply=apply, atomic=atomic, into=result)
+        _one_by_one(
+            consumer, together, ids, ahead=claim.ahead, apply=apply, atomic=atomic, into=result
+        )
     elif together and apply_many is not None:
         try:
             with transaction.atomic():
@@ -373,7 +429,10 @@ def deliveries_consume(
                 outcomes = apply_many(messages) if messages else []
                 if len(outcomes) != len(messages):
                     raise RuntimeError(f"{consumer}: apply_many returned a wrong count")
-                lags = _mark_done([pk for pk, message in locked if not message.copy])
+                lags = _mark_done(
+                    [pk for pk, message in locked if not message.copy],
+                    ahead=[pk for pk, _ in locked if pk in claim.ahead],
+                )
         except Exception as exc:  # noqa: BLE001 - the batch falls back to one by one
             logger.warning(
                 "%s: batch of %d failed (%s: %s); applying one by one",
@@ -383,7 +442,9 @@ def deliveries_consume(
                 exc,
             )
             result.one_by_one = True
-            _one_by_one(consumer, together, ids, apply=apply, atomic=atomic, into=result)
+            _one_by_one(
+                consumer, together, ids, ahead=claim.ahead, apply=apply, atomic=atomic, into=result
+            )
         else:
             _observe_lag(consumer, lags)
             held = set(together) - {pk for pk, _ in locked}
@@ -407,6 +468,7 @@ def _one_by_one(
     pks: list[int],
     ids: dict[int, str],
     *,
+    ahead: set[int],
     apply: Callable[..., Any],
     atomic: bool,
     into: BatchResult,
@@ -432,6 +494,7 @@ def _one_by_one(
             payload=message["payload"],
             apply=apply,
             atomic=atomic,
+            ahead=pk in ahead,
         )
         into.results[message_id] = single
         into.outcomes[message_id] = outcome

@@ -7,8 +7,10 @@ The broker is a doorbell, the database is the ledger (docs/events.md, "The relay
                       (OUTBOX_CONSUMER_BATCH, or the consumer's own `batch`) on one
                       producer connection -> failpoint
                       `relay.published` -> rows marked done
-    deliveries_sweep  re-publish deliveries whose lease ran out before their consumer marked
-                      them done (the broker lost the message, a worker died, an attempt failed)
+    deliveries_sweep  re-publish deliveries no ring can still be on its way for: an attempt
+                      failed (lease freed), or the lease ran out undone while no ring
+                      waits in its consumer's queue (the broker lost the message, a
+                      worker died)
     outbox_purge      delete published rows past OUTBOX_RETENTION whose deliveries are all done
     register_consumer the apps name their consumers here in ready(); the relay never imports them
 
@@ -28,8 +30,6 @@ from dataclasses import dataclass
 from celery import current_app
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import F
-from django.db.models.functions import Now
 
 from core import due
 from core.db import delete_in_batches
@@ -78,6 +78,12 @@ def consumers() -> dict[str, Consumer]:
 
 def consumers_for(event_type: str) -> list[Consumer]:
     return [c for c in _consumers.values() if c.wants(event_type)]
+
+
+def ring_size(name: str) -> int:
+    """Return consumer `name`'s batch: ids per ring, and the most rows one run claims."""
+    found = _consumers.get(name)
+    return max(1, (found.batch if found else None) or settings.OUTBOX_CONSUMER_BATCH)
 
 
 class PublishError(Exception):
@@ -206,14 +212,65 @@ def relay_once(*, limit: int | None = None, owner: str | None = None) -> int:
     return len(ids)
 
 
+# Due deliveries no ring can still be on its way for, leased by the sweeper (as
+# `core.due.lease_due` leases, one statement): a free lease (an attempt failed and
+# freed it, a publish failed), or one that ran out while no ring of the consumer
+# waits in its queue (`%(waiting)s`: the consumers whose queue holds rings). A ring
+# that waits claims its own rows and whatever else is fresh for its consumer, so
+# ringing again a backlog that is merely queued would only feed it.
+_SWEEP = (
+    "WITH due AS (SELECT id FROM idempotency_delivery"
+    "  WHERE done_at IS NULL AND NOT needs_attention AND next_attempt_at <= now()"
+    "   AND (lease_expires_at IS NULL OR lease_expires_at <= now())"
+    "   AND (lease_owner = '' OR lease_expires_at IS NULL"
+    "    OR NOT consumer = ANY(%(waiting)s::text[]))"
+    "  ORDER BY next_attempt_at, id LIMIT %(limit)s FOR UPDATE SKIP LOCKED)"
+    " UPDATE idempotency_delivery AS t SET lease_owner = %(owner)s,"
+    "  lease_expires_at = now() + make_interval(secs => %(lease)s),"
+    "  publishes = t.publishes + 1, updated_at = now()"
+    " FROM due WHERE t.id = due.id RETURNING t.id, t.consumer, t.message_id"
+)
+
+
+def _waiting_consumers() -> list[str]:
+    """The consumers whose task's queue holds rings waiting for a worker.
+
+    A queue the broker does not count (`core.due.queued` is None) counts as
+    empty, as for `core.due.sweep_room`: the sweep never stops for a count it
+    could not read.
+    """
+    by_queue: dict[str, list[str]] = {}
+    for consumer in _consumers.values():
+        by_queue.setdefault(due.queue_of(consumer.task), []).append(consumer.name)
+    waiting: list[str] = []
+    for names in by_queue.values():
+        count = due.queued(_consumers[names[0]].task)
+        if count:
+            waiting += names
+    return waiting
+
+
 def deliveries_sweep(*, limit: int = 1000, owner: str | None = None) -> int:
-    """Publish again the deliveries whose lease ran out undone; return how many."""
+    """Publish again the deliveries no ring can still be on its way for; return how many.
+
+    A delivery is rung again once its lease is free (its attempt failed) or ran
+    out while its consumer's queue holds no waiting ring (`_SWEEP`).
+    """
     owner = owner or f"sweep:{due.default_owner()}"
-    ids = due.lease_due(Delivery, limit=limit, owner=owner)
-    if not ids:
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            _SWEEP,
+            {
+                "waiting": _waiting_consumers(),
+                "limit": limit,
+                "owner": owner[:100],
+                "lease": float(Delivery.due_policy().lease),
+            },
+        )
+        rows = sorted(cursor.fetchall())
+    if not rows:
         return 0
-    rows = list(Delivery.objects.filter(pk__in=ids).values_list("pk", "consumer", "message_id"))
-    Delivery.objects.filter(pk__in=ids).update(publishes=F("publishes") + 1, updated_at=Now())
+    ids = [pk for pk, _, _ in rows]
     try:
         publish(_pairs([(c, str(m)) for _, c, m in rows]))
     except PublishError as exc:

@@ -12,11 +12,14 @@ import uuid
 from datetime import timedelta
 
 import pytest
+import redis
+from django.conf import settings as django_settings
 from django.contrib.auth import get_user_model
 from django.db import connection
 from django.db.models.functions import Now
 from django.test.utils import CaptureQueriesContext
 
+from core import due
 from idempotency import failpoints, metrics
 from idempotency.messaging import deliveries, relay
 from idempotency.models import Delivery, InboxMessage
@@ -280,6 +283,151 @@ def test_the_unlocked_claim_twin_gives_both_consumers_every_row(make_user, rings
     first, second = _two_consumers_at_once(consume_history, ids)
     assert _applied(first) == _applied(second) == set(ids)  # every row taken by both
     assert [history_quantity(s) for s in shoppers] == [2] * 3  # the inbox, not the claim
+
+
+# -- rings coalesce under load ---------------------------------------------------------------
+
+
+def _small_rings(n: int, make_user, *, poison_at: int | None = None) -> list[str]:
+    """Write `n` orders of three shoppers and relay them ten at a time: rings of 10 ids, as
+    a relay that polls a steady stream makes them (the batch stays 200)."""
+    shoppers = [make_user() for _ in range(3)]
+    ids = []
+    for i in range(n):
+        payload = order_payload(shoppers[i % 3], number=i)
+        if i == poison_at:
+            payload["lines"][0]["unit_price"] = "not a price"
+        ids.append(write(events.ORDER_CONFIRMED, payload))
+    while relay.relay_once(limit=10):
+        pass
+    return ids
+
+
+def _pending(consumer: str) -> int:
+    return Delivery.objects.filter(consumer=consumer, done_at__isnull=True).count()
+
+
+def _runs_until_drained(history_rings) -> list[str]:
+    """Run the history rings in the relay's order until no history delivery is pending."""
+    summaries = []
+    for name, ids in history_rings:
+        if not _pending("purchase_history"):
+            break
+        summaries.append(TASKS[name](ids))
+    return summaries
+
+
+def test_rings_coalesce_under_load_many_due_rows_few_rings(make_user, rings):
+    ids = _small_rings(500, make_user)
+    history_rings = [(n, batch) for n, batch in rings if n == "shop.consume_history"]
+    assert len(history_rings) == 50 and {len(batch) for _, batch in history_rings} == {10}
+    before = metrics.duplicate_totals()
+    # Each run claims its own 10 and, up to the batch of 200, the oldest fresh rows:
+    # 500 due deliveries take 3 runs (200 + 190 + 110), not 50.
+    summaries = _runs_until_drained(history_rings)
+    assert summaries == ["applied:200", "applied:190,taken:10", "applied:110,taken:10"]
+    # The later rings find their rows taken ahead: acknowledged, no effect, no copy counted.
+    rest = [TASKS[name](batch) for name, batch in history_rings[3:]]
+    assert set(rest) == {"taken:10"}
+    assert metrics.duplicate_totals() == before
+    assert InboxMessage.objects.filter(consumer="purchase_history").count() == 500
+    rows = Delivery.objects.filter(consumer="purchase_history")
+    assert set(rows.values_list("attempts", flat=True)) == {1}
+    assert rows.filter(done_at__isnull=True).count() == 0
+    # Every ring arrived and ended the lease of the rows taken ahead of it.
+    assert not rows.exclude(lease_owner="").exists()
+    assert sorted(str(m) for m in rows.values_list("message_id", flat=True)) == sorted(ids)
+    # A copy of a ring after that is a copy again: counted by the consumer.
+    assert TASKS[history_rings[7][0]](history_rings[7][1]) == "applied:10"
+    after = metrics.duplicate_totals()
+    assert after[metrics.INBOX_DUPLICATE] - before[metrics.INBOX_DUPLICATE] == 10
+
+
+def test_the_only_my_ids_twin_needs_a_ring_per_ten_rows(make_user, rings, monkeypatch):
+    # DELIBERATELY WRONG: the claim takes only the ids its ring carries (no room for
+    # the consumer's other due rows). Under load every ring of ten ids applies ten rows.
+    monkeypatch.setattr(
+        deliveries, "_CLAIM", deliveries._CLAIM.replace("LIMIT %(room)s", "LIMIT 0")
+    )
+    _small_rings(500, make_user)
+    history_rings = [(n, batch) for n, batch in rings if n == "shop.consume_history"]
+    summaries = _runs_until_drained(history_rings)
+    assert summaries == ["applied:10"] * 50
+
+
+def test_a_poison_message_in_a_coalesced_ring_is_a_dead_letter_alone(make_user, rings):
+    ids = _small_rings(60, make_user, poison_at=35)
+    poison = ids[35]
+    by_consumer: dict[str, list[list[str]]] = {}
+    for name, batch in rings:
+        by_consumer.setdefault(name, []).append(batch)
+    for name, batches in by_consumer.items():
+        assert poison not in batches[0]  # the poison rides in a later ring
+        # The first ring takes all 60: the batch fails, then one by one.
+        assert TASKS[name](batches[0]) == "applied:59,dead_letter:1"
+    dead = Delivery.objects.filter(needs_attention=True)
+    assert {str(d.message_id) for d in dead} == {poison} and dead.count() == 2
+    assert all("PoisonMessage" in d.last_error and d.attempts == 1 for d in dead)
+    done = Delivery.objects.filter(done_at__isnull=False)
+    assert done.count() == 2 * 59 and set(done.values_list("attempts", flat=True)) == {1}
+    assert InboxMessage.objects.filter(consumer="purchase_history").count() == 59
+    # The poison's own ring: the dead letter does not run again, its neighbours were taken.
+    for name, batches in by_consumer.items():
+        own = next(batch for batch in batches if poison in batch)
+        assert TASKS[name](own) == "skipped:1,taken:9"
+    assert Delivery.objects.filter(needs_attention=True).count() == 2
+    assert Delivery.objects.filter(done_at__isnull=True, needs_attention=False).count() == 0
+
+
+@pytest.fixture
+def broker():
+    """The broker's Redis database, emptied before and after (ours alone: REDIS_URL's db)."""
+    client = redis.Redis.from_url(django_settings.CELERY_BROKER_URL)
+    client.flushdb()
+    yield client
+    client.flushdb()
+
+
+def _overdue_backlog(make_user) -> str:
+    """Two orders relayed, their deliveries' leases run out undone; return one history id."""
+    a, b = make_user(), make_user()
+    first = write(events.ORDER_CONFIRMED, order_payload(a))
+    write(events.ORDER_CONFIRMED, order_payload(b, number=2))
+    relay.relay_once()
+    Delivery.objects.update(lease_expires_at=Now())  # past the delivery timeout, still queued
+    return first
+
+
+def test_the_sweeper_rings_again_only_when_no_ring_can_still_be_on_its_way(
+    make_user, rings, broker
+):
+    failed = _overdue_backlog(make_user)
+    rings.clear()
+    broker.lpush(due.queue_of("shop.consume_history"), b"a ring waiting for a worker")
+    # A ring waits in the consumers' queue: it claims what is fresh for its consumer.
+    assert relay.deliveries_sweep() == 0 and rings == []
+    # An attempt that failed freed its lease: no ring is on its way for that row.
+    Delivery.objects.filter(consumer="purchase_history", message_id=failed).update(
+        attempts=1, lease_owner="", lease_expires_at=None
+    )
+    assert relay.deliveries_sweep() == 1
+    assert rings == [("shop.consume_history", [failed])]
+    # The queue drained and the leases had run out: the rings were lost; ring again.
+    broker.delete(due.queue_of("shop.consume_history"))
+    assert relay.deliveries_sweep() == 3
+    assert set(Delivery.objects.values_list("publishes", flat=True)) == {2}
+
+
+def test_the_sweep_that_ignores_the_queue_twin_rings_a_queued_backlog_again(
+    make_user, rings, broker, monkeypatch
+):
+    # DELIBERATELY WRONG: the sweep judges by the lease alone. A backlog older than the
+    # delivery timeout, its rings merely waiting in the queue, is rung a second time.
+    monkeypatch.setattr(relay, "_waiting_consumers", lambda: [])
+    _overdue_backlog(make_user)
+    rings.clear()
+    broker.lpush(due.queue_of("shop.consume_history"), b"a ring waiting for a worker")
+    assert relay.deliveries_sweep() == 4 and len(rings) == 2
 
 
 # -- shop_outbox_lag_seconds ----------------------------------------------------------------

@@ -17,6 +17,7 @@ from django.core.mail import EmailMultiAlternatives
 from django.core.mail.backends.locmem import EmailBackend
 from django.db import IntegrityError, connection, transaction
 from django.db.models.functions import Now
+from django.test.utils import CaptureQueriesContext
 
 from core.db import violated_constraint
 from idempotency import failpoints
@@ -159,6 +160,44 @@ def test_a_sender_past_its_time_budget_leaves_the_rest_due(make_user, monkeypatc
     left = Mail.objects.filter(done_at__isnull=True)
     assert left.count() == 2 and set(left.values_list("attempts", flat=True)) == {0}
     assert sorted(emails.mails_sweep(limit=10)) == sorted(left.values_list("id", flat=True))
+
+
+def test_a_ring_of_mails_takes_and_ends_its_attempts_in_one_statement_each(make_user):
+    for _ in range(4):
+        apply("order.confirmed", order_payload(make_user()))
+    ids = list(Mail.objects.order_by("id").values_list("id", flat=True))
+    with CaptureQueriesContext(connection) as queries:
+        result = emails.mails_send(mail_ids=ids)
+    assert result.summary() == "sent:4" and len(mail.outbox) == 4
+    writes = [q["sql"] for q in queries.captured_queries if q["sql"].startswith("UPDATE")]
+    assert len(writes) == 2  # the ring's attempts begun, then its sends marked done
+    rows = Mail.objects.order_by("id")
+    assert all(r.done_at is not None and r.attempts == 1 for r in rows)
+
+
+def test_the_rows_of_a_ring_are_leased_for_the_sends_before_them(make_user, monkeypatch):
+    for _ in range(3):
+        apply("order.confirmed", order_payload(make_user()))
+    ids = list(Mail.objects.order_by("id").values_list("id", flat=True))
+    leases = {}
+
+    def look(name):
+        if not leases:
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT id, EXTRACT(EPOCH FROM lease_expires_at - now())::float"
+                    " FROM shop_mail ORDER BY id"
+                )
+                leases.update(cursor.fetchall())
+
+    with failpoints.hook("mail.sent", look):
+        assert emails.mails_send(mail_ids=ids).summary() == "sent:3"
+    one = Mail.due_policy().attempt_lease_seconds
+    cap = emails.send_budget() + one  # no send begins after the budget: the task's worst case
+    for position, pk in enumerate(ids, start=1):
+        expected = min(position * one, cap)
+        assert expected - 5 < leases[pk] <= expected, (position, leases)
+    assert leases[ids[0]] < leases[ids[1]]
 
 
 def test_a_failed_send_is_recorded_and_sent_once_when_due_again(shopper, monkeypatch):
