@@ -16,6 +16,7 @@ from decimal import Decimal
 import pytest
 import requests
 from django.test import Client
+from playwright.sync_api import Error as PlaywrightError
 
 from inventory.models import Reservation, StockItem
 from orders.models import Order
@@ -401,10 +402,23 @@ def test_payment_pending_is_settled_by_the_worker_and_the_page_shows_it(shop, pa
             break
         assert time.monotonic() < deadline, f"never settled; worker log:\n{shop.logs()}"
         time.sleep(1)
-    page.reload()
+    _reload_updating_page(page)
     assert_order_shown(page, order)
     assert_one_order_one_charge(shop, username)
     assert held("MUG") == 0
+
+
+def _reload_updating_page(page) -> None:
+    """Reload a pending order's page, which also reloads itself once the payment
+    settles: its own navigation aborts ours, and the page it loads is the one we want."""
+    for attempt in range(3):
+        try:
+            page.reload()
+            return
+        except PlaywrightError as exc:
+            if "ERR_ABORTED" not in str(exc) or attempt == 2:
+                raise
+            page.wait_for_load_state()
 
 
 # --- CSRF -----------------------------------------------------------------------------
