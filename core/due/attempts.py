@@ -311,17 +311,14 @@ def _by_attempt(attempts: Sequence[Attempt]) -> dict[str, list]:
     }
 
 
-def attempts_done(model: type[DueWork], *, attempts: Sequence[Attempt]) -> list:
-    """Mark done, in one statement, the rows whose `attempts` still hold them; return their pks.
-
-    As `mark_done(attempt=...)` for each: a stale attempt marks nothing.
-    """
+def _update_held(model: type[DueWork], attempts: Sequence[Attempt], set_sql: str) -> list:
+    """One UPDATE of `set_sql` on the rows the `attempts` still hold; their pks."""
     if not attempts:
         return []
     table, pk, pk_type = _table(model)
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(
-            f"UPDATE {table} AS t SET done_at = now(), needs_attention = false,"
+            f"UPDATE {table} AS t SET {set_sql},"
             f"  lease_owner = '', lease_expires_at = NULL{_touch_sql(model)}"
             f" FROM unnest(%(pks)s::{pk_type}[], %(numbers)s::int[], %(tokens)s::text[])"
             "  AS a(pk, number, token)"
@@ -330,6 +327,14 @@ def attempts_done(model: type[DueWork], *, attempts: Sequence[Attempt]) -> list:
             _by_attempt(attempts),
         )
         return [row[0] for row in cursor.fetchall()]
+
+
+def attempts_done(model: type[DueWork], *, attempts: Sequence[Attempt]) -> list:
+    """Mark done, in one statement, the rows whose `attempts` still hold them; return their pks.
+
+    As `mark_done(attempt=...)` for each: a stale attempt marks nothing.
+    """
+    return _update_held(model, attempts, "done_at = now(), needs_attention = false")
 
 
 def attempts_give_back(model: type[DueWork], *, attempts: Sequence[Attempt]) -> list:
@@ -338,17 +343,4 @@ def attempts_give_back(model: type[DueWork], *, attempts: Sequence[Attempt]) -> 
     The row's count goes back, its lease is freed and it is due now: the next
     sweep rings it, and no budget was spent on it. A stale attempt changes nothing.
     """
-    if not attempts:
-        return []
-    table, pk, pk_type = _table(model)
-    with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(
-            f"UPDATE {table} AS t SET attempts = t.attempts - 1, next_attempt_at = now(),"
-            f"  lease_owner = '', lease_expires_at = NULL{_touch_sql(model)}"
-            f" FROM unnest(%(pks)s::{pk_type}[], %(numbers)s::int[], %(tokens)s::text[])"
-            "  AS a(pk, number, token)"
-            f" WHERE t.{pk} = a.pk AND t.attempts = a.number AND t.lease_owner = a.token"
-            f"  AND t.done_at IS NULL RETURNING t.{pk}",
-            _by_attempt(attempts),
-        )
-        return [row[0] for row in cursor.fetchall()]
+    return _update_held(model, attempts, "attempts = t.attempts - 1, next_attempt_at = now()")
