@@ -31,7 +31,9 @@ def _env(tmp_path: Path, **values: str) -> dict[str, str]:
     env = {
         k: v
         for k, v in os.environ.items()
-        if not k.startswith(("DJANGO_", "PYTEST_")) and k not in REQUIRED
+        if not k.startswith(("DJANGO_", "PYTEST_"))
+        and k not in REQUIRED
+        and k != "PAYMENTS_PROVIDER_URL"
     }
     env.update(
         DJANGO_SETTINGS_MODULE="config.settings.production",
@@ -90,3 +92,33 @@ def test_manage_with_settings_flag_is_production_too(tmp_path):
     assert out.returncode != 0
     assert "which are not set: DATABASE_URL" in out.stderr, out.stderr
     assert not (tmp_path / "var").exists() or not any((tmp_path / "var").iterdir())
+
+
+_CHECK = ["manage.py", "check"]
+PROVIDER = {"PAYMENTS_PROVIDER_URL": "https://provider.example.com"}
+
+
+def test_without_a_provider_url_the_system_check_refuses_production(tmp_path):
+    """No simulator default under production settings: payments.E001 fails `check` (and
+    `migrate`, the release step); the development settings, the wrong twin here, pass."""
+    out = _run(_CHECK, _env(tmp_path, **FULL))
+    assert out.returncode != 0
+    assert "payments.E001" in out.stderr and "PAYMENTS_PROVIDER_URL" in out.stderr, out.stderr
+    here = {**FULL, "DATABASE_URL": os.environ["DATABASE_URL"]}
+    migrate = _run(["manage.py", "migrate", "--noinput"], _env(tmp_path, **here))
+    assert migrate.returncode != 0 and "payments.E001" in migrate.stderr, migrate.stderr
+    blank = _run(_CHECK, _env(tmp_path, **FULL, PAYMENTS_PROVIDER_URL="  "))
+    assert "payments.E001" in blank.stderr, blank.stderr
+    told = _run(_CHECK, _env(tmp_path, **FULL, **PROVIDER))
+    assert told.returncode == 0, told.stderr
+    development = _env(tmp_path, **FULL, DJANGO_SETTINGS_MODULE="config.settings.base")
+    out = _run(["-c", _SETTING], development)
+    assert out.stdout.strip() == "http://127.0.0.1:8470", out.stderr
+
+
+_SETTING = (
+    "import django; django.setup(); from django.conf import settings;"
+    " from django.core import checks;"
+    " assert not [e for e in checks.run_checks() if e.id == 'payments.E001'];"
+    " print(settings.PAYMENTS_PROVIDER_URL)"
+)

@@ -46,6 +46,7 @@ def _production_env(static_root: Path) -> dict[str, str]:
         DJANGO_SETTINGS_MODULE="config.settings.production",
         SECRET_KEY=secrets.token_urlsafe(60),
         PAYMENTS_WEBHOOK_SECRET=secrets.token_hex(32),
+        PAYMENTS_PROVIDER_URL="https://provider.example.com",
         ALLOWED_HOSTS="shop.example.com",
         SHOP_ENV_FILE=os.devnull,  # no developer .env
         STATIC_ROOT=str(static_root),
