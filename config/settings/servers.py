@@ -68,7 +68,9 @@ WEB_REQUEST_TIMEOUT = env.float("WEB_REQUEST_TIMEOUT", default=20.0)
 # and lets go of its locks within this, instead of running it to the end or
 # waiting out lock_timeout first.
 DB_CLIENT_CHECK_INTERVAL = env.float("DB_CLIENT_CHECK_INTERVAL", default=1.0)
-DB_UNBOUNDED_COMMANDS = frozenset({"migrate", "dbshell", "sqlflush", "flush", "loaddata"})
+DB_UNBOUNDED_COMMANDS = frozenset(
+    {"migrate", "release", "dbshell", "sqlflush", "flush", "loaddata"}
+)
 if sys.argv[1:2] and sys.argv[1] in DB_UNBOUNDED_COMMANDS and Path(sys.argv[0]).name == "manage.py":
     DB_STATEMENT_TIMEOUT = DB_LOCK_TIMEOUT = DB_IDLE_IN_TRANSACTION_TIMEOUT = 0.0
 _db_options = DATABASES["default"].setdefault("OPTIONS", {})

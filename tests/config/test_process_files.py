@@ -119,12 +119,13 @@ def test_every_systemd_unit_runs_a_real_program_under_production_settings():
 
 
 def test_migrations_run_once_in_the_release_unit_that_every_process_follows():
-    """One oneshot unit collects static files and migrates; the long-running units require
-    it and start after it, and none of them migrates at its own start."""
+    """One oneshot unit collects static files and migrates (`release`, under the release
+    lock); the long-running units require it and start after it, and none of them
+    migrates at its own start; the Procfile's release line migrates the same way."""
     release = ROOT / "deploy" / "systemd" / "shop-release.service"
     service = unit(release)
     assert service["Type"] == "oneshot" and service["RemainAfterExit"] == "yes"
-    assert _argv(service["ExecStart"])[1][1:3] == ["manage.py", "migrate"]
+    assert _argv(service["ExecStart"])[1][1:3] == ["manage.py", "release"]  # migrate, locked
     assert _argv(service["ExecStartPre"])[1][1:3] == ["manage.py", "collectstatic"]
     for path in UNITS:
         if path == release:
@@ -135,6 +136,7 @@ def test_migrations_run_once_in_the_release_unit_that_every_process_follows():
         assert "shop-release.service" in parser["Unit"]["After"].split(), path
         commands = [parser["Service"].get(key, "") for key in ("ExecStartPre", "ExecStart")]
         assert not any("migrate" in command for command in commands), path
+    assert _argv(procfile()["release"])[1][1:3] == ["manage.py", "release"]
 
 
 def _free_port() -> int:
@@ -149,6 +151,7 @@ def _production_env(port: int) -> dict[str, str]:
         DJANGO_SETTINGS_MODULE="config.settings.production",
         SECRET_KEY="process-files-test-" + "x" * 50,
         PAYMENTS_WEBHOOK_SECRET="whsec_process_files_test",
+        PAYMENTS_PROVIDER_URL="https://provider.example.com",
         ALLOWED_HOSTS="127.0.0.1,localhost",
         SHOP_ENV_FILE=os.devnull,
         PORT=str(port),
