@@ -20,7 +20,6 @@ from typing import cast
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models.functions import Now
 
 from core import due
 from core.errors import InvalidRequest
@@ -272,12 +271,6 @@ def _refund_capture_key(*, payment_id) -> str:
     if key is None:
         raise RefundInvalidState("The payment has no succeeded capture to refund.")
     return key
-
-
-def refund_run_now(*, refund_id) -> Refund | None:
-    """Make a refund due now and run its attempt in this process (the demo plays the worker)."""
-    Refund.objects.filter(id=refund_id).update(next_attempt_at=Now())
-    return refund_run(refund_id=refund_id)
 
 
 def refund_run(*, refund_id) -> Refund | None:

@@ -24,6 +24,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.db import IntegrityError, transaction
+from django.db.models.functions import Now
 from django.test import override_settings
 from django.utils import timezone
 
@@ -279,12 +280,38 @@ ATTENTION_REASON = (
 )
 
 
+def _step_run_now(*, step_id) -> str:
+    """Make a step due now and run its attempt in this process (the demo plays the worker)."""
+    from orders.compensation import step_run
+    from orders.models import CompensationStep
+
+    CompensationStep.objects.filter(id=step_id).update(next_attempt_at=Now())
+    return step_run(step_id=step_id)
+
+
+def _refund_run_now(*, refund_id) -> None:
+    """Make a refund due now and run its attempt in this process (the demo plays the worker)."""
+    from payments.models import Refund
+    from payments.refunds import refund_run
+
+    Refund.objects.filter(id=refund_id).update(next_attempt_at=Now())
+    refund_run(refund_id=refund_id)
+
+
+def _step_flag_attention(*, step_id, reason: str) -> None:
+    """Stop a pending step for staff, as a refusal would (`failed`, its return
+    `needs_attention`); "Retry failed steps" takes it up again."""
+    from orders.compensation.state import step_attention
+    from orders.models import CompensationStep
+
+    step = CompensationStep.objects.get(id=step_id)
+    step_attention(step=step, reason=reason, flag=True)
+
+
 def _drive(order_return, *, names=None, timeout: float = 30.0) -> None:
     """Play the worker here: run the return's due steps (and its refund) until none is."""
     import time
 
-    from orders.compensation import step_run_now
-    from payments.refunds import refund_run_now
     from payments.states import RefundStatus
 
     deadline = time.monotonic() + timeout
@@ -294,9 +321,9 @@ def _drive(order_return, *, names=None, timeout: float = 30.0) -> None:
             return
         pending = payment_selectors.refunds_of_payment(payment_id=order_return.order.payment_id)
         for refund in pending.filter(status=RefundStatus.PENDING):
-            refund_run_now(refund_id=refund.id)
+            _refund_run_now(refund_id=refund.id)
         for step in steps.order_by("position"):
-            step_run_now(step_id=step.id)
+            _step_run_now(step_id=step.id)
 
 
 def _return_one(order, kind: str, *, staff) -> None:
@@ -318,11 +345,9 @@ def _return_one(order, kind: str, *, staff) -> None:
     # Forced: the state shown is a refund step stopped for staff before any refund
     # exists, so that "Retry failed steps" refunds it. No provider answer leads
     # there (a declined refund is stored and stays declined on a retry), so the
-    # step is flagged through the staff service that stops a step by hand.
-    from orders.compensation import step_flag_attention
-
+    # step is flagged here, through the step's own needs-attention transition.
     refund_step = order_selectors.return_step(order_return_id=order_return.id, name="refund")
-    step_flag_attention(step_id=refund_step.id, reason=ATTENTION_REASON)
+    _step_flag_attention(step_id=refund_step.id, reason=ATTENTION_REASON)
 
 
 def demo_orders() -> list[str]:

@@ -172,12 +172,6 @@ def step_run(*, step_id) -> str:
     return _attempt_run(step=step, attempt=attempt)
 
 
-def step_run_now(*, step_id) -> str:
-    """Make a step due now and run its attempt in this process (the demo plays the worker)."""
-    CompensationStep.objects.filter(id=step_id).update(next_attempt_at=Now())
-    return step_run(step_id=step_id)
-
-
 def _attempt_run(*, step: CompensationStep, attempt: due.Attempt) -> str:
     step_id = step.id
     if step.after:

@@ -1,4 +1,4 @@
-"""Staff's actions on compensation steps: retry the failed ones, stop one for staff.
+"""Staff's actions on compensation steps: retry the failed ones.
 
 Each locks the compensation's parent row (the return, or the cancelled
 order) like the run's own transitions (`orders.compensation.state`).
@@ -16,18 +16,11 @@ from core import due
 
 from ..models import CompensationStep, OrderEvent, ReturnRequest
 from ..states import CompensationKind, ReturnStatus, StepStatus
-from .state import lock_parent, step_attention, step_event
+from .state import lock_parent, step_event
 
 # Steps "Retry failed steps" offers: failed, and any flagged one (a row flagged
 # before its status moved, by the two-transaction flag of earlier versions).
 NEEDS_STAFF = Q(status=StepStatus.FAILED) | Q(needs_attention=True)
-
-
-def step_flag_attention(*, step_id, reason: str) -> None:
-    """Stop a pending step for staff, as a refusal would (`failed`, its return
-    `needs_attention`); "Retry failed steps" takes it up again. For demo data and drills."""
-    step = CompensationStep.objects.get(id=step_id)
-    step_attention(step=step, reason=reason, flag=True)
 
 
 def steps_retry_failed(*, step_ids: Iterable, by=None) -> int:
