@@ -15,11 +15,16 @@ as the API does (orders.permissions.SHIP).
 The order page's buttons ("Create shipment", "Refund", "Cancel order") are in
 `templates/admin/orders/order/change_form.html`; "Refund" and "Cancel order"
 lead to their confirmation pages (orders.admin.order, orders.admin.compensation).
+The two keyed forms on an order ("Create shipment" here, "Refund" in
+orders.admin.order) share their POST: `order_form_answer` runs the keyed
+submit or names the key the rendered form carries, and `order_form_submit`
+claims the key and runs the keyed operation on the order.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 from django import forms
 from django.contrib import admin, messages
@@ -32,7 +37,7 @@ from django.utils.translation import gettext
 
 from idempotency.admin_actions import admin_form_refusal, refusal_message, state_key
 from idempotency.keys import Reply, Result, keyed_operation
-from idempotency.views import FORM_FIELD, idempotent_form
+from idempotency.views import FORM_FIELD, KeyRequest, idempotent_form
 
 from .. import operations, permissions
 from ..models import Order, OrderLine
@@ -132,20 +137,65 @@ class ShipmentForm(forms.Form):
         return data
 
 
-@idempotent_form(operation=ADMIN_SHIPMENT_CREATE, refusal=admin_form_refusal)
-def _shipment_submit(request, order, form, *, key):
+def order_form_submit(
+    request,
+    order: Order,
+    form: forms.Form,
+    *,
+    key: KeyRequest | None,
+    keyed: Callable[..., object],
+    redirect: Callable[..., Reply],
+    values: Callable[[dict, KeyRequest], dict],
+) -> None:
+    """The POST of a keyed form on an order's page (inside `idempotent_form`).
+
+    Not a POST or an invalid form: None, and the view renders the form again
+    with nothing claimed. Otherwise the key is claimed and the keyed run
+    `keyed` goes ahead on the order with `values(cleaned_data, key)`, its
+    answer presented by `redirect` (303 to the order, or back to the form with
+    this key as `after`); `idempotent_form` returns that answer.
+    """
     if key is None or not form.is_valid():
         return None  # re-rendered by the caller: nothing claimed
-    operations.shipment_create_keyed(
+    keyed(
         run=key.claim(),
-        present=functools.partial(
-            shipment_redirect, order_id=order.id, form_key=key.key, request=request
-        ),
+        present=functools.partial(redirect, order_id=order.id, form_key=key.key, request=request),
         order_id=order.id,
-        lines=form.cleaned_data["lines"],
-        carrier=form.cleaned_data["carrier"] or None,
-        tracking_number=form.cleaned_data["tracking_number"] or None,
-        form_scope=key.scope,
+        **values(form.cleaned_data, key),
+    )
+    return None
+
+
+def order_form_answer(request, submit, order: Order, form: forms.Form, *, fresh: Callable[[], str]):
+    """(the keyed POST's answer or None, the key the rendered form carries).
+
+    A POST runs `submit` (an `idempotent_form` view); when it re-renders the
+    form (invalid), the form keeps the key it was posted with; a GET gets
+    `fresh()`, the key naming the order's state as shown.
+    """
+    if request.method == "POST":
+        answer = submit(request, order, form)
+        if answer is not None:
+            return answer, ""
+        return None, request.POST.get(FORM_FIELD)
+    return None, fresh()
+
+
+@idempotent_form(operation=ADMIN_SHIPMENT_CREATE, refusal=admin_form_refusal)
+def _shipment_submit(request, order, form, *, key):
+    return order_form_submit(
+        request,
+        order,
+        form,
+        key=key,
+        keyed=operations.shipment_create_keyed,
+        redirect=shipment_redirect,
+        values=lambda data, key: {
+            "lines": data["lines"],
+            "carrier": data["carrier"] or None,
+            "tracking_number": data["tracking_number"] or None,
+            "form_scope": key.scope,
+        },
     )
 
 
@@ -166,15 +216,15 @@ class ShipmentFormMixin(admin.ModelAdmin):
         order = get_object_or_404(Order, pk=object_id)
         lines = list(order.lines.filter(status=LineStatus.CONFIRMED).order_by("position"))
         form = ShipmentForm(request.POST if request.method == "POST" else None, lines=lines)
-        if request.method == "POST":
-            answer = _shipment_submit(request, order, form)
-            if answer is not None:
-                return answer
-        key = (
-            request.POST.get(FORM_FIELD)
-            if request.method == "POST"
-            else shipment_form_key(order, lines, after=request.GET.get("after", ""))
+        answer, key = order_form_answer(
+            request,
+            _shipment_submit,
+            order,
+            form,
+            fresh=lambda: shipment_form_key(order, lines, after=request.GET.get("after", "")),
         )
+        if answer is not None:
+            return answer
         return TemplateResponse(
             request,
             "admin/orders/order/shipment.html",

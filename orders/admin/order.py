@@ -6,7 +6,6 @@ UPDATEs that write their event and outbox rows in the same transaction
 shows them and changes nothing.
 """
 
-import functools
 import hashlib
 from decimal import Decimal
 
@@ -25,13 +24,13 @@ from core.admin_export import CsvExportMixin
 from core.money import format_money, shop_currency
 from idempotency.admin_actions import refusal_message
 from idempotency.keys import Reply, Result, keyed_operation
-from idempotency.views import FORM_FIELD, idempotent_form
+from idempotency.views import idempotent_form
 from payments import selectors as payment_selectors
 
 from .. import operations, permissions, tracking
 from ..models import Order, OrderEvent, OrderLine, Shipment, ShipmentLine
 from .compensation import CancellationStepInline, CancelOrderMixin, ReturnInline
-from .forms import ORDER_CSV_COLUMNS, ShipmentFormMixin
+from .forms import ORDER_CSV_COLUMNS, ShipmentFormMixin, order_form_answer, order_form_submit
 
 # The admin's refund form: its own operation name, so an abandoned key is
 # completed (forgotten: one phase) with the form's redirect, never the API's JSON.
@@ -84,20 +83,20 @@ class RefundForm(forms.Form):
 
 
 @idempotent_form(operation=ADMIN_REFUND_CREATE)
-def _refund_submit(request, order, *, key):
-    form = RefundForm(request.POST)
-    if key is None or not form.is_valid():
-        return None  # re-rendered by the caller: nothing claimed
-    operations.refund_create_keyed(
-        run=key.claim(),
-        present=functools.partial(
-            refund_redirect, order_id=order.id, form_key=key.key, request=request
-        ),
-        order_id=order.id,
-        amount=form.cleaned_data["amount"],
-        reason=form.cleaned_data["reason"],
-        requested_by=request.user,
-        refund_id=operations.form_refund_id(key.scope),
+def _refund_submit(request, order, form, *, key):
+    return order_form_submit(
+        request,
+        order,
+        form,
+        key=key,
+        keyed=operations.refund_create_keyed,
+        redirect=refund_redirect,
+        values=lambda data, key: {
+            "amount": data["amount"],
+            "reason": data["reason"],
+            "requested_by": request.user,
+            "refund_id": operations.form_refund_id(key.scope),
+        },
     )
 
 
@@ -207,10 +206,15 @@ class RefundFormMixin(admin.ModelAdmin):
         require_permission(self.has_refund_permission(request))
         order = get_object_or_404(Order.objects.select_related("payment"), pk=object_id)
         form = RefundForm(request.POST or None) if request.method == "POST" else RefundForm()
-        if request.method == "POST":
-            answer = _refund_submit(request, order)
-            if answer is not None:
-                return answer
+        answer, key = order_form_answer(
+            request,
+            _refund_submit,
+            order,
+            form,
+            fresh=lambda: refund_form_key(order, after=request.GET.get("after", "")),
+        )
+        if answer is not None:
+            return answer
         payment = order.payment
         captured = payment.amount_captured if payment else Decimal(0)
         reserved = payment.refund_reserved if payment else Decimal(0)
@@ -223,9 +227,7 @@ class RefundFormMixin(admin.ModelAdmin):
                 "opts": self.model._meta,
                 "order": order,
                 "form": form,
-                "key": request.POST.get(FORM_FIELD)
-                if request.method == "POST"
-                else refund_form_key(order, after=request.GET.get("after", "")),
+                "key": key,
                 "problem": request.GET.get("problem"),
                 "currency": shop_currency(),
                 "captured": format_money(captured),
