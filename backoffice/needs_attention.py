@@ -25,6 +25,7 @@ import hashlib
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import ModuleType
 
 from django.contrib import admin, messages
 from django.core import signing
@@ -53,28 +54,52 @@ from reports import selectors as reports_selectors
 
 _NOTE_SALT = "admin.needs_attention.note"
 
-# The permission to see each kind (its model's "view"), and each row's admin page.
-VIEW_PERMISSION = {
-    attention.SETTLEMENT: "payments.view_paymentsettlement",
-    attention.REFUND: "payments.view_refund",
-    attention.STEP: "orders.view_compensationstep",
-    attention.DEAD_LETTER: "idempotency.view_deadletter",
-    attention.REPORT_DAY: "reports.view_reportday",
+
+@dataclass(frozen=True)
+class Kind:
+    """One kind of item: its section's title, its model and how a form names its row."""
+
+    title: str | Promise
+    model: str  # "app_label.modelname": the permissions and the row's admin page follow
+    pk_type: Callable[[str], object]  # how a form's pk is read (anything else is a 400)
+
+    @property
+    def view_permission(self) -> str:
+        """The permission to see the kind (its model's "view")."""
+        app, model = self.model.split(".")
+        return f"{app}.view_{model}"
+
+    @property
+    def change_permission(self) -> str:
+        """The permission every action on the kind needs (its model's "change")."""
+        app, model = self.model.split(".")
+        return f"{app}.change_{model}"
+
+    @property
+    def row_page(self) -> str:
+        """The URL name of a row's own admin page."""
+        return "admin:{}_{}_change".format(*self.model.split("."))
+
+
+BY_KIND: dict[str, Kind] = {
+    attention.SETTLEMENT: Kind(
+        gettext_lazy("Settlements past their attempt budget"), "payments.paymentsettlement", int
+    ),
+    attention.REFUND: Kind(
+        gettext_lazy("Refunds that need attention"), "payments.refund", uuid.UUID
+    ),
+    attention.STEP: Kind(
+        gettext_lazy("Compensation steps that failed"), "orders.compensationstep", int
+    ),
+    attention.DEAD_LETTER: Kind(gettext_lazy("Dead letters"), "idempotency.deadletter", int),
+    attention.REPORT_DAY: Kind(
+        gettext_lazy("Report days that could not be made"), "reports.reportday", int
+    ),
 }
-ROW_PAGE = {
-    attention.SETTLEMENT: "admin:payments_paymentsettlement_change",
-    attention.REFUND: "admin:payments_refund_change",
-    attention.STEP: "admin:orders_compensationstep_change",
-    attention.DEAD_LETTER: "admin:idempotency_deadletter_change",
-    attention.REPORT_DAY: "admin:reports_reportday_change",
-}
-TITLES = {
-    attention.SETTLEMENT: gettext_lazy("Settlements past their attempt budget"),
-    attention.REFUND: gettext_lazy("Refunds that need attention"),
-    attention.STEP: gettext_lazy("Compensation steps that failed"),
-    attention.DEAD_LETTER: gettext_lazy("Dead letters"),
-    attention.REPORT_DAY: gettext_lazy("Report days that could not be made"),
-}
+VIEW_PERMISSION = {kind: spec.view_permission for kind, spec in BY_KIND.items()}
+ROW_PAGE = {kind: spec.row_page for kind, spec in BY_KIND.items()}
+TITLES = {kind: spec.title for kind, spec in BY_KIND.items()}
+PK_TYPES = {kind: spec.pk_type for kind, spec in BY_KIND.items()}
 
 
 # --- The actions ------------------------------------------------------------------
@@ -87,6 +112,12 @@ def _settlement_retry(pk: str, by) -> bool:
         return False  # no such row (a forged form): nothing to retry
     settlement = payments_settlement.settlement_retry_now(settlement_id=int(pk), by=by)
     return waiting and not settlement.needs_attention
+
+
+def _service(module: ModuleType, name: str, field: str, cast: Callable = int):
+    """An action's run: the staff service `module.name(<field>=cast(pk), by=staff)`, its
+    answer taken as "changed". Looked up when the action runs, not when the table is built."""
+    return lambda pk, by: getattr(module, name)(**{field: cast(pk)}, by=by)
 
 
 @dataclass(frozen=True)
@@ -104,131 +135,111 @@ class Action:
         return user.has_perms((self.permission, *self.also))
 
 
-ACTIONS: dict[str, tuple[Action, ...]] = {
+# Each kind's actions, one row each: (name, label, run, statuses, explanation, further
+# permissions). Every action of a kind changes its model (`Kind.change_permission`).
+_REFUND_WAITS = (RefundStatus.NEEDS_ATTENTION,)
+_CAPTURED_OTHER = (SettlementAttention.CAPTURED_MORE, SettlementAttention.CAPTURED_LESS)
+_ACTION_ROWS: dict[str, tuple[tuple, ...]] = {
     attention.SETTLEMENT: (
-        Action(
+        (
             "retry",
             gettext_lazy("Retry now"),
-            "payments.change_paymentsettlement",
             _settlement_retry,
-            explanation=gettext_lazy("A fresh attempt budget, due now (the same provider key)."),
+            (),
+            gettext_lazy("A fresh attempt budget, due now (the same provider key)."),
         ),
-        Action(
+        (
             "record",
             gettext_lazy("Record what the provider captured"),
-            "payments.change_paymentsettlement",
-            lambda pk, by: capture_differs.settlement_record_provider_capture(
-                settlement_id=int(pk), by=by
-            ),
-            statuses=(SettlementAttention.CAPTURED_MORE, SettlementAttention.CAPTURED_LESS),
-            explanation=gettext_lazy(
+            _service(capture_differs, "settlement_record_provider_capture", "settlement_id"),
+            _CAPTURED_OTHER,
+            gettext_lazy(
                 "The payment books the provider's amount and the order is paid "
                 "(less than asked: the shop bears the shortfall; more: the shop keeps it)."
             ),
         ),
-        Action(
+        (
             "refund_difference",
             gettext_lazy("Refund the difference"),
-            "payments.change_paymentsettlement",
-            lambda pk, by: capture_differs.settlement_refund_difference(
-                settlement_id=int(pk), by=by
-            ),
-            statuses=(SettlementAttention.CAPTURED_MORE,),
-            explanation=gettext_lazy(
+            _service(capture_differs, "settlement_refund_difference", "settlement_id"),
+            (SettlementAttention.CAPTURED_MORE,),
+            gettext_lazy(
                 "The payment books the provider's amount, the order is paid and "
                 "what the provider took over the amount asked is refunded."
             ),
-            also=("orders.refund_order",),
+            ("orders.refund_order",),
         ),
     ),
     attention.REFUND: (
-        Action(
+        (
             "retry",
             gettext_lazy("Retry now"),
-            "payments.change_refund",
-            lambda pk, by: refund_decisions.refund_retry_now(refund_id=pk, by=by),
-            statuses=(RefundStatus.NEEDS_ATTENTION,),
-            explanation=gettext_lazy(
-                "Send the refund to the provider again (the same provider key)."
-            ),
+            _service(refund_decisions, "refund_retry_now", "refund_id", str),
+            _REFUND_WAITS,
+            gettext_lazy("Send the refund to the provider again (the same provider key)."),
         ),
-        Action(
+        (
             "outside",
             gettext_lazy("Refunded outside the shop"),
-            "payments.change_refund",
-            lambda pk, by: refund_decisions.refund_record_outside(refund_id=pk, by=by),
-            statuses=(RefundStatus.NEEDS_ATTENTION,),
-            explanation=gettext_lazy(
-                "The money went back another way; the provider is not called."
-            ),
+            _service(refund_decisions, "refund_record_outside", "refund_id", str),
+            _REFUND_WAITS,
+            gettext_lazy("The money went back another way; the provider is not called."),
         ),
-        Action(
+        (
             "failed",
             gettext_lazy("Record as failed"),
-            "payments.change_refund",
-            lambda pk, by: refund_decisions.refund_record_failed(refund_id=pk, by=by),
-            statuses=(RefundStatus.NEEDS_ATTENTION,),
-            explanation=gettext_lazy(
-                "The refund will not happen; its reserved amount is released."
-            ),
+            _service(refund_decisions, "refund_record_failed", "refund_id", str),
+            _REFUND_WAITS,
+            gettext_lazy("The refund will not happen; its reserved amount is released."),
         ),
-        Action(
+        (
             "accept_provider",
             gettext_lazy("Accept the provider's refund"),
-            "payments.change_refund",
-            lambda pk, by: refund_decisions.refund_accept_provider(refund_id=pk, by=by),
+            _service(refund_decisions, "refund_accept_provider", "refund_id", str),
             # Flagged after staff decided it: the provider reports it refunded after all.
-            statuses=(RefundStatus.SUCCEEDED, RefundStatus.FAILED),
-            explanation=gettext_lazy(
+            (RefundStatus.SUCCEEDED, RefundStatus.FAILED),
+            gettext_lazy(
                 "The provider's refund becomes the record (outside the shop: the "
                 "outside payment was recovered or accepted; failed: it counts as refunded)."
             ),
         ),
     ),
     attention.STEP: (
-        Action(
+        (
             "retry",
             gettext_lazy("Retry step"),
-            "orders.change_compensationstep",
-            lambda pk, by: bool(compensation.steps_retry_failed(step_ids=[int(pk)], by=by)),
-            statuses=("failed",),
-            explanation=gettext_lazy(
-                "A fresh attempt budget, due now; its return goes back to processing."
-            ),
+            _service(compensation, "steps_retry_failed", "step_ids", lambda pk: [int(pk)]),
+            ("failed",),
+            gettext_lazy("A fresh attempt budget, due now; its return goes back to processing."),
         ),
     ),
     attention.DEAD_LETTER: (
-        Action(
+        (
             "requeue",
             gettext_lazy("Requeue"),
-            "idempotency.change_deadletter",
             lambda pk, by: dead_letter_requeue(int(pk)),
-            explanation=gettext_lazy(
-                "A fresh attempt budget, published now (fix the cause first)."
-            ),
+            (),
+            gettext_lazy("A fresh attempt budget, published now (fix the cause first)."),
         ),
     ),
     attention.REPORT_DAY: (
-        Action(
+        (
             "retry",
             gettext_lazy("Retry now"),
-            "reports.change_reportday",
-            lambda pk, by: report_days.day_retry_now(day_id=int(pk), by=by),
-            explanation=gettext_lazy(
+            _service(report_days, "day_retry_now", "day_id"),
+            (),
+            gettext_lazy(
                 "A fresh attempt budget, due now: the run makes the day (fix the cause first)."
             ),
         ),
     ),
 }
-
-
-# How each kind's primary key is read from a form (anything else is a 400).
-PK_TYPES: dict[str, Callable[[str], object]] = {
-    attention.SETTLEMENT: int,
-    attention.REFUND: uuid.UUID,
-    attention.STEP: int,
-    attention.DEAD_LETTER: int,
-    attention.REPORT_DAY: int,
+ACTIONS: dict[str, tuple[Action, ...]] = {
+    kind: tuple(
+        Action(name, label, BY_KIND[kind].change_permission, run, statuses, explanation, *also)
+        for name, label, run, statuses, explanation, *also in rows
+    )
+    for kind, rows in _ACTION_ROWS.items()
 }
 
 
