@@ -11,8 +11,9 @@ def provider_url_is_set(app_configs, **kwargs):
 
     The development and test settings point at the simulator's port; the
     production settings have no default, so a host that was never told where the
-    provider fails its release step (`migrate` runs the checks; every process starts
-    after it) and `manage.py check`, instead of sending payments to a loopback port.
+    provider fails its release step (`manage.py release` runs the checks with its
+    migrate; every process starts after it) and `manage.py check`, instead of
+    sending payments to a loopback port.
     """
     if str(getattr(settings, "PAYMENTS_PROVIDER_URL", "") or "").strip():
         return []

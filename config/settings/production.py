@@ -31,8 +31,9 @@ SECRET_KEY = env.str("SECRET_KEY")
 # The provider's webhooks are authenticated by this secret alone: no default.
 PAYMENTS_WEBHOOK_SECRET = env.str("PAYMENTS_WEBHOOK_SECRET")
 # The provider's address: no simulator default here. Unset, the system check
-# payments.E001 (payments/checks.py) fails `migrate`, so the release step every
-# process starts after fails and none of them starts (docs/deployment.md).
+# payments.E001 (payments/checks.py) fails `migrate` and `release`, so the
+# release step every process starts after fails, and none of them starts
+# (docs/deployment.md).
 PAYMENTS_PROVIDER_URL = env.str("PAYMENTS_PROVIDER_URL", default="")
 DEBUG = False
 SESSION_COOKIE_SECURE = env.bool("SESSION_COOKIE_SECURE", default=True)

@@ -99,14 +99,15 @@ PROVIDER = {"PAYMENTS_PROVIDER_URL": "https://provider.example.com"}
 
 
 def test_without_a_provider_url_the_system_check_refuses_production(tmp_path):
-    """No simulator default under production settings: payments.E001 fails `check` (and
-    `migrate`, the release step); the development settings, the wrong twin here, pass."""
+    """No simulator default under production settings: payments.E001 fails `check` and
+    `release` (the release step's migrate); the development settings, the wrong twin here,
+    pass."""
     out = _run(_CHECK, _env(tmp_path, **FULL))
     assert out.returncode != 0
     assert "payments.E001" in out.stderr and "PAYMENTS_PROVIDER_URL" in out.stderr, out.stderr
     here = {**FULL, "DATABASE_URL": os.environ["DATABASE_URL"]}
-    migrate = _run(["manage.py", "migrate", "--noinput"], _env(tmp_path, **here))
-    assert migrate.returncode != 0 and "payments.E001" in migrate.stderr, migrate.stderr
+    release = _run(["manage.py", "release"], _env(tmp_path, **here))
+    assert release.returncode != 0 and "payments.E001" in release.stderr, release.stderr
     blank = _run(_CHECK, _env(tmp_path, **FULL, PAYMENTS_PROVIDER_URL="  "))
     assert "payments.E001" in blank.stderr, blank.stderr
     told = _run(_CHECK, _env(tmp_path, **FULL, **PROVIDER))

@@ -25,7 +25,8 @@ RELEASE_LOCK_KEY = 0x73686F70
 
 class Command(BaseCommand):
     help = "Migrate the database under the release lock (one host at a time)."
-    # `migrate` runs the system checks itself, once it holds the lock.
+    # `migrate` runs the system checks (its database's too) once the lock is held;
+    # call_command would skip them unless told (skip_checks=False below).
     requires_system_checks: list[str] = []
 
     def handle(self, *args, **options) -> None:
@@ -38,7 +39,9 @@ class Command(BaseCommand):
                 self.stderr.write("waiting for the release lock: another host is migrating")
                 cursor.execute("SELECT pg_advisory_lock(%s)", [RELEASE_LOCK_KEY])
         try:
-            call_command("migrate", interactive=False, verbosity=options["verbosity"])
+            call_command(
+                "migrate", interactive=False, verbosity=options["verbosity"], skip_checks=False
+            )
         finally:
             with connection.cursor() as cursor:
                 cursor.execute("SELECT pg_advisory_unlock(%s)", [RELEASE_LOCK_KEY])
