@@ -79,10 +79,11 @@ def _oscar_lines(result: dict) -> list[str]:
     return lines
 
 
-def text(result: dict, oscar: dict | None = None) -> str:
+def text(result: dict | None, oscar: dict | None = None) -> str:
     """The headline and its steps (and Oscar's, and the ratio), as the run prints it first."""
-    if "steps" not in result:
-        return f"SUSTAINED: not measured ({error_of(result)})"
+    if result is None or "steps" not in result:
+        lines = [f"SUSTAINED: not measured ({error_of(result)})"]
+        return "\n".join(lines + (_oscar_lines(oscar) if oscar is not None else []))
     rate = result.get("sustained_orders_per_s")
     crit = result.get("criteria", {})
     lines = [

@@ -306,8 +306,8 @@ class Bench:
         ref = data["reference"] or {}
         mark = "noisy: " if data.get("noisy") else ""
         scenarios = data["scenarios"]
-        if "sustained" in scenarios:
-            text = headline.text(scenarios["sustained"], scenarios.get("oscar_sustained"))
+        if "sustained" in scenarios or "oscar_sustained" in scenarios:
+            text = headline.text(scenarios.get("sustained"), scenarios.get("oscar_sustained"))
             print("\n" + mark + text, flush=True)
         if data.get("noisy"):
             self.log(

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from collections import Counter
 
-from bench import headline
+import pytest
+
+from bench import headline, oscar_peer
 from bench.loadgen import OpenLoadResult
 from bench.report import targets
 from bench.run import parse_args
 from bench.scenarios import discover, oscar_sustained
+from bench.server import ROOT
+from tests.bench.test_run import _bench_env, _existing_databases
 
 
 def _load(latency_of, statuses=None) -> OpenLoadResult:
@@ -78,3 +85,45 @@ def test_the_ratio_of_the_sustained_rates_is_a_headline_row():
     alone = headline.target_rows({"sustained": _ours(60.0)})
     assert (alone[1]["value"], alone[1]["met"]) == ("not measured", None)
     assert headline.summary(scenarios)["ours_vs_oscar_sustained"] == 3.0
+    printed = headline.text(None, {"steps": [], "oscar_sustained_orders_per_s": None})
+    assert printed.splitlines()[0] == "SUSTAINED: not measured (not measured in this run)"
+    assert printed.splitlines()[1].startswith("django-oscar 4.2 whole checkout: none")
+
+
+@pytest.mark.tcp_servers  # make bench needs TCP PostgreSQL and Redis
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_short_oscar_ladder_places_orders_and_drops_its_database(tmp_path):
+    if oscar_peer.venv_python() is None:
+        pytest.skip(
+            f"Oscar's environment {oscar_peer.VENV.relative_to(ROOT)} is not installed "
+            "(python -m bench.run --scenario oscar_sustained makes it)"
+        )
+    env, base = _bench_env()
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.run", "--quick", "--no-reference"]
+        + ["--scenario", "oscar_sustained", "--oscar-sustained-rates", "1,2"]
+        + ["--sustained-seconds", "3", "--results-dir", str(tmp_path)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=800,
+    )
+
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    [result_file] = tmp_path.glob("*-quick.json")
+    data = json.loads(result_file.read_text())
+    result = data["scenarios"]["oscar_sustained"]
+    assert result["rates"] == [1.0, 2.0] and 1 <= len(result["steps"]) <= 2
+    step = result["steps"][0]
+    assert step["sent"] == 3 and step["placed"] + sum(step["errors"].values()) <= 3
+    assert step["requests_per_checkout"] > 10  # the browser's walk, not one POST
+    assert set(step["cpu_s"]) == {"web", "postgres", "postgres-backends"}
+    assert (
+        data["headline"]["oscar_sustained_orders_per_s"] == result["oscar_sustained_orders_per_s"]
+    )
+    assert data["headline"]["ours_vs_oscar_sustained"] is None  # ours did not run
+    assert "\nSUSTAINED: not measured" in proc.stdout and "django-oscar 4.2 whole" in proc.stdout
+    assert _existing_databases(base) == set()
