@@ -195,7 +195,7 @@ def _label_bars(ax, bars, fmt: str = "{:,.1f}", fontsize: int = 9) -> None:
             )
 
 
-def _orders_series(scenarios: dict) -> dict[str, dict[int, float]]:
+def orders_series(scenarios: dict) -> dict[str, dict[int, float]]:
     """Orders/s by concurrency level, per series: ours keyed and unkeyed, the peers."""
     series: dict[str, dict[int, float]] = {}
 
@@ -219,7 +219,7 @@ def _orders_series(scenarios: dict) -> dict[str, dict[int, float]]:
 
 def _plot_orders(ax, scenarios: dict) -> None:
     title = "Checkout orders/s by requests in flight, beside the peers"
-    series = _orders_series(scenarios)
+    series = orders_series(scenarios)
     if not series:
         not_measured(ax, title, error_of(scenarios.get("checkout")))
         return

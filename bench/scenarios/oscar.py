@@ -328,7 +328,7 @@ def _hot(python: Path, env: dict, server: Gunicorn, product: dict, quick: bool) 
     }
 
 
-def _target_rows(
+def target_rows(
     ratios: dict, hot: dict, full_ratios: dict | None = None, full_orders: int = FULL_ORDERS
 ) -> list[dict]:
     rows = []
@@ -513,5 +513,5 @@ def run(ctx) -> dict:
             "preview, place order, thank-you",
         },
         "targets": dict(TARGETS),
-        "target_rows": _target_rows(ratios, hot, full_ratios, full_orders),
+        "target_rows": target_rows(ratios, hot, full_ratios, full_orders),
     }

@@ -37,7 +37,7 @@ def test_the_scenario_rows_join_the_run_targets():
         "16": {"ours_vs_oscar_place_order": 1.9, "ours_vs_oscar_checkout": 8.5},
     }
     hot = {"oversold_units": 3, "num_in_stock": 100, "placed": 103, "attempts": 150}
-    data = {"scenarios": {"oscar": {"target_rows": scenario._target_rows(ratios, hot)}}}
+    data = {"scenarios": {"oscar": {"target_rows": scenario.target_rows(ratios, hot)}}}
 
     rows = {row["target"]: row for row in targets(data) if row["issue"] == "#21"}
 
@@ -53,7 +53,7 @@ def test_the_rows_with_orders_preloaded_in_both_stand_beside_the_fresh_ones():
     full = {"4": {"ours_vs_oscar_place_order": 1.5, "ours_vs_oscar_checkout": 8.5}}
     hot = {"oversold_units": 0, "num_in_stock": 100, "placed": 100, "attempts": 150}
 
-    rows = {row["target"]: row for row in scenario._target_rows(fresh, hot, full, 100_000)}
+    rows = {row["target"]: row for row in scenario.target_rows(fresh, hot, full, 100_000)}
 
     assert rows["ours ÷ django-oscar place-order POST, orders/s"]["met"] is True
     in_both = rows[
