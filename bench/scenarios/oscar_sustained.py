@@ -154,7 +154,8 @@ def run(ctx) -> dict:
 
         # Warm every worker (imports, templates, connections) before the first step.
         warm = open_loop(send, rate=4, duration=2 * ctx.workers / 4 + 1, max_in_flight=8)
-        if set(warm.statuses) != {PLACED}:
+        # A placed order says the flow works; a slow machine's timeouts here are no verdict.
+        if PLACED not in warm.statuses or set(warm.statuses) - {PLACED}:
             raise AssertionError(f"warming Oscar: {dict(warm.statuses)} {dict(warm.errors)}")
         for rate in rates:
             requests.clear()
