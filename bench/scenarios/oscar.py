@@ -54,7 +54,7 @@ import requests as http
 
 from bench import oscar_peer
 from bench.loadgen import LoadResult, Request
-from bench.oscar_peer import PRODUCT, VENV, Browser, run_prepare, venv_python  # noqa: F401
+from bench.oscar_peer import PRODUCT, Browser, run_prepare
 from bench.scenarios import growth
 from bench.server import Gunicorn
 from bench.shop import order_request, shop_with_provider
