@@ -41,6 +41,8 @@ class BenchContext:
     # (orders/s, rising) and how long each sends; None: the scenario's defaults.
     sustained_rates: tuple[float, ...] | None = None
     sustained_seconds: float | None = None
+    # `--oscar-sustained-rates`: the Oscar peer's steps (bench/scenarios/oscar_sustained.py).
+    oscar_sustained_rates: tuple[float, ...] | None = None
     # CPU sources sampled at the edges of every load run besides gunicorn's
     # (bench/cpu.py: name -> cumulative CPU seconds); each run's `cpu_s` holds them.
     cpu_sources: dict[str, Callable[[], float | None]] | None = None

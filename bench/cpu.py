@@ -73,6 +73,47 @@ def tree_source(root: int | None) -> Callable[[], float | None]:
     return lambda: tree_cpu_seconds(root) if root is not None else None
 
 
+def backends_source(conninfo: dict, dbnames: tuple[str, ...]) -> Callable[[], float | None]:
+    """A CPU source for the backends of some databases only: the server's share of one run.
+
+    The whole server's tree (`tree_source(postmaster_pid(...))`) also counts
+    every other database's work, which on a shared server is not the run's.
+    Each read lists the backends connected to `dbnames` (pg_stat_activity) and
+    adds what each spent since the read before (all of it for a backend new
+    since then); a backend that exits between two reads loses what it spent
+    after the first (the shop's processes keep pooled connections). The
+    server's own processes (WAL writer, checkpointer, autovacuum) are not
+    counted: alone on the server, the tree is the whole cost.
+    """
+    import psycopg
+
+    seen: dict[int, float] = {}
+    total = [0.0]
+
+    def read_now() -> float | None:
+        try:
+            with psycopg.connect(**conninfo) as conn:
+                pids = [
+                    row[0]
+                    for row in conn.execute(
+                        "SELECT pid FROM pg_stat_activity WHERE datname = ANY(%s)"
+                        " AND pid <> pg_backend_pid()",
+                        [list(dbnames)],
+                    )
+                ]
+        except psycopg.Error:
+            return None
+        for pid in pids:
+            stat = _stat(pid)
+            if stat is None:
+                continue
+            total[0] += max(0.0, stat[1] - seen.get(pid, 0.0))
+            seen[pid] = stat[1]
+        return total[0]
+
+    return read_now
+
+
 def read(sources: dict[str, Callable[[], float | None]]) -> dict[str, float | None]:
     """Read every source now."""
     return {name: source() for name, source in sources.items()}

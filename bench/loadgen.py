@@ -9,8 +9,10 @@ small. Keep-alive is used when the server allows it; gunicorn's sync workers
 close every connection, so there each request also pays a TCP connect, as a
 real client of such a server does.
 
-`run_open` is the open loop: requests due at a fixed rate whatever the
-answers, latency counted from the due time (the sustained scenario).
+`open_loop` is the open loop: calls due at a fixed rate whatever the
+answers, latency counted from the due time; `run_open` sends one request per
+call (the sustained scenario), both share the closed loop's connection and
+its handling of a request that got no answer (`NO_ANSWER`).
 
 Only loopback addresses are accepted: this is a benchmark tool, not a way to
 load someone else's server.
@@ -168,6 +170,21 @@ def check_loopback(host: str) -> None:
             raise ValueError(f"{host!r} is not a loopback address; bench only loads loopback")
 
 
+def _target(base_url: str) -> tuple[str, int, str, str]:
+    """(host, port, path prefix, Host header) of a loopback http:// base URL; else ValueError."""
+    parts = urlsplit(base_url)
+    if parts.scheme != "http" or not parts.hostname:
+        raise ValueError(f"only http://<loopback>:<port> URLs are supported, not {base_url!r}")
+    host, port = parts.hostname, parts.port or 80
+    check_loopback(host)
+    host_header = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return host, port, parts.path.rstrip("/"), host_header
+
+
+# What a request that got no answer raises: counted by kind, the run goes on.
+NO_ANSWER = (OSError, ProtocolError, ValueError)
+
+
 class _Connection:
     """One keep-alive-if-allowed connection of one worker thread."""
 
@@ -242,6 +259,14 @@ class _Connection:
             self.close()
         return status, body, headers
 
+    def send(self, payload: bytes, want_headers: bool) -> tuple[int, bytes, dict] | str:
+        """`exchange`, or the kind of failure (the connection closed) when no answer came."""
+        try:
+            return self.exchange(payload, want_headers)
+        except NO_ANSWER as exc:
+            self.close()
+            return type(exc).__name__
+
     def _read_chunked(self, rest: bytes) -> bytes:
         body = []
         while True:
@@ -298,13 +323,7 @@ def run_load(
         raise ValueError("give a duration or max_requests: a run must end by itself")
     if concurrency < 1:
         raise ValueError("concurrency must be at least 1")
-    parts = urlsplit(base_url)
-    if parts.scheme != "http" or not parts.hostname:
-        raise ValueError(f"only http://<loopback>:<port> URLs are supported, not {base_url!r}")
-    host, port = parts.hostname, parts.port or 80
-    check_loopback(host)
-    prefix = parts.path.rstrip("/")
-    host_header = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    host, port, prefix, host_header = _target(base_url)
     if (requests is None) == (factory is None):
         raise ValueError("give either requests or factory")
     if requests is not None:
@@ -351,13 +370,12 @@ def run_load(
                 request, payload = next_payload(index, seq)
                 seq += 1
                 t0 = perf()
-                try:
-                    status, body, headers = conn.exchange(payload, want_headers)
-                except (OSError, ProtocolError, ValueError) as exc:
-                    conn.close()
+                answer = conn.send(payload, want_headers)
+                if isinstance(answer, str):
                     if t0 >= measure_from:
-                        errors[type(exc).__name__] += 1
+                        errors[answer] += 1
                     continue
+                status, body, headers = answer
                 if t0 >= measure_from:
                     latencies.append((perf() - t0) * 1000.0)
                     statuses[status] += 1
@@ -436,34 +454,30 @@ class OpenLoadResult:
         return Counter(status for _, _, status in self.samples if status is not None)
 
 
-def run_open(
-    base_url: str,
+def open_loop(
+    send: Callable[[int], int | str],
     *,
-    factory: Callable[[int], Request],
     rate: float,
     duration: float,
     max_in_flight: int = 64,
     timeout: float = 10.0,
 ) -> OpenLoadResult:
-    """Send `factory(n)` for n = 0, 1, ... at `rate` requests/s for `duration` s, open loop.
+    """Call `send(n)` for n = 0, 1, ... at `rate` calls/s for `duration` s, open loop.
 
-    Request n is due at n / rate seconds after the start, whatever the answers
-    to the earlier ones; up to `max_in_flight` threads send them. When every
-    thread is busy a due request waits for one, and that wait is part of its
-    latency (`late_starts` counts requests sent more than 10 ms after their
-    due time). Loopback only, like `run_load`.
+    Call n is due at n / rate seconds after the start, whatever the earlier
+    calls take; up to `max_in_flight` threads make them. When every thread is
+    busy a due call waits for one, and that wait is part of its latency
+    (`late_starts` counts calls made more than 10 ms after their due time).
+    `send(n)` returns the answer's status, or the kind of failure (a str,
+    counted in `errors`) when there was no answer; an exception it raises
+    stops the run and is raised here. `run_open` is this with one HTTP request
+    per call; a peer's whole checkout (bench/scenarios/oscar_sustained.py) is
+    another `send`.
     """
     if rate <= 0 or duration <= 0:
         raise ValueError("rate and duration must be positive")
     if max_in_flight < 1:
         raise ValueError("max_in_flight must be at least 1")
-    parts = urlsplit(base_url)
-    if parts.scheme != "http" or not parts.hostname:
-        raise ValueError(f"only http://<loopback>:<port> URLs are supported, not {base_url!r}")
-    host, port = parts.hostname, parts.port or 80
-    check_loopback(host)
-    prefix = parts.path.rstrip("/")
-    host_header = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     total = int(rate * min(duration, HARD_CAP_SECONDS))
     tickets = itertools.count()
     lock = threading.Lock()
@@ -475,7 +489,6 @@ def run_open(
     start = time.perf_counter() + 0.05  # every thread is up before the first is due
 
     def work() -> None:
-        conn = _Connection(host, port, timeout)
         perf = time.perf_counter
         try:
             while not stop.is_set():
@@ -490,23 +503,16 @@ def run_open(
                 elif wait < -0.01:
                     with lock:
                         late[0] += 1
-                payload = factory(n).encode(host_header, prefix)
-                status: int | None
-                try:
-                    status, _, _ = conn.exchange(payload, False)
-                except (OSError, ProtocolError, ValueError) as exc:
-                    conn.close()
-                    status = None
-                    with lock:
-                        errors[type(exc).__name__] += 1
-                sample = (due - start, (perf() - due) * 1000.0, status)
+                answer = send(n)
+                latency_ms = (perf() - due) * 1000.0
+                status = None if isinstance(answer, str) else answer
                 with lock:
-                    samples.append(sample)
-        except BaseException as exc:  # noqa: BLE001 - re-raised by run_open
+                    if isinstance(answer, str):
+                        errors[answer] += 1
+                    samples.append((due - start, latency_ms, status))
+        except BaseException as exc:  # noqa: BLE001 - re-raised by open_loop
             failures.append(exc)
             stop.set()
-        finally:
-            conn.close()
 
     threads = [
         threading.Thread(target=work, name=f"openload-{i}", daemon=True)
@@ -533,3 +539,41 @@ def run_open(
         late_starts=late[0],
         client_cpu_s=time.process_time() - cpu0,
     )
+
+
+def run_open(
+    base_url: str,
+    *,
+    factory: Callable[[int], Request],
+    rate: float,
+    duration: float,
+    max_in_flight: int = 64,
+    timeout: float = 10.0,
+) -> OpenLoadResult:
+    """Send `factory(n)` for n = 0, 1, ... at `rate` requests/s for `duration` s, open loop.
+
+    `open_loop` with one request per call, each thread on its own connection
+    (keep-alive when the server allows it, as `run_load`'s). Loopback only,
+    like `run_load`.
+    """
+    host, port, prefix, host_header = _target(base_url)
+    local = threading.local()
+    connections: list[_Connection] = []
+    lock = threading.Lock()
+
+    def send(n: int) -> int | str:
+        conn = getattr(local, "conn", None)
+        if conn is None:
+            conn = local.conn = _Connection(host, port, timeout)
+            with lock:
+                connections.append(conn)
+        answer = conn.send(factory(n).encode(host_header, prefix), False)
+        return answer if isinstance(answer, str) else answer[0]
+
+    try:
+        return open_loop(
+            send, rate=rate, duration=duration, max_in_flight=max_in_flight, timeout=timeout
+        )
+    finally:
+        for conn in connections:
+            conn.close()

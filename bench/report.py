@@ -6,6 +6,9 @@ import json
 import os
 from pathlib import Path
 
+from bench import headline
+from bench.headline import error_of, not_measured
+
 # pgbench's before / after spread above which every figure of a run is "noisy" (issue 21).
 NOISY_SPREAD_PCT = 10.0
 
@@ -157,41 +160,6 @@ def capacity_text(model: dict | None) -> str:
     return "\n".join(lines)
 
 
-SUSTAINED_TARGET = 80.0  # orders/s with every consumer keeping up (issue 34)
-
-
-def sustained_text(result: dict) -> str:
-    """The headline (the sustained scenario's figure) and its steps, as the run prints it first."""
-    if "steps" not in result:
-        return f"SUSTAINED: not measured ({_error(result)})"
-    rate = result.get("sustained_orders_per_s")
-    crit = result.get("criteria", {})
-    lines = [
-        f"SUSTAINED: {'none' if rate is None else f'{rate:g}'} orders/s on this machine with "
-        f"every consumer keeping up (checkout p99 < {crit.get('checkout_p99_ms', 0):g} ms, "
-        f"lag p99 < {crit.get('lag_p99_s', 0):g} s, neither growing over a "
-        f"{result.get('step_seconds', 0):g} s step; target ≥ {SUSTAINED_TARGET:g})",
-    ]
-    for step in result["steps"]:
-        lat = step["checkout_ms"]
-        worst = max(
-            step["lag_s"].items(), key=lambda item: item[1]["p99"] or 0.0, default=(None, None)
-        )
-        lag = (
-            "no effects"
-            if worst[0] is None
-            else f"worst lag {worst[0]} p50 {worst[1]['p50']} / p99 {worst[1]['p99']} s "
-            f"(growth {worst[1]['growth']} s)"
-        )
-        lines.append(
-            f"  {step['rate']:>6g}/s: {step['orders_per_s']} orders/s, checkout p50 "
-            f"{lat['p50']} / p99 {lat['p99']} ms (growth {lat['growth']} ms), {lag}, CPU "
-            f"{step.get('cpu_ms_per_order_total')} ms per order: "
-            + ("kept up" if step["verdict"]["kept_up"] else "NOT kept up")
-        )
-    return "\n".join(lines)
-
-
 def write_json(path: Path, data: dict) -> None:
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
@@ -204,19 +172,9 @@ PLOT_SIZE_IN = (16, 12)  # at PLOT_DPI: 1,600 x 1,200 pixels
 PLOT_DPI = 100
 # The peer scenario's runs are labelled "ours" / "peer"; the Oscar scenario's
 # (bench/scenarios/oscar.py) by what they measure, each its own series.
+# The scenarios of the headline (bench/headline.py): run alone, their row is the plot.
+HEADLINE_SCENARIOS = ("sustained", "oscar_sustained")
 PEER_SERIES = {"ours": "ours (peer scenario)", "peer": "drf-idempotencykey peer"}
-
-
-def _not_measured(ax, title: str, why: str) -> None:
-    ax.set_title(title)
-    ax.text(0.5, 0.5, why, ha="center", va="center", fontsize=12, wrap=True, color="dimgray")
-    ax.set_xticks([])
-    ax.set_yticks([])
-
-
-def _error(result: dict | None) -> str:
-    error = (result or {}).get("error")
-    return f"not measured: {error[:90]}" if error else "not measured in this run"
 
 
 def _seconds(value: float) -> str:
@@ -237,7 +195,7 @@ def _label_bars(ax, bars, fmt: str = "{:,.1f}", fontsize: int = 9) -> None:
             )
 
 
-def _orders_series(scenarios: dict) -> dict[str, dict[int, float]]:
+def orders_series(scenarios: dict) -> dict[str, dict[int, float]]:
     """Orders/s by concurrency level, per series: ours keyed and unkeyed, the peers."""
     series: dict[str, dict[int, float]] = {}
 
@@ -261,9 +219,9 @@ def _orders_series(scenarios: dict) -> dict[str, dict[int, float]]:
 
 def _plot_orders(ax, scenarios: dict) -> None:
     title = "Checkout orders/s by requests in flight, beside the peers"
-    series = _orders_series(scenarios)
+    series = orders_series(scenarios)
     if not series:
-        _not_measured(ax, title, _error(scenarios.get("checkout")))
+        not_measured(ax, title, error_of(scenarios.get("checkout")))
         return
     levels = sorted({level for values in series.values() for level in values})
     width = 0.8 / len(series)
@@ -291,10 +249,10 @@ def _plot_pipeline(fig, cell, scenarios: dict) -> None:
     relay = scenarios.get("relay", {})
     burst = _find(relay, "end to end burst")
     if burst is None:
-        _not_measured(
+        not_measured(
             fig.add_subplot(cell),
             "Event pipeline: burst and lag against the targets",
-            _error(relay),
+            error_of(relay),
         )
         return
     left, right = cell.subgridspec(1, 2, width_ratios=(1, 1.2)).subplots()
@@ -335,7 +293,7 @@ def _plot_pipeline(fig, cell, scenarios: dict) -> None:
         for name, figures in steady.items()
     ]
     if not phases:
-        _not_measured(right, "Steady lag", "not measured in this run")
+        not_measured(right, "Steady lag", "not measured in this run")
         return
     xs = range(len(phases))
     p50 = [f.get("lag_p50_s", 0) for _, f in phases]
@@ -382,7 +340,7 @@ def _plot_cpu(ax, scenarios: dict) -> None:
             values.append(cpu)
             levels.append(run["concurrency"])
     if not values:
-        _not_measured(ax, title, _error(scenarios.get("checkout")))
+        not_measured(ax, title, error_of(scenarios.get("checkout")))
         return
     colors = ["tab:red" if n == "checkout, keyed" else "tab:blue" for n in names]
     bars = ax.bar(
@@ -414,7 +372,7 @@ def _plot_rss(ax, rss: dict) -> None:
     """RSS of the largest gunicorn worker and Celery process over the checkouts answered."""
     samples = rss.get("samples") or []
     if not samples:
-        _not_measured(ax, "RSS over checkouts", _error(rss))
+        not_measured(ax, "RSS over checkouts", error_of(rss))
         return
     x = [s["checkouts"] for s in samples]
     for series, label, color in (
@@ -443,7 +401,7 @@ def _subtitle(data: dict) -> str:
         f"make bench {data.get('started_at', '')}"
         + (" --quick" if data.get("quick") else "")
         + f" — {machine.get('cpus')} CPUs, {data.get('config', {}).get('workers')} gunicorn "
-        "sync workers",
+        "workers",
         f"load average {machine.get('loadavg_at_start')} → {machine.get('loadavg_at_end')}",
     ]
     if reference.get("pgbench_tps"):
@@ -457,44 +415,11 @@ def _subtitle(data: dict) -> str:
     return title
 
 
-def _plot_sustained(fig, cell, result: dict) -> None:
-    """Orders/s offered against checkout latency (left) and each consumer's lag (right)."""
-    steps = result.get("steps") or []
-    if not steps:
-        _not_measured(fig.add_subplot(cell), "Sustained: the whole shop", _error(result))
-        return
-    left, right = cell.subgridspec(1, 2).subplots()
-    rates = [s["rate"] for s in steps]
-    crit = result.get("criteria", {})
-    for key, style in (("p50", "o-"), ("p99", "s-"), ("last_window_p99", "^:")):
-        left.plot(rates, [s["checkout_ms"][key] for s in steps], style, label=key)
-    left.axhline(crit.get("checkout_p99_ms", 500), color="tab:red", linestyle="--")
-    if max((s["checkout_ms"]["p99"] or 0) for s in steps) > 10 * crit.get("checkout_p99_ms", 500):
-        left.set_yscale("log")
-    left.set_xlabel("orders/s offered (open loop)")
-    left.set_ylabel("checkout latency from due time (ms)")
-    left.set_title("Sustained: checkout latency")
-    consumers = sorted({name for s in steps for name in s["lag_s"]})
-    for name in consumers:
-        right.plot(
-            rates, [s["lag_s"].get(name, {}).get("p99") for s in steps], "o-", label=f"{name} p99"
-        )
-    right.axhline(crit.get("lag_p99_s", 2), color="tab:red", linestyle="--", label="target")
-    right.set_xlabel("orders/s offered (open loop)")
-    right.set_ylabel("lag, outbox row written → effect committed (s)")
-    sustained = result.get("sustained_orders_per_s")
-    right.set_title(f"Sustained: {sustained if sustained is not None else 'none'} orders/s kept up")
-    for ax in (left, right):
-        if sustained is not None:
-            ax.axvline(sustained, color="tab:green", linestyle=":")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=9, loc="upper left")
-
-
 def plot(path: Path, data: dict) -> None:
     """Draw the run for a person: orders/s beside the peers, the pipeline, CPU, RSS (2 x 2).
 
-    With the sustained scenario in the run, its row comes first (3 x 2, taller).
+    With the sustained scenario in the run, its row comes first (3 x 2,
+    taller); a run of the headline's scenarios alone is that row alone.
     """
     import matplotlib
 
@@ -503,17 +428,20 @@ def plot(path: Path, data: dict) -> None:
 
     scenarios = data.get("scenarios", {})
     sustained = "sustained" in scenarios
+    alone = sustained and set(scenarios) <= set(HEADLINE_SCENARIOS)
     width, height = PLOT_SIZE_IN
-    fig = plt.figure(figsize=(width, height * 1.5 if sustained else height), layout="constrained")
-    grid = fig.add_gridspec(3 if sustained else 2, 2)
+    rows = 1 if alone else 3 if sustained else 2
+    fig = plt.figure(figsize=(width, height * rows / 2), layout="constrained")
+    grid = fig.add_gridspec(rows, 2)
     top = 0
     if sustained:
-        _plot_sustained(fig, grid[0, :], scenarios["sustained"])
+        headline.plot(fig, grid[0, :], scenarios["sustained"], scenarios.get("oscar_sustained"))
         top = 1
-    _plot_orders(fig.add_subplot(grid[top, 0]), scenarios)
-    _plot_pipeline(fig, grid[top, 1], scenarios)
-    _plot_cpu(fig.add_subplot(grid[top + 1, 0]), scenarios)
-    _plot_rss(fig.add_subplot(grid[top + 1, 1]), scenarios.get("rss", {}))
+    if not alone:
+        _plot_orders(fig.add_subplot(grid[top, 0]), scenarios)
+        _plot_pipeline(fig, grid[top, 1], scenarios)
+        _plot_cpu(fig.add_subplot(grid[top + 1, 0]), scenarios)
+        _plot_rss(fig.add_subplot(grid[top + 1, 1]), scenarios.get("rss", {}))
     fig.suptitle(_subtitle(data), fontsize=11, color="tab:red" if data.get("noisy") else "black")
     tmp = path.with_suffix(".png.tmp")
     fig.savefig(tmp, dpi=PLOT_DPI, format="png")
@@ -583,24 +511,8 @@ def targets(data: dict) -> list[dict]:
         value = " / ".join(f"c{lvl.lstrip('c')}: {_fmt(v, 2)}" for lvl, v in levels)
         add(name, issue, value, goal, all(test(v) for _, v in levels))
 
-    sustained = scenarios.get("sustained", {})
-    if "steps" in sustained:
-        rate = sustained.get("sustained_orders_per_s")
-        add(
-            "sustained orders/s, every consumer keeping up (whole shop)",
-            "#34",
-            "none" if rate is None else f"{rate:g}",
-            f"≥ {SUSTAINED_TARGET:g}",
-            rate is not None and rate >= SUSTAINED_TARGET,
-        )
-    else:
-        add(
-            "sustained orders/s, every consumer keeping up (whole shop)",
-            "#34",
-            "not measured",
-            f"≥ {SUSTAINED_TARGET:g}",
-            None,
-        )
+    for row in headline.target_rows(scenarios):
+        add(**row)
     checkout = scenarios.get("checkout", {})
     tps = (data.get("reference") or {}).get("pgbench_tps")
     orders = [r for r in checkout.get("runs", []) if r.get("label") == "order"]

@@ -2,7 +2,8 @@
 
     python -m bench.run [--quick] [--scenario NAME ...] [--duration S] [--workers N]
                         [--steady-seconds S] [--sustained-rates R,R,...]
-                        [--sustained-seconds S] [--results-dir DIR] [--keep-db]
+                        [--sustained-seconds S] [--oscar-sustained-rates R,R,...]
+                        [--results-dir DIR] [--keep-db]
                         [--no-reference] [--list]
 
 Steps (each printed as it happens):
@@ -41,7 +42,7 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 
-from . import reference, report
+from . import headline, reference, report
 from .context import BenchContext
 from .dbs import (
     DEFAULT_DATABASE_URL,
@@ -218,6 +219,7 @@ class Bench:
             steady_seconds=self.args.steady_seconds,
             sustained_rates=self.args.sustained_rates,
             sustained_seconds=self.args.sustained_seconds,
+            oscar_sustained_rates=self.args.oscar_sustained_rates,
         )
         results: dict = {}
         ok = True
@@ -262,6 +264,8 @@ class Bench:
         report.add_ratios(scenarios, reference_data)
         machine["loadavg_at_end"] = _loadavg()
         data = {
+            # The headline first (docs/performance.md, "Running the headline").
+            "headline": headline.summary(scenarios),
             "noisy": report.noisy(reference_data),
             "started_at": self.started.strftime("%Y-%m-%dT%H:%M:%SZ"),
             "finished_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -281,6 +285,7 @@ class Bench:
                 "steady_seconds": args.steady_seconds,
                 "sustained_rates": args.sustained_rates,
                 "sustained_seconds": args.sustained_seconds,
+                "oscar_sustained_rates": args.oscar_sustained_rates,
             },
             "reference": reference_data,
             "scenarios": scenarios,
@@ -293,15 +298,17 @@ class Bench:
         json_path, png_path = out_dir / f"{stem}.json", out_dir / f"{stem}.png"
         report.write_json(json_path, data)
         report.plot(png_path, data)
-        self.log(f"wrote {_show(json_path)} and {_show(png_path)}")
         self._print_summary(data)
+        self.log(f"wrote {_show(json_path)} and {_show(png_path)}")
         return 0 if ok else 1
 
     def _print_summary(self, data: dict) -> None:
         ref = data["reference"] or {}
         mark = "noisy: " if data.get("noisy") else ""
-        if "sustained" in data["scenarios"]:
-            print("\n" + mark + report.sustained_text(data["scenarios"]["sustained"]), flush=True)
+        scenarios = data["scenarios"]
+        if "sustained" in scenarios or "oscar_sustained" in scenarios:
+            text = headline.text(scenarios.get("sustained"), scenarios.get("oscar_sustained"))
+            print("\n" + mark + text, flush=True)
         if data.get("noisy"):
             self.log(
                 f"NOISY RUN: pgbench moved {ref.get('pgbench_spread_pct')} % between before and "
@@ -431,9 +438,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "quick 5,10)",
     )
     parser.add_argument(
+        "--oscar-sustained-rates",
+        type=_rates,
+        help="orders/s of the oscar_sustained scenario's steps, rising (default "
+        "2,4,6,8,10,12,16,20,25,30; quick 1,2)",
+    )
+    parser.add_argument(
         "--sustained-seconds",
         type=float,
-        help="seconds each step of the sustained scenario sends (default 180; quick 10)",
+        help="seconds each step of the sustained scenarios sends (default 180; quick 10)",
     )
     parser.add_argument("--list", action="store_true", help="list the scenarios and exit")
     args = parser.parse_args(argv)

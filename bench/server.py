@@ -42,6 +42,10 @@ class Gunicorn:
     `python` and `app` let a peer run its own application from its own
     environment (bench/scenarios/oscar.py); `config` replaces the shop's
     gunicorn.conf.py, which gunicorn would otherwise read from the root.
+    `threads` runs the workers as production does (the Procfile's `--threads
+    8`): the configuration file's worker class (the shop's: threads with
+    health checks ahead of the queue; a peer's: gunicorn's gthread) with that
+    many request threads each, instead of sync workers.
     """
 
     def __init__(
@@ -53,6 +57,7 @@ class Gunicorn:
         app: str = "config.wsgi:application",
         python: str = sys.executable,
         config: str | None = None,
+        threads: int | None = None,
     ):
         self.workers = workers
         self.env = env
@@ -60,6 +65,7 @@ class Gunicorn:
         self.app = app
         self.python = python
         self.config = config
+        self.threads = threads
         self.proc: subprocess.Popen | None = None
         self.port: int | None = None
 
@@ -87,8 +93,7 @@ class Gunicorn:
             f"fd://{fd}",
             "--workers",
             str(self.workers),
-            "--worker-class",
-            "sync",
+            *(["--threads", str(self.threads)] if self.threads else ["--worker-class", "sync"]),
             "--timeout",
             "30",
             "--graceful-timeout",

@@ -41,10 +41,6 @@ import dataclasses
 import json
 import pstats
 import random
-import select
-import subprocess
-import sys
-import tempfile
 import time
 import uuid
 from decimal import Decimal
@@ -53,9 +49,9 @@ from pathlib import Path
 import requests as http
 
 from bench import cpu
-from bench.dbs import PgTarget
 from bench.loadgen import Request
-from bench.server import ROOT, Gunicorn
+from bench.server import ROOT
+from bench.shop import order_request, postgres_cpu_source, shop_with_provider
 
 NAME = "checkout"
 DESCRIPTION = (
@@ -67,26 +63,12 @@ ORDER = 50
 LEVELS = (4, 16, 64)
 HOT_UNITS, HOT_ATTEMPTS, HOT_CONCURRENCY = 100, 500, 16
 REPLAY_KEYS = 64
-UNKEYED = "/api/v1/_test/orders-unkeyed/"
 TARGETS = {
     "orders_per_pgbench_tps": 0.08,
     "hot_vs_uncontended": 0.5,
     "replay_vs_first": 3.0,
     "keyed_vs_unkeyed": 0.9,
 }
-ADDRESS = {
-    "name": "Bench Shopper",
-    "line1": "1 Load Street",
-    "city": "Loopback",
-    "postal_code": "12700",
-    "country": "DE",
-}
-
-
-def postgres_cpu_source(ctx):
-    """The PostgreSQL server's CPU source (its postmaster's process tree), found from ctx."""
-    target = PgTarget.from_url(ctx.server.env["DATABASE_URL"])
-    return cpu.tree_source(cpu.postmaster_pid(target.maintenance_conninfo()))
 
 
 def capacity(runs: list[dict], label: str = "order") -> dict:
@@ -104,65 +86,6 @@ def capacity(runs: list[dict], label: str = "order") -> dict:
             "postgres_ms": per_order.get("postgres"),
         }
     return figures
-
-
-def _shop_with_provider(stack: contextlib.ExitStack, ctx, *, prefix: str):
-    """Start a work folder, a simulator and a gunicorn using it on `stack`; return them.
-
-    Returns (workdir, provider_url, server); everything stops when the stack closes.
-    """
-    workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=prefix)))
-    provider_url = stack.enter_context(_simulator(workdir))
-    server = Gunicorn(
-        workers=ctx.workers,
-        env={**ctx.server.env, "PAYMENTS_PROVIDER_URL": provider_url},
-        log_path=workdir / "gunicorn.log",
-    )
-    stack.callback(server.stop)
-    server.start()
-    return workdir, provider_url, server
-
-
-@contextlib.contextmanager
-def _simulator(workdir: Path):
-    """Run the simulated provider on a free port; yield its base URL."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "devtools.simulator", "--port", "0"]
-        + ["--db", str(workdir / "simulator.sqlite3")],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        ready, _, _ = select.select([proc.stdout], [], [], 30)
-        line = proc.stdout.readline() if ready else b""
-        if not line:
-            raise RuntimeError("the payment simulator did not start")
-        yield f"http://127.0.0.1:{json.loads(line)['port']}"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        proc.stdout.close()
-
-
-def _order_request(
-    token_headers: dict, sku: str, quantity: int = 1, *, keyed: bool = True
-) -> Request:
-    body = {
-        "lines": [{"sku": sku, "quantity": quantity}],
-        "on_shortage": "reject",
-        "payment_method": "pm_card_ok",
-        "shipping_address": ADDRESS,
-    }
-    headers = {**token_headers, "Content-Type": "application/json"}
-    if not keyed:
-        return Request("POST", UNKEYED, headers, json.dumps(body).encode())
-    headers["Idempotency-Key"] = uuid.uuid4().hex
-    return Request("POST", "/api/v1/orders/", headers, json.dumps(body).encode())
 
 
 def _profile_one(token: str, sku: str, provider_url: str, *, samples: int = 20) -> dict:
@@ -197,7 +120,7 @@ def _profile_one(token: str, sku: str, provider_url: str, *, samples: int = 20) 
             spent["sql"] += time.perf_counter() - started
             spent["statements"] += 1
 
-    body = json.loads(_order_request({}, sku).body)
+    body = json.loads(order_request({}, sku).body)
 
     def place() -> None:
         response = client.post(
@@ -265,7 +188,7 @@ def run(ctx) -> dict:
     skus = list(ctx.skus)
     with contextlib.ExitStack() as stack:
         # The bench's settings mount the unkeyed baseline (the same checkout, no key).
-        workdir, provider_url, server = _shop_with_provider(stack, ctx, prefix="bench-checkout-")
+        workdir, provider_url, server = shop_with_provider(stack, ctx, prefix="bench-checkout-")
         shop = dataclasses.replace(
             ctx,
             base_url=server.base_url,
@@ -276,18 +199,16 @@ def run(ctx) -> dict:
 
         def order(worker: int, seq: int) -> Request:
             rng = random.Random(worker * 1_000_003 + seq)
-            return _order_request(token_headers[worker % len(tokens)], rng.choice(skus))
+            return order_request(token_headers[worker % len(tokens)], rng.choice(skus))
 
         def unkeyed(worker: int, seq: int) -> Request:
             rng = random.Random(worker * 1_000_003 + seq)
-            return _order_request(
-                token_headers[worker % len(tokens)], rng.choice(skus), keyed=False
-            )
+            return order_request(token_headers[worker % len(tokens)], rng.choice(skus), keyed=False)
 
         # Orders finished before the load; `replay` sends them again, byte for byte.
         finished = []
         for i in range(REPLAY_KEYS):
-            request = _order_request(token_headers[i % len(tokens)], skus[i % len(skus)])
+            request = order_request(token_headers[i % len(tokens)], skus[i % len(skus)])
             answer = http.post(
                 shop.base_url + request.path, data=request.body, headers=request.headers, timeout=30
             )
@@ -339,7 +260,7 @@ def run(ctx) -> dict:
         def hot(worker: int, seq: int) -> Request:
             if not started[0]:
                 started[0] = time.perf_counter()
-            return _order_request(token_headers[worker % len(tokens)], hot_sku)
+            return order_request(token_headers[worker % len(tokens)], hot_sku)
 
         def count(request, response) -> None:
             if response.status == 201:

@@ -32,7 +32,7 @@ import threading
 import time
 
 from bench.context import cpu_ms_per_request
-from bench.scenarios.checkout import _order_request, _shop_with_provider
+from bench.shop import order_request, shop_with_provider
 
 NAME = "growth"
 DESCRIPTION = (
@@ -79,7 +79,7 @@ def _ids(prefix: str) -> tuple[str, str, str]:
     )
 
 
-def _preload(
+def preload(
     ctx, owners: list[int], orders: int, keys: int, purgeable: int, *, prefix: str = "growth"
 ) -> dict:
     """Copy one confirmed order `orders` times and its key `keys` times (module docstring).
@@ -194,7 +194,7 @@ def _preload(
 
 
 def unload(ctx, orders: int, *, prefix: str) -> dict:
-    """Delete the rows `_preload(..., prefix=prefix)` added (children first, one transaction)."""
+    """Delete the rows `preload(..., prefix=prefix)` added (children first, one transaction)."""
     from django.db import connection, transaction
 
     oid, pid, rid = _ids(prefix)
@@ -291,11 +291,11 @@ def run(ctx) -> dict:
     headers = [ctx.auth_headers(token) for token in tokens]
     skus = list(ctx.skus)
     with contextlib.ExitStack() as stack:
-        _, _, server = _shop_with_provider(stack, ctx, prefix="bench-growth-")
+        _, _, server = shop_with_provider(stack, ctx, prefix="bench-growth-")
         shop = dataclasses.replace(ctx, base_url=server.base_url, server=server)
 
         def order(worker: int, seq: int):
-            return _order_request(
+            return order_request(
                 headers[worker % len(headers)], skus[(worker * 7919 + seq) % len(skus)]
             )
 
@@ -312,7 +312,7 @@ def run(ctx) -> dict:
             expected=(201,),
         )
         fresh = load("fresh")
-        counts = _preload(ctx, owners, orders, keys, purgeable)
+        counts = preload(ctx, owners, orders, keys, purgeable)
         full = load("full")
         purger = _Purger()
         purger.start()

@@ -43,15 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
-import itertools
-import json
-import os
 import queue
-import re
-import subprocess
-import sys
-import tempfile
 import threading
 import time
 from collections import Counter
@@ -60,11 +52,12 @@ from pathlib import Path
 
 import requests as http
 
-from bench.dbs import PgTarget, create_database, drop_database
+from bench import oscar_peer
 from bench.loadgen import LoadResult, Request
+from bench.oscar_peer import PRODUCT, Browser, run_prepare
 from bench.scenarios import growth
-from bench.scenarios.checkout import _order_request, _shop_with_provider
-from bench.server import ROOT, Gunicorn
+from bench.server import Gunicorn
+from bench.shop import order_request, shop_with_provider
 
 NAME = "oscar"
 DESCRIPTION = (
@@ -74,9 +67,7 @@ DESCRIPTION = (
 ORDER = 56
 
 LEVELS = (4, 16)
-VENV = ROOT / "var" / "bench-oscar-venv"
-REQUIREMENTS = ROOT / "bench" / "oscar" / "requirements.txt"
-PRODUCT, HOT = "BENCH-0001", "HOT"
+HOT = "HOT"
 HOT_UNITS, HOT_ATTEMPTS, HOT_CONCURRENCY = 100, 150, 16
 QUICK_HOT_UNITS, QUICK_HOT_ATTEMPTS = 20, 40
 PREPARE_THREADS = 8
@@ -84,88 +75,6 @@ PREPARE_THREADS = 8
 FULL_ORDERS, QUICK_FULL_ORDERS = 100_000, 5_000
 FULL_PREFIX, FULL_TAG = "oscar100k", " 100k"
 TARGETS = {"ours_vs_oscar_place_order": 2.0, "ours_vs_oscar_checkout": 8.0}
-ADDRESS = {
-    "first_name": "Bench",
-    "last_name": "Shopper",
-    "line1": "1 Load Street",
-    "line4": "Loopback",
-    "postcode": "12700",
-}
-_CSRF = re.compile(rb'name="csrfmiddlewaretoken" value="([^"]+)"')
-_ALERT = re.compile(rb'<div class="alert alert-danger">(.*?)</div>', re.S)
-_guests = itertools.count(1)
-
-
-class OscarUnavailable(RuntimeError):
-    """Oscar's environment could not be made (no package index, a failed install)."""
-
-
-def _stamp() -> Path:
-    """The file that says the environment holds today's requirements (as the Makefile's)."""
-    digest = hashlib.sha1(REQUIREMENTS.read_bytes()).hexdigest()[:12]  # noqa: S324 - a stamp
-    return VENV / f".installed-{digest}"
-
-
-def venv_python() -> Path | None:
-    """Return the Oscar environment's Python if it is installed from today's requirements."""
-    python = VENV / "bin" / "python"
-    return python if _stamp().exists() and python.exists() else None
-
-
-def ensure_venv(log: Callable[[str], None]) -> Path:
-    """Make (or bring up to date) Oscar's environment; return its Python."""
-    python = venv_python()
-    if python is not None:
-        return python
-    log(f"  installing {REQUIREMENTS.relative_to(ROOT)} into {VENV.relative_to(ROOT)} ...")
-    commands = [
-        [sys.executable, "-m", "venv", str(VENV)],
-        [str(VENV / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check"]
-        + ["-q", "-r", str(REQUIREMENTS)],
-    ]
-    for argv in commands:
-        done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=900)
-        if done.returncode != 0:
-            raise OscarUnavailable(
-                f"{' '.join(argv[:4])} ... exited {done.returncode}: {done.stderr[-2000:]}"
-            )
-    for old in VENV.glob(".installed-*"):
-        old.unlink()
-    _stamp().touch()
-    return VENV / "bin" / "python"
-
-
-# --- Oscar's side: the database, the server, a browser's walk ------------------------------
-
-
-def _oscar_env(database: PgTarget, workdir: Path) -> dict[str, str]:
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        if not key.startswith(("DJANGO_", "DATABASE_", "VIRTUAL_ENV", "PYTHON"))
-    }
-    env.update(
-        DJANGO_SETTINGS_MODULE="bench.oscar.settings",
-        OSCAR_DATABASE_URL=database.url,
-        OSCAR_VAR_DIR=str(workdir / "oscar-var"),
-        LOG_LEVEL="WARNING",
-        PYTHONWARNINGS="ignore",
-    )
-    return env
-
-
-def _prepare(python: Path, env: dict[str, str], *argv: str) -> dict:
-    done = subprocess.run(
-        [str(python), "-m", "bench.oscar.prepare", *argv],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"bench.oscar.prepare {argv[0]} failed: {done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 class Meter:
@@ -273,81 +182,6 @@ class Meter:
         for edge in ("start", "end"):
             self.cpu.setdefault(edge, self.server.cpu_seconds())
             self.client_cpu.setdefault(edge, time.process_time())
-
-
-class Browser:
-    """One shopper's browser: its cookies, the CSRF token of the last form it read."""
-
-    def __init__(self, base_url: str, meter: Meter | None = None):
-        self.base_url = base_url
-        self.meter = meter
-        self.session = http.Session()
-        self.token = ""
-        self.requests = 0
-        self.refusal = ""  # Oscar's message when the final POST did not place the order
-
-    def _count(self, response: http.Response) -> None:
-        count = 1 + len(response.history)  # redirects followed are requests too
-        self.requests += count
-        if self.meter is not None:
-            self.meter.answered(count)
-
-    def _read(self, response: http.Response) -> http.Response:
-        self._count(response)
-        if response.status_code != 200:
-            raise AssertionError(
-                f"{response.request.method} {response.url}: {response.status_code}"
-            )
-        match = _CSRF.search(response.content)
-        if match:
-            self.token = match.group(1).decode()
-        return response
-
-    def get(self, path: str) -> http.Response:
-        return self._read(self.session.get(self.base_url + path, timeout=60))
-
-    def post(self, path: str, data: dict) -> http.Response:
-        form = {"csrfmiddlewaretoken": self.token, **data}
-        return self._read(self.session.post(self.base_url + path, data=form, timeout=60))
-
-    def to_preview(self, product: dict) -> None:
-        """Basket one unit of `product`, check out as a guest up to the preview page."""
-        self.get(product["url"])
-        self.post(f"/basket/add/{product['id']}/", {"quantity": 1})
-        self.get("/checkout/")
-        answer = self.post(
-            "/checkout/",
-            {"username": f"guest{next(_guests)}@bench.invalid", "options": "anonymous"},
-        )
-        if not answer.url.endswith("/checkout/shipping-address/"):
-            raise AssertionError(f"guest e-mail led to {answer.url}")
-        answer = self.post("/checkout/shipping-address/", ADDRESS)
-        if not answer.url.endswith("/checkout/payment-details/"):
-            raise AssertionError(f"shipping address led to {answer.url}")
-        self.get("/checkout/preview/")
-
-    def place_order(self) -> int:
-        """Send the final POST alone (no redirect followed); return its status.
-
-        302 is an order placed (to the thank-you page); 303 stands for Oscar's
-        refusal (a redirect elsewhere: back to the basket, e.g. out of stock).
-        """
-        answer = self.session.post(
-            self.base_url + "/checkout/preview/",
-            data={"csrfmiddlewaretoken": self.token, "action": "place_order"},
-            allow_redirects=False,
-            timeout=60,
-        )
-        self._count(answer)
-        if answer.status_code == 302:
-            return 302 if answer.headers["Location"].endswith("/thank-you/") else 303
-        # Oscar shows the preview again with its reason when placing failed.
-        alert = _ALERT.search(answer.content)
-        self.refusal = re.sub(rb"\s+", b" ", alert.group(1)).decode() if alert else ""
-        return answer.status_code
-
-    def thank_you(self) -> None:
-        self.get("/checkout/thank-you/")
 
 
 def _prepared(base_url: str, product: dict, count: int) -> list[Browser]:
@@ -482,7 +316,7 @@ def _hot(python: Path, env: dict, server: Gunicorn, product: dict, quick: bool) 
     attempts = QUICK_HOT_ATTEMPTS if quick else HOT_ATTEMPTS
     browsers = _prepared(server.base_url, product, attempts)
     answers = final_posts(browsers, concurrency=HOT_CONCURRENCY, meter=None)
-    stock = _prepare(python, env, "stock", HOT)
+    stock = run_prepare(python, env, "stock", HOT)
     return {
         "attempts": attempts,
         "concurrency": HOT_CONCURRENCY,
@@ -494,7 +328,7 @@ def _hot(python: Path, env: dict, server: Gunicorn, product: dict, quick: bool) 
     }
 
 
-def _target_rows(
+def target_rows(
     ratios: dict, hot: dict, full_ratios: dict | None = None, full_orders: int = FULL_ORDERS
 ) -> list[dict]:
     rows = []
@@ -542,8 +376,6 @@ def _target_rows(
 
 
 def run(ctx) -> dict:
-    python = ensure_venv(ctx.log)
-    database = PgTarget.from_url(ctx.server.env["DATABASE_URL"]).sibling("oscar")
     from core.api_tokens import api_tokens_of
 
     tokens = ctx.tokens(16)
@@ -551,30 +383,23 @@ def run(ctx) -> dict:
     headers = [ctx.auth_headers(token) for token in tokens]
     skus = list(ctx.skus)
     with contextlib.ExitStack() as stack:
-        workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-oscar-")))
-        env = _oscar_env(database, workdir)
-        drop_database(database)
-        create_database(database)
-        stack.callback(drop_database, database)
-        ctx.log(f"  Oscar database {database.dbname}: migrate, fixtures ...")
         hot_units = QUICK_HOT_UNITS if ctx.quick else HOT_UNITS
-        products = _prepare(python, env, "setup", "--hot-stock", str(hot_units))["products"]
-        oscar = Gunicorn(
-            workers=ctx.workers,
-            env=env,
-            log_path=workdir / "oscar-gunicorn.log",
-            app="bench.oscar.wsgi:application",
-            python=str(python),
-            config=str(ROOT / "bench" / "oscar" / "gunicorn.conf.py"),
+        peer = oscar_peer.start(
+            stack, ctx, prefix="bench-oscar-", setup_args=("--hot-stock", str(hot_units))
         )
-        stack.callback(oscar.stop)
-        oscar.start()
-        _, _, ours_server = _shop_with_provider(stack, ctx, prefix="bench-oscar-ours-")
+        python, env, database, oscar, products = (
+            peer.python,
+            peer.env,
+            peer.database,
+            peer.server,
+            peer.products,
+        )
+        _, _, ours_server = shop_with_provider(stack, ctx, prefix="bench-oscar-ours-")
         shop = dataclasses.replace(ctx, base_url=ours_server.base_url, server=ours_server)
         ctx.log(f"  Oscar on {oscar.base_url} ({ctx.workers} workers); ours on {shop.base_url}")
 
         def ours(worker: int, seq: int) -> Request:
-            return _order_request(
+            return order_request(
                 headers[worker % len(headers)], skus[(worker * 7919 + seq) % len(skus)]
             )
 
@@ -639,12 +464,12 @@ def run(ctx) -> dict:
         full_error = None
         started = time.monotonic()
         try:
-            ours_preload = growth._preload(
+            ours_preload = growth.preload(
                 ctx, owners, full_orders, full_orders, 0, prefix=FULL_PREFIX
             )
             ctx.log(f"  ours preloaded in {time.monotonic() - started:.1f} s")
             started = time.monotonic()
-            oscar_preload = _prepare(python, env, "orders", str(full_orders))
+            oscar_preload = run_prepare(python, env, "orders", str(full_orders))
             ctx.log(
                 f"  Oscar preloaded in {time.monotonic() - started:.1f} s: "
                 f"{oscar_preload['rows_added']}; its ORM counts "
@@ -688,5 +513,5 @@ def run(ctx) -> dict:
             "preview, place order, thank-you",
         },
         "targets": dict(TARGETS),
-        "target_rows": _target_rows(ratios, hot, full_ratios, full_orders),
+        "target_rows": target_rows(ratios, hot, full_ratios, full_orders),
     }

@@ -36,8 +36,8 @@ import requests as http
 
 from bench.context import cpu_ms_per_request, rps_ratio
 from bench.loadgen import Request
-from bench.scenarios.checkout import _order_request, _simulator
 from bench.server import Gunicorn
+from bench.shop import order_request, simulator
 
 NAME = "peer"
 DESCRIPTION = (
@@ -54,7 +54,7 @@ PEER_PATH = "/api/v1/_bench/orders-peer/"  # bench/peer.py, mounted by bench/url
 
 
 def _request(headers: dict, sku: str, path: str, key: str | None = None) -> Request:
-    base = _order_request(headers, sku)
+    base = order_request(headers, sku)
     return Request(
         "POST", path, {**base.headers, "Idempotency-Key": key or str(uuid.uuid4())}, base.body
     )
@@ -179,7 +179,7 @@ def run(ctx) -> dict:
     skus = list(ctx.skus)
     with contextlib.ExitStack() as stack:
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-peer-")))
-        provider_url = stack.enter_context(_simulator(workdir))
+        provider_url = stack.enter_context(simulator(workdir))
         env = {**ctx.server.env, "PAYMENTS_PROVIDER_URL": provider_url}
         server = Gunicorn(workers=ctx.workers, env=env, log_path=workdir / "gunicorn.log")
         stack.callback(server.stop)

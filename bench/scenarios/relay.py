@@ -36,14 +36,14 @@ own polls of the deliveries (one count every 0.2 s) are in PostgreSQL's figure.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import time
 import uuid
 from pathlib import Path
 
 from bench import cpu
-from bench.scenarios.checkout import postgres_cpu_source
+from bench.processes import spawn, stop
+from bench.shop import postgres_cpu_source
 
 NAME = "relay"
 DESCRIPTION = "outbox relay: rows -> broker events/s (batched), end to end events/s and lag"
@@ -223,25 +223,6 @@ def _steady(
     }
 
 
-def _spawn(argv: list[str], env: dict, log: Path) -> subprocess.Popen:
-    out = open(log, "ab")  # noqa: SIM115 - the child keeps it
-    return subprocess.Popen(
-        argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-    )
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    import signal
-
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(5)
-
-
 def run(ctx) -> dict:
     import redis
     from django.conf import settings
@@ -287,7 +268,7 @@ def run(ctx) -> dict:
     # The harness itself runs without the pool (DB_POOL=false); the shop's processes keep it.
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "DB_POOL": "true"}
     logs = Path(os.environ.get("BENCH_LOG_DIR") or "/tmp")
-    worker = _spawn(
+    worker = spawn(
         [
             sys.executable,
             "-m",
@@ -308,9 +289,7 @@ def run(ctx) -> dict:
         env,
         logs / "bench-relay-worker.log",
     )
-    relay_proc = _spawn(
-        [sys.executable, "manage.py", "relay_outbox"], env, logs / "bench-relay.log"
-    )
+    relay_proc = spawn([sys.executable, "manage.py", "relay_outbox"], env, logs / "bench-relay.log")
     steady: dict = {}
     sources = {
         "worker": cpu.tree_source(worker.pid),
@@ -377,8 +356,8 @@ def run(ctx) -> dict:
                 }
             )
     finally:
-        _stop(relay_proc)
-        _stop(worker)
+        stop(relay_proc)
+        stop(worker)
     lag_target = TARGETS["steady_lag_p99_s"]
     return {
         "runs": runs,

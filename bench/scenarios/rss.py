@@ -27,8 +27,8 @@ import uuid
 
 import psutil
 
-from bench.scenarios.checkout import _order_request, _shop_with_provider
-from bench.scenarios.relay import _spawn, _stop
+from bench import processes
+from bench.shop import order_request, shop_with_provider
 
 NAME = "rss"
 DESCRIPTION = "peak RSS of a gunicorn worker and a Celery worker across 10,000 checkouts"
@@ -76,18 +76,20 @@ def run(ctx) -> dict:
     done = [0]
     samples: list[dict] = []
     with contextlib.ExitStack() as stack:
-        workdir, _, server = _shop_with_provider(stack, ctx, prefix="bench-rss-")
+        workdir, _, server = shop_with_provider(stack, ctx, prefix="bench-rss-")
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "DB_POOL": "true"}
-        worker = _spawn(
+        worker = processes.spawn(
             [sys.executable, "-m", "celery", "-A", "config", "worker", "--concurrency", "2"]
             + ["--loglevel", "warning", "--without-gossip", "--without-mingle"]
             + ["--without-heartbeat", "--hostname", f"bench-rss-{uuid.uuid4().hex[:6]}@%h"],
             env,
             workdir / "worker.log",
         )
-        stack.callback(_stop, worker)
-        relay = _spawn([sys.executable, "manage.py", "relay_outbox"], env, workdir / "relay.log")
-        stack.callback(_stop, relay)
+        stack.callback(processes.stop, worker)
+        relay = processes.spawn(
+            [sys.executable, "manage.py", "relay_outbox"], env, workdir / "relay.log"
+        )
+        stack.callback(processes.stop, relay)
         shop = dataclasses.replace(ctx, base_url=server.base_url, server=server)
         stop = threading.Event()
 
@@ -110,7 +112,7 @@ def run(ctx) -> dict:
                     )
 
         def order(worker_index: int, seq: int):
-            return _order_request(
+            return order_request(
                 headers[(worker_index * 13 + seq) % len(headers)], skus[seq % len(skus)]
             )
 

@@ -3,19 +3,21 @@
 The headline figure of `make bench`: how many orders a second this machine
 takes with everything that follows an order keeping up.
 
-The shop runs as production runs it, on the bench database: gunicorn (the
-bench's sync workers) with the simulated provider (as `checkout`), a Celery
-worker per queue (`WORKERS`, the Procfile's layout), the relay process and
-beat. Each step sends keyed `POST /api/v1/orders/` open loop (bench/loadgen.py
-`run_open`: due at a fixed rate whatever the answers, latency counted from
-the due time) for `--sustained-seconds` (180 s; quick 10 s) at one rate of
-`--sustained-rates` (20,40,60,80,100,120; quick 5,10), rising. After the
-load a step waits (at most DRAIN_MAX_S) for the pipeline to finish the step's
-messages, then reads from the database, per consumer of the step's outbox
-messages (loyalty, history, e-mails) and for the mail sender, the lag of
-every effect: effect committed (`done_at` of the delivery, or of the mail:
-when it was sent) minus the outbox row written (`created_at`), both by the
-database clock; an effect still missing counts with the lag it has so far.
+The shop runs as production runs it, on the bench database: gunicorn with
+the shop's worker class and WEB_THREADS request threads per worker (the
+Procfile's `web`; `--workers` of them) paid at the simulated provider
+(bench/shop.py), one Celery worker per queue at Celery's own concurrency,
+the relay process and beat (bench/processes.py, `start_pipeline`). Each step
+sends keyed `POST /api/v1/orders/` open loop (bench/loadgen.py `run_open`:
+due at a fixed rate whatever the answers, latency counted from the due time)
+for `--sustained-seconds` (180 s; quick 10 s) at one rate of
+`--sustained-rates` (20,40,60,80,100,120; quick 5,10), rising. After the load a step
+waits (at most DRAIN_MAX_S) for the pipeline to finish the step's messages,
+then reads from the database, per consumer of the step's outbox messages
+(loyalty, history, e-mails) and for the mail sender, the lag of every
+effect: effect committed (`done_at` of the delivery, or of the mail: when it
+was sent) minus the outbox row written (`created_at`), both by the database
+clock; an effect still missing counts with the lag it has so far.
 
 A step is **kept up** when every answer is 201, checkout p99 < CHECKOUT_P99_MS,
 every consumer's lag p99 < LAG_P99_S, and neither grows: the p99 of the
@@ -24,7 +26,10 @@ LATENCY_GROWTH_MS (latency) or LAG_GROWTH_S (lag) above its first window's.
 The headline, `sustained_orders_per_s`, is the highest rate kept up; the
 ladder stops at the first step that is not. Each step also carries the CPU
 of every process of the shop and of PostgreSQL from its start to the end of
-its drain, per order (the capacity model's check).
+its drain (PostgreSQL twice: the whole server, and BACKENDS: the bench
+database's backends, the harness's own reads included), per order committed
+in that time (`orders_committed`: a request that timed out may still have
+placed its order; the capacity model's check).
 """
 
 from __future__ import annotations
@@ -33,14 +38,16 @@ import contextlib
 import dataclasses
 import math
 import random
-import sys
 import time
-import uuid
 
-from bench import cpu
+from bench import cpu, processes
 from bench.loadgen import OpenLoadResult, Request, run_open
-from bench.scenarios.checkout import _order_request, _shop_with_provider, postgres_cpu_source
-from bench.scenarios.relay import _spawn, _stop
+from bench.shop import (
+    backends_cpu_source,
+    order_request,
+    postgres_cpu_source,
+    shop_with_provider,
+)
 
 NAME = "sustained"
 DESCRIPTION = (
@@ -56,8 +63,11 @@ LATENCY_GROWTH_MS = 250.0
 DRAIN_MAX_S = 60.0
 MAX_IN_FLIGHT = 64
 MAIL_SENDER = "mail sender"
-# Queue -> prefork processes of its worker (the Procfile runs one worker per queue).
-WORKERS = {"checkout": 1, "events": 2, "compensation": 2, "maintenance": 1}
+# The bench database's backends alone: part of "postgres" (the whole server), not added
+# to the total; on a shared server the one to read (bench/cpu.py, `backends_source`).
+BACKENDS = "postgres-backends"
+# gunicorn's request threads per worker, as the Procfile's `web` runs it.
+WEB_THREADS = 8
 DEFAULT_RATES = (20.0, 40.0, 60.0, 80.0, 100.0, 120.0)
 QUICK_RATES = (5.0, 10.0)
 DEFAULT_SECONDS = 180.0
@@ -130,36 +140,6 @@ def headline(steps: list[dict]) -> float | None:
     return max(rates) if rates else None
 
 
-# --- the shop's processes ----------------------------------------------------------------
-
-
-def _start_processes(stack: contextlib.ExitStack, env: dict, workdir) -> dict:
-    """Start a worker per queue, the relay and beat on `stack`; return name -> Popen."""
-    procs = {}
-    for queue, concurrency in WORKERS.items():
-        procs[f"worker-{queue}"] = _spawn(
-            [sys.executable, "-m", "celery", "-A", "config", "worker", "--queues", queue]
-            + ["--concurrency", str(concurrency), "--loglevel", "warning"]
-            + ["--without-gossip", "--without-mingle", "--without-heartbeat"]
-            + ["--hostname", f"{queue}-{uuid.uuid4().hex[:6]}@%h"],
-            env,
-            workdir / f"worker-{queue}.log",
-        )
-        stack.callback(_stop, procs[f"worker-{queue}"])
-    procs["relay"] = _spawn(
-        [sys.executable, "manage.py", "relay_outbox"], env, workdir / "relay.log"
-    )
-    stack.callback(_stop, procs["relay"])
-    procs["beat"] = _spawn(
-        [sys.executable, "-m", "celery", "-A", "config", "beat", "--loglevel", "warning"]
-        + ["--schedule", str(workdir / "beat-schedule")],
-        env,
-        workdir / "beat.log",
-    )
-    stack.callback(_stop, procs["beat"])
-    return procs
-
-
 # --- the pipeline's lag, read from the database ------------------------------------------
 
 
@@ -230,6 +210,19 @@ def effects(since: float, until: float) -> tuple[dict[str, list[tuple[float, flo
     return lags, missing, now
 
 
+def orders_committed(since: float, until: float) -> int:
+    """Orders written in [since, until) by the database clock."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM orders_order"
+            " WHERE created_at >= to_timestamp(%s) AND created_at < to_timestamp(%s)",
+            [since, until],
+        )
+        return int(cursor.fetchone()[0])
+
+
 def _drain(since: float, until: float, *, limit: float) -> tuple[dict, int, float]:
     """Wait (at most `limit` s) until every effect of the window is committed; return effects."""
     deadline = time.monotonic() + limit
@@ -288,13 +281,15 @@ def _step(shop, order, *, rate: float, seconds: float, sources: dict) -> dict:
     lags, missing, drained_s = _drain(since, until, limit=min(DRAIN_MAX_S, max(10.0, seconds)))
     step = step_figures(rate=rate, seconds=load.duration_s, load=load, lags=lags, missing=missing)
     spent = cpu.spent(before, cpu.read(sources))
+    # Per order the shop committed, answered in time or not (a timed-out request's
+    # order still cost its CPU).
+    orders = orders_committed(since, _db_now())
     step["drain_s"] = drained_s
+    step["orders_committed"] = orders
     step["cpu_s"] = spent
-    step["cpu_ms_per_order"] = cpu.per_unit_ms(spent, step["answered_201"])
-    known = [v for v in spent.values() if v is not None]
-    step["cpu_ms_per_order_total"] = (
-        round(1000 * sum(known) / step["answered_201"], 2) if step["answered_201"] else None
-    )
+    step["cpu_ms_per_order"] = cpu.per_unit_ms(spent, orders)
+    known = [v for name, v in spent.items() if v is not None and name != BACKENDS]
+    step["cpu_ms_per_order_total"] = round(1000 * sum(known) / orders, 2) if orders else None
     return step
 
 
@@ -322,27 +317,30 @@ def run(ctx) -> dict:
     skus = list(ctx.skus)
     steps: list[dict] = []
     with contextlib.ExitStack() as stack:
-        workdir, provider_url, server = _shop_with_provider(stack, ctx, prefix="bench-sustained-")
+        workdir, provider_url, server = shop_with_provider(
+            stack, ctx, prefix="bench-sustained-", threads=WEB_THREADS
+        )
         env = {
             **server.env,
             "PYTHONUNBUFFERED": "1",
             "DB_POOL": "true",
             "PAYMENTS_PROVIDER_URL": provider_url,
         }
-        procs = _start_processes(stack, env, workdir)
+        procs = processes.start_pipeline(stack, env, workdir)
         shop = dataclasses.replace(ctx, base_url=server.base_url, server=server)
         sources = {
             "web": server.cpu_seconds,
             **{name: cpu.tree_source(proc.pid) for name, proc in procs.items()},
             "postgres": postgres_cpu_source(ctx),
+            BACKENDS: backends_cpu_source(ctx),
         }
         ctx.log(
-            f"  gunicorn {server.base_url} ({ctx.workers} sync workers), "
+            f"  gunicorn {server.base_url} ({ctx.workers} workers × {WEB_THREADS} threads), "
             f"{', '.join(procs)}; provider {provider_url}"
         )
 
         def order(n: int) -> Request:
-            return _order_request(headers[n % len(headers)], random.Random(n).choice(skus))
+            return order_request(headers[n % len(headers)], random.Random(n).choice(skus))
 
         # Warm every process (imports, pooled connections), then start from an idle pipeline.
         run_open(shop.base_url, factory=order, rate=5, duration=2, max_in_flight=8)
@@ -352,9 +350,8 @@ def run(ctx) -> dict:
             step = _step(shop, order, rate=rate, seconds=seconds, sources=sources)
             steps.append(step)
             ctx.log("  " + _describe(step))
-            for name, proc in procs.items():
-                if proc.poll() is not None:
-                    raise RuntimeError(f"{name} exited with {proc.returncode} (logs: {workdir})")
+            if gone := processes.exited(procs):
+                raise RuntimeError(f"{', '.join(gone)} exited (logs: {workdir})")
             if not step["verdict"]["kept_up"]:
                 break
     sustained = headline(steps)
@@ -367,8 +364,8 @@ def run(ctx) -> dict:
         "steps": steps,
         "rates": rates,
         "step_seconds": seconds,
-        "web_workers": ctx.workers,
-        "celery_workers": dict(WORKERS),
+        "web": {"workers": ctx.workers, "threads": WEB_THREADS},
+        "celery_workers": list(processes.QUEUES),  # one worker each, Celery's concurrency
         "criteria": {
             "checkout_p99_ms": CHECKOUT_P99_MS,
             "lag_p99_s": LAG_P99_S,

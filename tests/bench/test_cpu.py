@@ -65,3 +65,26 @@ def test_the_postmaster_is_found_from_the_servers_data_directory():
     with open(f"/proc/{pid}/comm") as comm:
         assert comm.read().strip() in ("postgres", "postmaster")
     assert cpu.tree_cpu_seconds(pid) > 0
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux /proc")
+def test_the_backends_of_one_database_count_their_work_and_no_other_databases():
+    import psycopg
+
+    url = os.environ.get("DATABASE_URL") or DEFAULT_DATABASE_URL
+    if not urlsplit(url).hostname:
+        pytest.skip("needs a TCP server whose backends this machine can read")
+    conninfo = PgTarget.from_url(url).maintenance_conninfo()
+    dbname = PgTarget.from_url(url).dbname
+    mine = cpu.backends_source(conninfo, (dbname,))
+    nobody = cpu.backends_source(conninfo, ("no_such_database",))
+    if cpu.postmaster_pid(conninfo) is None:
+        pytest.skip("the server's processes are not readable here (another machine?)")
+    start_mine, start_nobody = mine(), nobody()
+
+    with psycopg.connect(**{**conninfo, "dbname": dbname}) as conn:
+        conn.execute("SELECT count(*) FROM generate_series(1, 3000000)").fetchone()
+        spent = mine() - start_mine  # read while the backend is still there
+
+    assert spent >= 0.05
+    assert nobody() - start_nobody == 0.0

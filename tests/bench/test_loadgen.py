@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import socket
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from bench.loadgen import LoadResult, Request, run_load
+from bench.loadgen import LoadResult, Request, open_loop, run_load
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -247,3 +248,26 @@ def test_an_exception_in_a_callback_stops_the_run_and_is_raised(server_url):
             duration=30,
             on_response=on_response,
         )
+
+
+def test_the_open_loop_calls_any_sender_and_counts_its_failures_by_kind():
+
+    def send(n: int) -> int | str:
+        time.sleep(0.02)
+        return "TimeoutError" if n % 5 == 4 else 302
+
+    result = open_loop(send, rate=50, duration=0.4, max_in_flight=4)
+
+    assert len(result.samples) == 20 and result.statuses == {302: 16}
+    assert result.errors == {"TimeoutError": 4}
+    assert [s for _, _, s in result.samples].count(None) == 4
+    assert all(latency >= 20 for _, latency, _ in result.samples)
+
+
+def test_a_sender_that_raises_stops_the_open_loop_and_is_raised():
+
+    def send(n: int) -> int:
+        raise KeyError(n)
+
+    with pytest.raises(KeyError):
+        open_loop(send, rate=50, duration=0.2, max_in_flight=2)

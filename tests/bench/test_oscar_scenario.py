@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from bench import oscar_peer
 from bench.report import targets
 from bench.scenarios import discover
 from bench.scenarios import oscar as scenario
@@ -28,7 +29,7 @@ def test_oscar_is_installed_only_in_its_own_environment():
     assert "django-oscar==4.2." in pins
     for shop_requirements in ("requirements.txt", "requirements/dev.txt", "requirements/bench.txt"):
         assert "oscar" not in (ROOT / shop_requirements).read_text().lower()
-    assert scenario.VENV.relative_to(ROOT).parts[0] == "var"  # git-ignored, not .venv
+    assert oscar_peer.VENV.relative_to(ROOT).parts[0] == "var"  # git-ignored, not .venv
 
 
 def test_the_scenario_rows_join_the_run_targets():
@@ -37,7 +38,7 @@ def test_the_scenario_rows_join_the_run_targets():
         "16": {"ours_vs_oscar_place_order": 1.9, "ours_vs_oscar_checkout": 8.5},
     }
     hot = {"oversold_units": 3, "num_in_stock": 100, "placed": 103, "attempts": 150}
-    data = {"scenarios": {"oscar": {"target_rows": scenario._target_rows(ratios, hot)}}}
+    data = {"scenarios": {"oscar": {"target_rows": scenario.target_rows(ratios, hot)}}}
 
     rows = {row["target"]: row for row in targets(data) if row["issue"] == "#21"}
 
@@ -53,7 +54,7 @@ def test_the_rows_with_orders_preloaded_in_both_stand_beside_the_fresh_ones():
     full = {"4": {"ours_vs_oscar_place_order": 1.5, "ours_vs_oscar_checkout": 8.5}}
     hot = {"oversold_units": 0, "num_in_stock": 100, "placed": 100, "attempts": 150}
 
-    rows = {row["target"]: row for row in scenario._target_rows(fresh, hot, full, 100_000)}
+    rows = {row["target"]: row for row in scenario.target_rows(fresh, hot, full, 100_000)}
 
     assert rows["ours ÷ django-oscar place-order POST, orders/s"]["met"] is True
     in_both = rows[
@@ -68,9 +69,9 @@ def test_the_rows_with_orders_preloaded_in_both_stand_beside_the_fresh_ones():
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_quick_run_measures_oscar_beside_ours_and_drops_its_database(tmp_path):
-    if scenario.venv_python() is None:
+    if oscar_peer.venv_python() is None:
         pytest.skip(
-            f"Oscar's environment {scenario.VENV.relative_to(ROOT)} is not installed "
+            f"Oscar's environment {oscar_peer.VENV.relative_to(ROOT)} is not installed "
             "(python -m bench.run --scenario oscar makes it from bench/oscar/requirements.txt)"
         )
     env, base = _bench_env()

@@ -75,7 +75,7 @@ def test_orders_by_level_stand_beside_the_peer_and_oscar_when_measured():
         "checkout": {"runs": [_run("order", 57.7), _run("unkeyed", 60.0), _run("replay", 400.0)]},
         "peer": {"runs": [_run("ours", 56.0), _run("peer", 54.0)]},
     }
-    assert set(report._orders_series(scenarios)) == {
+    assert set(report.orders_series(scenarios)) == {
         "ours, keyed",
         "ours, unkeyed",
         "ours (peer scenario)",
@@ -83,7 +83,7 @@ def test_orders_by_level_stand_beside_the_peer_and_oscar_when_measured():
     }
 
     scenarios["oscar"] = {"runs": [_run("place-order POST", 40.0)]}
-    series = report._orders_series(scenarios)
+    series = report.orders_series(scenarios)
     assert series["Oscar: place-order POST"] == {4: 40.0}
     assert series["ours, keyed"] == {4: 57.7}
 

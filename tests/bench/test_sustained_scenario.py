@@ -11,8 +11,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from bench import headline as headline_of_run
+from bench import processes
 from bench.loadgen import OpenLoadResult, Request, run_open
-from bench.report import sustained_text
 from bench.run import parse_args
 from bench.scenarios import discover, sustained
 from bench.server import ROOT
@@ -81,7 +82,7 @@ def test_a_step_is_kept_up_only_when_latency_and_every_lag_are_low_and_flat():
 
     assert sustained.headline([kept, {**kept, "rate": 20}, growing]) == 20
     assert sustained.headline([growing]) is None
-    text = sustained_text({"steps": [kept], "step_seconds": 30, "sustained_orders_per_s": 10})
+    text = headline_of_run.text({"steps": [kept], "step_seconds": 30, "sustained_orders_per_s": 10})
     assert text.startswith("SUSTAINED: 10 orders/s") and "kept up" in text
 
 
@@ -138,8 +139,14 @@ def test_a_short_sustained_run_reports_steps_lags_and_the_headline(tmp_path):
 
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "\nSUSTAINED: " in proc.stdout
+    # The headline comes first: in the summary and as the results file's first key.
+    summary = proc.stdout[proc.stdout.index("\nSUSTAINED: ") :]
+    assert "Targets" in summary and "scenario sustained" not in summary
     [result_file] = tmp_path.glob("*-quick.json")
-    result = json.loads(result_file.read_text())["scenarios"]["sustained"]
+    data = json.loads(result_file.read_text())
+    assert next(iter(data)) == "headline"
+    result = data["scenarios"]["sustained"]
+    assert data["headline"]["sustained_orders_per_s"] == result["sustained_orders_per_s"]
     assert result["rates"] == [2.0, 4.0] and result["step_seconds"] == 4.0
     assert 1 <= len(result["steps"]) <= 2
     step = result["steps"][0]
@@ -150,7 +157,23 @@ def test_a_short_sustained_run_reports_steps_lags_and_the_headline(tmp_path):
     for figures in step["lag_s"].values():
         assert figures["count"] >= 1 and figures["p99"] is not None
     assert set(step["verdict"]) >= {"kept_up", "lag_p99", "lag_flat", "checkout_p99"}
-    assert set(step["cpu_s"]) >= {"web", "relay", "beat", "worker-events", "postgres"}
+    workers = {f"worker-{queue}" for queue in processes.QUEUES}
+    assert set(step["cpu_s"]) >= {"web", "relay", "beat", "postgres"} | workers
+    assert step["orders_committed"] >= step["answered_201"]
     headline = result["sustained_orders_per_s"]
     assert headline is None or headline in result["rates"]
     assert _existing_databases(base) == set()
+
+
+def test_the_pipeline_runs_every_queue_of_the_procfile_as_it_does():
+    procfile = (ROOT / "Procfile").read_text()
+    queues = {
+        line.split("--queues ")[1].split()[0]
+        for line in procfile.splitlines()
+        if "--queues" in line
+    }
+    assert set(processes.QUEUES) == queues
+    argv = processes.worker_argv("events")
+    assert argv[argv.index("--app") + 1] == "config.celery:app"
+    assert argv[argv.index("--queues") + 1] == "events"
+    assert "--concurrency" not in argv  # Celery's own, as in production
