@@ -40,7 +40,7 @@ def main() -> None:
             f"DJANGO_SETTINGS_MODULE={PRODUCTION_SETTINGS} (deploy/shop.env.example)."
         ) from None
 
-    with servers_for_command():
+    with servers_for_command(sys.argv):
         execute_from_command_line(sys.argv)
 
 

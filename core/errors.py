@@ -9,6 +9,51 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.utils.translation import gettext_noop
+
+# The refusals' titles as people read them: the admin's and the storefront's
+# messages show `gettext(error.default_title())`, the API answers them in
+# English. Marked here for the catalogues (docs/storefront.md, "Languages");
+# tests/shop/test_catalogue.py fails when a refusal's title has no translation.
+TITLES_FOR_PEOPLE = (
+    gettext_noop("Invalid request"),
+    gettext_noop("Not found"),
+    gettext_noop("Conflict"),
+    gettext_noop("Unprocessable"),
+    gettext_noop("Invalid state"),
+    gettext_noop("Idempotency key missing"),
+    gettext_noop("Idempotency key invalid"),
+    gettext_noop("Idempotency key in use"),
+    gettext_noop("Idempotency key reused"),
+    gettext_noop("Currency mismatch"),
+    gettext_noop("SKU exists"),
+    gettext_noop("Stock below reserved"),
+    gettext_noop("Stock limit exceeded"),
+    gettext_noop("Payment reference conflict"),
+    gettext_noop("Invalid payment transition"),
+    gettext_noop("Refund exceeds captured"),
+    gettext_noop("Refund conflict"),
+    gettext_noop("Exceeds unshipped"),
+    gettext_noop("Return exceeds order"),
+    gettext_noop("Line not shipped"),
+    gettext_noop("Throttled"),
+    gettext_noop("Insufficient stock"),
+    gettext_noop("Price changed"),
+    gettext_noop("Reservation expired"),
+    gettext_noop("Payment pending"),
+    gettext_noop("Order shipped"),
+    gettext_noop("Payment declined"),
+    gettext_noop("Already ordered"),
+    gettext_noop("Cart changed"),
+    gettext_noop("Cart full"),
+    gettext_noop("Invalid signature"),
+    gettext_noop("Malformed JSON"),
+    gettext_noop("Day not closed"),
+    gettext_noop("Report not aggregated"),
+    gettext_noop("Username taken"),
+    gettext_noop("Invalid credentials"),
+)
+
 
 class ApplicationError(Exception):
     """Raise to refuse a request with a stable code and an HTTP status."""

@@ -16,6 +16,7 @@ from typing import cast
 from babel.numbers import format_currency, get_currency_precision, is_currency
 from django.conf import settings
 from django.utils import translation
+from django.utils.translation import gettext as _
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
@@ -64,8 +65,10 @@ def check_currency(currency: str) -> None:
     """Refuse any currency but the shop's."""
     if currency != shop_currency():
         raise CurrencyMismatch(
-            f"This shop only accepts {shop_currency()}; got {currency!r}.",
-            errors={"currency": [f"Must be {shop_currency()}."]},
+            _("This shop only accepts {shop}; got {currency!r}.").format(
+                shop=shop_currency(), currency=currency
+            ),
+            errors={"currency": [_("Must be {shop}.").format(shop=shop_currency())]},
         )
 
 

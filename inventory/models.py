@@ -6,6 +6,7 @@ from django.conf import settings
 from django.db import models
 from django.db.models import F, Q
 from django.db.models.functions import Now
+from django.utils.translation import pgettext_lazy
 
 
 class Product(models.Model):
@@ -76,10 +77,10 @@ class Reservation(models.Model):
     """
 
     class State(models.TextChoices):
-        HELD = "held"
-        COMMITTED = "committed"
-        RELEASED = "released"
-        EXPIRED = "expired"
+        HELD = "held", pgettext_lazy("reservation state", "Held")
+        COMMITTED = "committed", pgettext_lazy("reservation state", "Committed")
+        RELEASED = "released", pgettext_lazy("reservation state", "Released")
+        EXPIRED = "expired", pgettext_lazy("reservation state", "Expired")
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     stock = models.ForeignKey(StockItem, on_delete=models.PROTECT, related_name="reservations")

@@ -17,6 +17,7 @@ from decimal import Decimal
 from django.db import IntegrityError, connection, transaction
 from django.db.models import Expression, F
 from django.db.models.functions import Now
+from django.utils.translation import gettext as _
 
 from core.db import violated_constraint
 from core.errors import ApplicationError
@@ -45,7 +46,9 @@ def product_create(*, sku: str, name: str, price: Decimal, currency: str, stock:
             product.save(force_insert=True)
     except IntegrityError as exc:
         if violated_constraint(exc) == "inventory_product_sku_uniq":
-            raise SkuExists(f"A product with sku {sku!r} already exists.") from exc
+            raise SkuExists(
+                _("A product with sku {sku!r} already exists.").format(sku=sku)
+            ) from exc
         raise
     StockItem.objects.create(product=product, on_hand=stock, reserved=0)
     return product
@@ -274,7 +277,9 @@ def stock_adjust(*, sku: str, delta: int | None = None, set_to: int | None = Non
     else:
         assert set_to is not None
         if not 0 <= set_to <= MAX_ON_HAND:
-            raise StockLimitExceeded(f"On hand must be between 0 and {MAX_ON_HAND}.")
+            raise StockLimitExceeded(
+                _("On hand must be between 0 and {limit}.").format(limit=MAX_ON_HAND)
+            )
         new_on_hand = set_to
         updated = updated.filter(reserved__lte=set_to)
     if updated.update(on_hand=new_on_hand, updated_at=Now()) != 1:
@@ -284,11 +289,13 @@ def stock_adjust(*, sku: str, delta: int | None = None, set_to: int | None = Non
         assert target is not None
         if target > MAX_ON_HAND:
             raise StockLimitExceeded(
-                f"At most {MAX_ON_HAND} units may be on hand.",
-                errors={"on_hand": [f"Would be {target}."]},
+                _("At most {limit} units may be on hand.").format(limit=MAX_ON_HAND),
+                errors={"on_hand": [_("Would be {target}.").format(target=target)]},
             )
         raise StockBelowReserved(
-            f"{stock.reserved} units of {sku} are reserved; on hand cannot go below that.",
+            _("{reserved} units of {sku} are reserved; on hand cannot go below that.").format(
+                reserved=stock.reserved, sku=sku
+            ),
             extra={"on_hand": stock.on_hand, "reserved": stock.reserved, "requested": target},
         )
     return StockItem.objects.select_related("product").get(product_id=product.id)

@@ -68,6 +68,9 @@ class Order(models.Model):
     # "cart:<id>:<version>"): one order per scope for the order's whole life, key or no
     # key (docs/checkout.md, "One order per cart version"). None: an API order.
     scope = models.CharField(max_length=128, null=True, blank=True, editable=False)
+    # The language the order was placed in (the storefront page's; an API order's is
+    # LANGUAGE_CODE): the shopper's e-mails are written in it (docs/storefront.md, "Languages").
+    language = models.CharField(max_length=16, default=settings.LANGUAGE_CODE, editable=False)
     created_at = models.DateTimeField(db_default=Now())
     updated_at = models.DateTimeField(db_default=Now())
 

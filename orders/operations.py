@@ -131,6 +131,7 @@ def order_place_keyed(
     shipping_address: dict,
     expected_total: Decimal | None = None,
     scope: str | None = None,
+    language: str | None = None,
 ) -> None:
     """Place an order under a request key; resume a retried key at its recovery point.
 
@@ -138,6 +139,7 @@ def order_place_keyed(
     insufficient_stock) into the caller's answer. `scope` (the storefront's
     cart version; the API passes none) outlives the key: a scope that already
     has an order is refused `already_ordered`, naming it (services.order_hold).
+    `language` (the storefront page's; the API passes none) is the order's e-mails'.
     """
     if run.recovery_point == STARTED:
         with keyed_phase(run, present, next_point=RESERVED) as data:
@@ -149,6 +151,7 @@ def order_place_keyed(
                 shipping_address=shipping_address,
                 expected_total=expected_total,
                 scope=scope,
+                language=language,
             )
             failpoint("checkout.reserve.after_hold")
             data["order_id"] = str(order.id)

@@ -24,6 +24,7 @@ from decimal import Decimal
 from django.db import transaction
 from django.db.models import F, Sum
 from django.db.models.functions import Now
+from django.utils.translation import gettext as _
 
 from core.db import insert_first
 from core.errors import ApplicationError, InvalidRequest, InvalidState, NotFound
@@ -108,7 +109,7 @@ def return_request(
     }
     if unknown:
         raise InvalidRequest(
-            "A return line names a sku the order does not have.", errors={"lines": unknown}
+            _("A return line names a sku the order does not have."), errors={"lines": unknown}
         )
     amount = sum((by_sku[line.sku].unit_price * line.quantity for line in lines), Decimal(0))
     order_return = ReturnRequest(
@@ -131,7 +132,9 @@ def return_request(
         if by_sku[line.sku].quantity_shipped == 0
     ]
     if not_shipped or order.status not in SHIPPABLE_ORDER_STATUSES:
-        raise LineNotShipped("Only shipped units can be returned.", errors={"lines": not_shipped})
+        raise LineNotShipped(
+            _("Only shipped units can be returned."), errors={"lines": not_shipped}
+        )
     open_units = _open_units(order_id=order.id)
     over = []
     for index, line in enumerate(lines):
@@ -152,7 +155,7 @@ def return_request(
             )
     if over:
         raise ReturnExceedsOrder(
-            "More units than were shipped and are not yet returned or being returned.",
+            _("More units than were shipped and are not yet returned or being returned."),
             errors={"lines": over},
         )
     order_return.line_list = ReturnLine.objects.bulk_create(
@@ -231,10 +234,10 @@ def return_get(*, return_id) -> ReturnRequest:
     try:
         return_uuid = uuid.UUID(str(return_id))
     except ValueError:
-        raise NotFound("No such return.") from None
+        raise NotFound(_("No such return.")) from None
     order_return = ReturnRequest.objects.select_related("order").filter(id=return_uuid).first()
     if order_return is None:
-        raise NotFound("No such return.")
+        raise NotFound(_("No such return."))
     return order_return
 
 
@@ -242,7 +245,7 @@ def return_get_for_user(*, user, return_id) -> ReturnRequest:
     """A return `user` may read: of their own order (staff: any); anyone else's is 404."""
     order_return = return_get(return_id=return_id)
     if not user.is_staff and order_return.order.owner_id != user.pk:
-        raise NotFound("No such return.")
+        raise NotFound(_("No such return."))
     return order_return
 
 

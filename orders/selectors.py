@@ -45,6 +45,14 @@ def order_of_scope(*, owner_id: int, scope: str) -> tuple[uuid.UUID, str] | None
     return Order.objects.filter(owner_id=owner_id, scope=scope).values_list("id", "status").first()
 
 
+def order_languages(*, numbers) -> dict[int, str]:
+    """The language each order was placed in, by order number (unknown numbers left out)."""
+    wanted = {int(n) for n in numbers}
+    if not wanted:
+        return {}
+    return dict(Order.objects.filter(number__in=wanted).values_list("number", "language"))
+
+
 def order_with_lines(*, order: Order, lines: list[OrderLine]) -> Order:
     """Give `order` the lines just read and changed in this transaction, as if prefetched.
 

@@ -173,6 +173,7 @@ def order_hold(
     shipping_address: dict,
     expected_total: Decimal | None = None,
     scope: str | None = None,
+    language: str | None = None,
 ) -> Order:
     """Hold stock for every line and create the order, or refuse with nothing held.
 
@@ -186,6 +187,7 @@ def order_hold(
     flag and counter change with it. `scope` names the business scope the
     order is placed from (the storefront's cart version): a scope that already
     has an order, whatever became of it, is 409 `already_ordered` naming it.
+    `language` is the one the order is placed in (its e-mails'), else LANGUAGE_CODE.
     """
     skus = [line.product.sku for line in lines]
     assert lines and len(set(skus)) == len(skus), "lines must be non-empty with distinct skus"
@@ -248,6 +250,7 @@ def order_hold(
         total=total,
         reservation_expires_at=expires_at,
         scope=scope,
+        language=language or settings.LANGUAGE_CODE,
     )
     _order_insert(order)
     order_lines = OrderLine.objects.bulk_create(

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from django.db import transaction
 from django.db.models import F
 from django.db.models.functions import Now
+from django.utils.translation import gettext as _
 
 from core.db import insert_first
 from core.errors import ApplicationError, InvalidRequest, InvalidState
@@ -77,17 +78,17 @@ def _wanted(
     if lines is None:
         wanted = [(line, _unshipped(line)) for line in order_lines if _unshipped(line) > 0]
         if not wanted:
-            raise ExceedsUnshipped("Every confirmed unit of this order has shipped already.")
+            raise ExceedsUnshipped(_("Every confirmed unit of this order has shipped already."))
         return wanted
     by_sku = {line.sku: line for line in order_lines}
     unknown = {
-        index: {"sku": ["Not a line of this order."]}
+        index: {"sku": [_("Not a line of this order.")]}
         for index, line in enumerate(lines)
         if line.sku not in by_sku
     }
     if unknown:
         raise InvalidRequest(
-            "A shipment line names a sku the order does not have.", errors={"lines": unknown}
+            _("A shipment line names a sku the order does not have."), errors={"lines": unknown}
         )
     wanted = [(by_sku[line.sku], line.quantity) for line in lines]
     over = [
@@ -102,7 +103,7 @@ def _wanted(
     ]
     if over:
         raise ExceedsUnshipped(
-            "More units than are confirmed and not yet shipped.", errors={"lines": over}
+            _("More units than are confirmed and not yet shipped."), errors={"lines": over}
         )
     return wanted
 
@@ -146,7 +147,9 @@ def shipment_create(
         return made
     if order.status not in SHIPPABLE_ORDER_STATUSES:
         raise OrderNotShippable(
-            f"An order that is {order.status} cannot ship; only confirmed orders can.",
+            _("An order that is {status} cannot ship; only confirmed orders can.").format(
+                status=order.status
+            ),
             extra={"order_id": str(order.id)},
         )
     wanted = _wanted(order_lines=order_lines, lines=lines)

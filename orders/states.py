@@ -10,37 +10,41 @@ conditional UPDATE that names the source status, and each change writes an
 from __future__ import annotations
 
 from django.db import models
+from django.utils.translation import pgettext_lazy
 
 
 class OrderStatus(models.TextChoices):
-    AWAITING_DECISION = "awaiting_decision"
-    PAYMENT_PENDING = "payment_pending"
-    CONFIRMED = "confirmed"
-    PARTIALLY_CONFIRMED = "partially_confirmed"
-    PAYMENT_FAILED = "payment_failed"
-    CANCELLING = "cancelling"
-    CANCELLED = "cancelled"
-    EXPIRED = "expired"
+    AWAITING_DECISION = "awaiting_decision", pgettext_lazy("order status", "Awaiting Decision")
+    PAYMENT_PENDING = "payment_pending", pgettext_lazy("order status", "Payment Pending")
+    CONFIRMED = "confirmed", pgettext_lazy("order status", "Confirmed")
+    PARTIALLY_CONFIRMED = (
+        "partially_confirmed",
+        pgettext_lazy("order status", "Partially Confirmed"),
+    )
+    PAYMENT_FAILED = "payment_failed", pgettext_lazy("order status", "Payment Failed")
+    CANCELLING = "cancelling", pgettext_lazy("order status", "Cancelling")
+    CANCELLED = "cancelled", pgettext_lazy("order status", "Cancelled")
+    EXPIRED = "expired", pgettext_lazy("order status", "Expired")
 
 
 class LineStatus(models.TextChoices):
-    RESERVED = "reserved"
-    CONFIRMED = "confirmed"
-    UNAVAILABLE = "unavailable"
-    RELEASED = "released"
-    CANCELLED = "cancelled"
+    RESERVED = "reserved", pgettext_lazy("order line status", "Reserved")
+    CONFIRMED = "confirmed", pgettext_lazy("order line status", "Confirmed")
+    UNAVAILABLE = "unavailable", pgettext_lazy("order line status", "Unavailable")
+    RELEASED = "released", pgettext_lazy("order line status", "Released")
+    CANCELLED = "cancelled", pgettext_lazy("order line status", "Cancelled")
 
 
 class Fulfillment(models.TextChoices):
-    UNFULFILLED = "unfulfilled"
-    PARTIALLY_SHIPPED = "partially_shipped"
-    SHIPPED = "shipped"
+    UNFULFILLED = "unfulfilled", pgettext_lazy("fulfillment", "Unfulfilled")
+    PARTIALLY_SHIPPED = "partially_shipped", pgettext_lazy("fulfillment", "Partially Shipped")
+    SHIPPED = "shipped", pgettext_lazy("fulfillment", "Shipped")
 
 
 class OnShortage(models.TextChoices):
-    REJECT = "reject"
-    PARTIAL = "partial"
-    ASK = "ask"
+    REJECT = "reject", pgettext_lazy("on shortage", "Reject")
+    PARTIAL = "partial", pgettext_lazy("on shortage", "Partial")
+    ASK = "ask", pgettext_lazy("on shortage", "Ask")
 
 
 ORDER_TRANSITIONS: dict[str | None, frozenset[str]] = {
@@ -98,21 +102,24 @@ def check_transition(table: dict, source: str | None, target: str) -> None:
 class TrackingStatus(models.TextChoices):
     """What a courier may report about a shipment (docs/shipments.md)."""
 
-    LABEL_CREATED = "label_created"
-    PICKED_UP = "picked_up"
-    IN_TRANSIT = "in_transit"
-    OUT_FOR_DELIVERY = "out_for_delivery"
-    DELIVERED = "delivered"
-    EXCEPTION = "exception"
+    LABEL_CREATED = "label_created", pgettext_lazy("tracking status", "Label Created")
+    PICKED_UP = "picked_up", pgettext_lazy("tracking status", "Picked Up")
+    IN_TRANSIT = "in_transit", pgettext_lazy("tracking status", "In Transit")
+    OUT_FOR_DELIVERY = "out_for_delivery", pgettext_lazy("tracking status", "Out For Delivery")
+    DELIVERED = "delivered", pgettext_lazy("tracking status", "Delivered")
+    EXCEPTION = "exception", pgettext_lazy("tracking status", "Exception")
 
 
 class ReturnStatus(models.TextChoices):
     """A return's statuses (contract: "Returns")."""
 
-    REQUESTED = "requested"  # the shopper asked; the units are not back yet (an open return)
-    PROCESSING = "processing"  # received: its compensation steps are running
-    COMPLETED = "completed"  # every step done
-    NEEDS_ATTENTION = "needs_attention"  # a step used its budget or met a refusal: staff decide
+    # the shopper asked; the units are not back yet (an open return)
+    REQUESTED = "requested", pgettext_lazy("return status", "Requested")
+    # received: its compensation steps are running
+    PROCESSING = "processing", pgettext_lazy("return status", "Processing")
+    COMPLETED = "completed", pgettext_lazy("return status", "Completed")  # every step done
+    # a step used its budget or met a refusal: staff decide
+    NEEDS_ATTENTION = "needs_attention", pgettext_lazy("return status", "Needs Attention")
 
 
 RETURN_TRANSITIONS: dict[str | None, frozenset[str]] = {
@@ -128,20 +135,25 @@ RETURN_TRANSITIONS: dict[str | None, frozenset[str]] = {
 class StepName(models.TextChoices):
     """The compensation steps (contract: the return body's `steps`); cancellations use them too."""
 
-    RESTOCK = "restock"
-    REFUND = "refund"
-    HISTORY = "history"
-    LOYALTY = "loyalty"
-    NOTIFY = "notify"
+    RESTOCK = "restock", pgettext_lazy("compensation step", "Restock")
+    REFUND = "refund", pgettext_lazy("compensation step", "Refund")
+    HISTORY = "history", pgettext_lazy("compensation step", "History")
+    LOYALTY = "loyalty", pgettext_lazy("compensation step", "Loyalty")
+    NOTIFY = "notify", pgettext_lazy("compensation step", "Notify")
 
 
 class StepStatus(models.TextChoices):
-    PENDING = "pending"  # due now or later (not tried yet, waiting, or failed and backing off)
-    RUNNING = "running"  # an attempt was taken and has not reported (a killed one looks so too)
-    DONE = "done"  # its effect is recorded; nothing is due
-    FAILED = "failed"  # needs attention: budget spent or a refusal; staff "Retry failed steps"
+    # due now or later (not tried yet, waiting, or failed and backing off)
+    PENDING = "pending", pgettext_lazy("compensation step status", "Pending")
+    # an attempt was taken and has not reported (a killed one looks so too)
+    RUNNING = "running", pgettext_lazy("compensation step status", "Running")
+    # its effect is recorded; nothing is due
+    DONE = "done", pgettext_lazy("compensation step status", "Done")
+    # needs attention: budget spent or a refusal; staff "Retry failed steps"
+    FAILED = "failed", pgettext_lazy("compensation step status", "Failed")
 
 
 class CompensationKind(models.TextChoices):
-    RETURN = "return"  # a received return's steps
-    CANCELLATION = "cancellation"  # a confirmed order's cancellation
+    RETURN = "return", pgettext_lazy("compensation kind", "Return")  # a received return's steps
+    # a confirmed order's cancellation
+    CANCELLATION = "cancellation", pgettext_lazy("compensation kind", "Cancellation")

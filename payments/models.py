@@ -6,6 +6,7 @@ from django.conf import settings
 from django.db import models
 from django.db.models import F, Q
 from django.db.models.functions import Now
+from django.utils.translation import pgettext_lazy
 
 from core.due import DuePolicy, DueWork, due_index
 
@@ -131,16 +132,17 @@ class Payment(models.Model):
 
 
 class TransactionKind(models.TextChoices):
-    AUTHORIZE = "authorize"
-    CAPTURE = "capture"
-    VOID = "void"
-    REFUND = "refund"
+    AUTHORIZE = "authorize", pgettext_lazy("transaction kind", "Authorize")
+    CAPTURE = "capture", pgettext_lazy("transaction kind", "Capture")
+    VOID = "void", pgettext_lazy("transaction kind", "Void")
+    REFUND = "refund", pgettext_lazy("transaction kind", "Refund")
 
 
 class TransactionStatus(models.TextChoices):
-    UNKNOWN = "unknown"  # sent (or about to be); the outcome is not known yet
-    SUCCEEDED = "succeeded"
-    DECLINED = "declined"
+    # sent (or about to be); the outcome is not known yet
+    UNKNOWN = "unknown", pgettext_lazy("transaction status", "Unknown")
+    SUCCEEDED = "succeeded", pgettext_lazy("transaction status", "Succeeded")
+    DECLINED = "declined", pgettext_lazy("transaction status", "Declined")
 
 
 class PaymentTransaction(models.Model):

@@ -20,6 +20,7 @@ from typing import cast
 
 from django.conf import settings
 from django.db import connection, transaction
+from django.utils.translation import gettext as _
 
 from core import due
 from core.errors import InvalidRequest
@@ -66,9 +67,13 @@ def _refund_amount_check(*, amount: Decimal, currency: str) -> None:
         or -cast(int, amount.as_tuple().exponent) > minor_units(currency)
     ):
         raise InvalidRequest(
-            f"Invalid refund amount {amount}.",
+            _("Invalid refund amount {amount}.").format(amount=amount),
             errors={
-                "amount": [f"Must be positive, with at most {minor_units(currency)} decimals."]
+                "amount": [
+                    _("Must be positive, with at most {places} decimals.").format(
+                        places=minor_units(currency)
+                    )
+                ]
             },
         )
 
@@ -158,7 +163,9 @@ def refund_request(
         if not inserted:
             existing = Refund.objects.filter(id=refund_id).first()
             if existing is None or existing.payment_id != payment.id:
-                raise RefundConflict(f"Refund {refund_id} exists for another payment.")
+                raise RefundConflict(
+                    _("Refund {refund_id} exists for another payment.").format(refund_id=refund_id)
+                )
             return existing  # already requested: one refund per refund id
         if not refund_reserve(payment_id=payment.id, amount=amount):
             _refund_refused(payment_id=payment.id, amount=amount)
@@ -216,11 +223,13 @@ def refund_request_capped(
     refund took the budget in between, the reservation is refused and the
     budget is read again (`tries` times, then `RefundBudgetMoved`).
     """
-    for _ in range(tries):
+    for _attempt in range(tries):
         existing = Refund.objects.filter(id=refund_id).first()
         if existing is not None:
             if existing.payment_id != payment_id:
-                raise RefundConflict(f"Refund {refund_id} exists for another payment.")
+                raise RefundConflict(
+                    _("Refund {refund_id} exists for another payment.").format(refund_id=refund_id)
+                )
             return existing
         amount = min(at_most, refundable(payment=Payment.objects.get(id=payment_id)))
         if amount <= 0:
@@ -243,17 +252,25 @@ def _refund_refused(*, payment_id, amount: Decimal):
     payment = Payment.objects.get(id=payment_id)
     if payment.status not in _REFUNDABLE_STATUSES or payment.amount_captured <= 0:
         raise RefundInvalidState(
-            f"Nothing to refund: the payment is {payment.status}.",
+            _("Nothing to refund: the payment is {status}.").format(status=payment.status),
             extra={"payment_status": payment.status},
         )
     left = refundable(payment=payment)
     text = format_money(left, payment.currency)
     raise RefundExceedsCaptured(
-        f"At most {text} {payment.currency} can still be refunded (captured "
-        f"{format_money(payment.amount_captured, payment.currency)}, refunded or being "
-        f"refunded {format_money(payment.refund_reserved, payment.currency)}); "
-        f"asked {format_money(amount, payment.currency)}.",
-        errors={"amount": [f"At most {text} {payment.currency}."]},
+        _(
+            "At most {left} {currency} can still be refunded (captured {captured}, refunded or "
+            "being refunded {reserved}); asked {amount}."
+        ).format(
+            left=text,
+            currency=payment.currency,
+            captured=format_money(payment.amount_captured, payment.currency),
+            reserved=format_money(payment.refund_reserved, payment.currency),
+            amount=format_money(amount, payment.currency),
+        ),
+        errors={
+            "amount": [_("At most {left} {currency}.").format(left=text, currency=payment.currency)]
+        },
         extra={"refundable": text, "currency": payment.currency},
     )
 
@@ -269,7 +286,7 @@ def _refund_capture_key(*, payment_id) -> str:
         .first()
     )
     if key is None:
-        raise RefundInvalidState("The payment has no succeeded capture to refund.")
+        raise RefundInvalidState(_("The payment has no succeeded capture to refund."))
     return key
 
 

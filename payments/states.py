@@ -6,35 +6,47 @@ their fields' choices.
 """
 
 from django.db import models
+from django.utils.translation import pgettext_lazy
 
 
 class PaymentStatus(models.TextChoices):
-    NONE = "none"
-    PENDING = "pending"
-    CAPTURED = "captured"
-    PARTIALLY_REFUNDED = "partially_refunded"
-    REFUNDED = "refunded"
-    FAILED = "failed"
+    NONE = "none", pgettext_lazy("payment status", "None")
+    PENDING = "pending", pgettext_lazy("payment status", "Pending")
+    CAPTURED = "captured", pgettext_lazy("payment status", "Captured")
+    PARTIALLY_REFUNDED = "partially_refunded", pgettext_lazy("payment status", "Partially Refunded")
+    REFUNDED = "refunded", pgettext_lazy("payment status", "Refunded")
+    FAILED = "failed", pgettext_lazy("payment status", "Failed")
 
 
 class RefundOrigin(models.TextChoices):
-    GOODWILL = "goodwill"  # a staff refund (API or admin)
-    RETURN = "return"  # a return's refund step
-    CANCELLATION = "cancellation"  # a cancelled order's refund
-    OVERCAPTURE = "overcapture"  # the provider captured more than asked: the difference
+    # a staff refund (API or admin)
+    GOODWILL = "goodwill", pgettext_lazy("refund origin", "Goodwill")
+    RETURN = "return", pgettext_lazy("refund origin", "Return")  # a return's refund step
+    # a cancelled order's refund
+    CANCELLATION = "cancellation", pgettext_lazy("refund origin", "Cancellation")
+    # the provider captured more than asked: the difference
+    OVERCAPTURE = "overcapture", pgettext_lazy("refund origin", "Overcapture")
 
 
 class RefundStatus(models.TextChoices):
-    PENDING = "pending"  # reserved; the provider call is due (or its answer unknown)
-    SUCCEEDED = "succeeded"  # the money went back (amount_refunded moved)
-    FAILED = "failed"  # staff recorded that it will not happen; the reservation is released
-    NEEDS_ATTENTION = "needs_attention"  # refused by the provider, or budget spent: staff decide
+    # reserved; the provider call is due (or its answer unknown)
+    PENDING = "pending", pgettext_lazy("refund status", "Pending")
+    # the money went back (amount_refunded moved)
+    SUCCEEDED = "succeeded", pgettext_lazy("refund status", "Succeeded")
+    # staff recorded that it will not happen; the reservation is released
+    FAILED = "failed", pgettext_lazy("refund status", "Failed")
+    # refused by the provider, or budget spent: staff decide
+    NEEDS_ATTENTION = "needs_attention", pgettext_lazy("refund status", "Needs Attention")
 
 
 class SettlementAttention(models.TextChoices):
     """Why a settlement waits for staff (the "Needs attention" item's status)."""
 
-    BUDGET_SPENT = "budget_spent"  # no final answer within the attempt budget
-    CAPTURED_MORE = "captured_more"  # the provider captured more than asked
-    CAPTURED_LESS = "captured_less"  # the provider captured less than asked
-    OTHER_CURRENCY = "other_currency"  # the provider captured in another currency
+    # no final answer within the attempt budget
+    BUDGET_SPENT = "budget_spent", pgettext_lazy("settlement attention", "Budget Spent")
+    # the provider captured more than asked
+    CAPTURED_MORE = "captured_more", pgettext_lazy("settlement attention", "Captured More")
+    # the provider captured less than asked
+    CAPTURED_LESS = "captured_less", pgettext_lazy("settlement attention", "Captured Less")
+    # the provider captured in another currency
+    OTHER_CURRENCY = "other_currency", pgettext_lazy("settlement attention", "Other Currency")

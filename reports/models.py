@@ -9,6 +9,7 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
+from django.utils.translation import pgettext_lazy
 
 from core.due import DuePolicy, DueWork, due_index
 
@@ -17,9 +18,11 @@ class ReportExtractRow(models.Model):
     """One fact of one day, as the extract step read it (a sold line, a refund, returned units)."""
 
     class Source(models.TextChoices):
-        SALE = "sale"
-        REFUND = "refund"  # a succeeded refund: money back, per order
-        RETURN = "return"  # units received back, per order and sku
+        SALE = "sale", pgettext_lazy("report source", "Sale")
+        # a succeeded refund: money back, per order
+        REFUND = "refund", pgettext_lazy("report source", "Refund")
+        # units received back, per order and sku
+        RETURN = "return", pgettext_lazy("report source", "Return")
 
     date = models.DateField()
     source = models.CharField(max_length=16, choices=Source.choices)

@@ -5,7 +5,8 @@ For each one that is not: while `make run` is up, the embedded server it
 published in its runtime folder; otherwise the embedded server of `var/`,
 started for this command and stopped when the command ends (nothing keeps
 running behind the user's back, and the next `make run` finds the servers
-free). `dbshell` gets the embedded PostgreSQL's own `psql`.
+free). `dbshell` gets the embedded PostgreSQL's own `psql`. The commands that
+reach no server (`SERVERLESS_COMMANDS`: `make messages`) start nothing.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import contextlib
 import json
 import os
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import psutil
@@ -24,6 +25,17 @@ from .processes import ServerBusy, process_matches, run_dir_for
 
 NAMES = ("DATABASE_URL", "REDIS_URL")
 PUBLISHED = "services.json"  # in the runtime folder, written by the run command
+# Commands that reach no server: the translation catalogues (`make messages`) and
+# Django's help; they run without starting anything.
+SERVERLESS_COMMANDS = frozenset(
+    {"makemessages", "compilemessages", "help", "version", "--help", "-h", "--version"}
+)
+
+
+def needs_servers(argv: Sequence[str]) -> bool:
+    """Whether the management command of `argv` (manage.py's) reaches a server."""
+    command = argv[1] if len(argv) > 1 else "help"
+    return command not in SERVERLESS_COMMANDS
 
 
 def publish(run_dir: Path, urls: Mapping[str, str]) -> Path:
@@ -64,11 +76,15 @@ def _put_psql_on_path() -> None:
 
 
 @contextlib.contextmanager
-def servers_for_command() -> Iterator[None]:
-    """Set DATABASE_URL / REDIS_URL for a management command, embedding what is missing."""
+def servers_for_command(argv: Sequence[str] = ()) -> Iterator[None]:
+    """Set DATABASE_URL / REDIS_URL for a management command, embedding what is missing.
+
+    `argv` is manage.py's: a command that reaches no server (`needs_servers`)
+    starts nothing.
+    """
     load_env_file()
     missing = [name for name in NAMES if not os.environ.get(name)]
-    if not missing:
+    if not missing or (argv and not needs_servers(argv)):
         yield
         return
     var = var_dir()

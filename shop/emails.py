@@ -56,6 +56,7 @@ from core.money import display_money
 from idempotency.failpoints import failpoint
 from idempotency.messaging.deliveries import Message
 from idempotency.messaging.inbox import inbox_claim_many
+from orders import selectors as order_selectors
 from orders.event_types import OrderEventType
 from payments.event_types import PaymentEventType
 
@@ -258,14 +259,33 @@ def _money(payload: dict, key: str) -> str:
         return f"{value} {currency}"
 
 
-def mail_message(mail: Mail, *, connection=None) -> EmailMultiAlternatives:
+def _order_number(payload: dict) -> int | None:
+    try:
+        return int(_number(payload))
+    except (TypeError, ValueError):
+        return None
+
+
+def mail_languages(mails: Sequence[Mail]) -> dict[int, str]:
+    """The language of each mail (by mail id): its order's, in one query; LANGUAGE_CODE else."""
+    numbers = {m.pk: _order_number(m.payload) for m in mails if isinstance(m.payload, dict)}
+    placed = order_selectors.order_languages(numbers={n for n in numbers.values() if n})
+    return {m.pk: placed.get(numbers.get(m.pk) or 0, settings.LANGUAGE_CODE) for m in mails}
+
+
+def mail_message(
+    mail: Mail, *, connection=None, language: str | None = None
+) -> EmailMultiAlternatives:
     """Render the mail row's two parts (plain text and HTML) as a message to its address.
 
-    Mails are written in LANGUAGE_CODE: no shopper's language is stored.
+    A mail is written in the language its order was placed in (`language`, else
+    looked up: `mail_languages`; docs/storefront.md, "Languages").
     """
     template, subject = MAILS[mail.event_type]
     payload = mail.payload if isinstance(mail.payload, dict) else {}
-    with translation.override(settings.LANGUAGE_CODE):
+    if language is None:
+        language = mail_languages([mail])[mail.pk]
+    with translation.override(language):
         context = {
             "user": mail.user,
             "payload": payload,
@@ -334,6 +354,7 @@ def mails_send(*, mail_ids: Sequence[int]) -> SendResult:
             else:
                 result.results[mail_id] = Sent.SKIPPED
     mails = Mail.objects.select_related("user").in_bulk(list(begun))
+    languages = mail_languages(list(mails.values()))
     sent: list[due.Attempt] = []
     left: list[due.Attempt] = []
     mail_connection = get_connection(fail_silently=False)
@@ -348,7 +369,9 @@ def mails_send(*, mail_ids: Sequence[int]) -> SendResult:
                 continue
             tried = True
             try:
-                message = mail_message(mails[mail_id], connection=mail_connection)
+                message = mail_message(
+                    mails[mail_id], connection=mail_connection, language=languages[mail_id]
+                )
                 # Opening and sending within the send's total deadline: the attempt's
                 # lease (Mail.due_policy) covers them whatever the server's pace.
                 with send_deadline(mail_connection):

@@ -26,9 +26,11 @@ from idempotency.admin_actions import refusal_message
 from idempotency.keys import Reply, Result, keyed_operation
 from idempotency.views import idempotent_form
 from payments import selectors as payment_selectors
+from payments.states import PaymentStatus
 
 from .. import operations, permissions, tracking
 from ..models import Order, OrderEvent, OrderLine, Shipment, ShipmentLine
+from ..states import LineStatus, OrderStatus
 from .compensation import CancellationStepInline, CancelOrderMixin, ReturnInline
 from .forms import ORDER_CSV_COLUMNS, ShipmentFormMixin, order_form_answer, order_form_submit
 
@@ -135,7 +137,7 @@ class OrderLineInline(ReadOnlyInline):
 
     @admin.display(description=gettext_lazy("flag state"))
     def reservation_state(self, line):
-        return line.reservation.state if line.reservation else "-"
+        return line.reservation.get_state_display() if line.reservation else "-"
 
     @admin.display(description=gettext_lazy("flag units"))
     def reservation_quantity(self, line):
@@ -152,9 +154,25 @@ class OrderLineInline(ReadOnlyInline):
 
 class OrderEventInline(ReadOnlyInline):
     model = OrderEvent
-    fields = ["created_at", "kind", "line", "from_status", "to_status", "data"]
+    fields = ["created_at", "kind", "line", "from_words", "to_words", "data"]
     readonly_fields = fields
     ordering = ["created_at", "id"]
+
+    @staticmethod
+    def _status_words(event, status):
+        # An event of a line moves a line status, else an order status: their labels.
+        if status is None:
+            return "-"
+        choices = LineStatus if event.line_id is not None else OrderStatus
+        return choices(status).label if status in choices.values else status
+
+    @admin.display(description=gettext_lazy("from status"))
+    def from_words(self, event):
+        return self._status_words(event, event.from_status)
+
+    @admin.display(description=gettext_lazy("to status"))
+    def to_words(self, event):
+        return self._status_words(event, event.to_status)
 
     def get_queryset(self, request):
         # `line` is shown as its str (sku, quantity, status): fetch it with the event.
@@ -339,8 +357,8 @@ class OrderAdmin(
                     reverse("admin:payments_refund_change", args=[r.pk]),
                     r.pk,
                     f"{r.amount} {r.currency}",
-                    r.status,
-                    r.origin,
+                    r.get_status_display(),
+                    r.get_origin_display(),
                     r.reason,
                     r.attempts,
                     r.last_error,
@@ -348,17 +366,30 @@ class OrderAdmin(
                 for r in rows
             ),
         )
+        heads = format_html_join(
+            "",
+            "<th>{}</th>",
+            (
+                (head,)
+                for head in (
+                    gettext_lazy("refund"),
+                    gettext_lazy("amount"),
+                    gettext_lazy("status"),
+                    gettext_lazy("origin"),
+                    gettext_lazy("reason"),
+                    gettext_lazy("attempts"),
+                    gettext_lazy("last error"),
+                )
+            ),
+        )
         return format_html(
-            "<table><thead><tr><th>refund</th><th>amount</th><th>status</th><th>origin</th>"
-            "<th>reason</th><th>attempts</th><th>last error</th></tr></thead><tbody>{}</tbody>"
-            "</table>",
-            body,
+            "<table><thead><tr>{}</tr></thead><tbody>{}</tbody></table>", heads, body
         )
 
     # None until the order goes to payment ("none" in the API's body).
     @admin.display(description=gettext_lazy("payment status"))
     def payment_status(self, order):
-        return order.payment.status if order.payment else "none"
+        return order.payment.get_status_display() if order.payment else PaymentStatus.NONE.label
 
     @admin.display(description=gettext_lazy("captured"))
     def payment_amount_captured(self, order):
@@ -425,12 +456,30 @@ class ShipmentAdmin(ReadOnlyAdmin):
             '<tr class="tracking-event"><td>{}</td><td>{}</td><td>{}</td><td>{}</td>'
             "<td>{}</td></tr>",
             (
-                (e.occurred_at.isoformat(), e.event_id, e.status, e.location or "", e.received_at)
+                (
+                    e.occurred_at.isoformat(),
+                    e.event_id,
+                    e.get_status_display(),
+                    e.location or "",
+                    e.received_at,
+                )
                 for e in events
             ),
         )
+        heads = format_html_join(
+            "",
+            "<th>{}</th>",
+            (
+                (head,)
+                for head in (
+                    gettext_lazy("occurred at"),
+                    gettext_lazy("event id"),
+                    gettext_lazy("status"),
+                    gettext_lazy("location"),
+                    gettext_lazy("received at"),
+                )
+            ),
+        )
         return format_html(
-            "<table><thead><tr><th>occurred at</th><th>event id</th><th>status</th>"
-            "<th>location</th><th>received at</th></tr></thead><tbody>{}</tbody></table>",
-            rows,
+            "<table><thead><tr>{}</tr></thead><tbody>{}</tbody></table>", heads, rows
         )

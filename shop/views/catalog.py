@@ -15,6 +15,7 @@ from django.db.models import Q
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.urls import reverse
+from django.utils.translation import get_language
 from django.utils.translation import gettext as _
 from django.views.decorators.http import require_GET, require_http_methods
 
@@ -280,5 +281,7 @@ def _checkout_submit(request: HttpRequest, *, key) -> HttpResponse | None:
         # One order per cart version for the order's whole life: the same version
         # placed under a fresh key answers `already_ordered` (303 to that order).
         scope=checkout.checkout_scope(cart, version),
+        # The page's language: the order's e-mails are written in it.
+        language=get_language(),
     )
     return None

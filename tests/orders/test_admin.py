@@ -57,7 +57,7 @@ def test_change_page_shows_lines_events_flags_and_payment(staff_browser, placed)
         assert event.kind in page  # the events
     reservation = asked.lines.get(sku="MUG").reservation
     assert f"/admin/inventory/reservation/{reservation.pk}/change/" in page  # the flag
-    assert "held" in page
+    assert "Held" in page  # the flag state, as its label
     assert "payment status" in page.lower()
 
 

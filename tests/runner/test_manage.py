@@ -146,3 +146,23 @@ def test_a_live_run_publishes_its_urls_and_a_dead_ones_file_is_ignored(tmp_path,
     state = (run_dir / manage.PUBLISHED).read_text()
     (run_dir / manage.PUBLISHED).write_text(state.replace('"create_time": ', '"create_time": 1'))
     assert manage.published(run_dir) is None
+
+
+@pytest.mark.parametrize("command", ["makemessages", "compilemessages", "help", "--version"])
+def test_the_catalogue_commands_and_help_need_no_server(command):
+    """`make messages` runs with no server (tests/shop/test_catalogue.py runs it so)."""
+    assert not manage.needs_servers(["manage.py", command])
+    assert not manage.needs_servers(["manage.py"])  # Django's help
+
+
+@pytest.mark.parametrize("command", ["migrate", "shell", "makemigrations", "createsuperuser"])
+def test_the_other_commands_get_their_servers(command):
+    assert manage.needs_servers(["manage.py", command])
+
+
+def test_a_serverless_command_starts_nothing_with_no_url_set(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in manage.NAMES}
+    env.update(SHOP_VAR_DIR=str(tmp_path / "var"), SHOP_ENV_FILE=os.devnull)
+    shown = _ok(_manage(env, "help", "compilemessages"))
+    assert "started" not in shown.stderr and "compilemessages" in shown.stdout
+    assert not (tmp_path / "var").exists()

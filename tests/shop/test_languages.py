@@ -1,5 +1,7 @@
 """The shop in two languages: French pages, the switcher, money per locale, the API in English.
 
+The shopper's e-mails are written in the language the order was placed in.
+
 Also the templates' and the French catalogue's completeness: every visible word of a
 template is inside a translation tag, and every message of the catalogue is translated.
 """
@@ -15,15 +17,22 @@ import pytest
 from babel.messages.mofile import read_mo
 from babel.messages.pofile import read_po
 from django.conf import settings
+from django.core import mail
 from django.template import Engine
 from django.template.base import Lexer, TokenType
 from django.test import Client, override_settings
 from django.utils import translation
+from rest_framework.test import APIClient
 
 from core.checks import shop_currency_is_iso
 from core.money import UnknownCurrency, display_money, minor_units
+from orders.event_types import OrderEventType
+from orders.models import Order
+from shop import emails
+from shop.models import Mail
+from tests.orders.conftest import ADDRESS
 
-from .conftest import add_to_cart, checkout_form
+from .conftest import add_to_cart, checkout_form, order_id_of
 
 ROOT = Path(__file__).resolve().parents[2]
 CATALOGUE = ROOT / "locale" / "fr" / "LC_MESSAGES" / "django.po"
@@ -289,3 +298,68 @@ def test_the_compiled_french_catalogue_matches_its_source():
     with CATALOGUE.with_suffix(".mo").open("rb") as fh:
         compiled = {_key(m): _text(m) for m in read_mo(fh) if m.id}
     assert compiled == source, "run `make messages` (compilemessages) and commit the .mo"
+
+
+# --- the shopper's e-mails in the language the order was placed in -------------------
+
+
+def _place(browser, language: str) -> Order:
+    browser.cookies.load({settings.LANGUAGE_COOKIE_NAME: language})
+    add_to_cart(browser, "TEE-M", 1)
+    placed = browser.post("/checkout/", checkout_form(browser))
+    assert placed.status_code == 303, placed.content
+    return Order.objects.get(id=order_id_of(placed))
+
+
+def _mail_of(order: Order) -> Mail:
+    payload = {"number": order.number, "owner_id": order.owner_id, "total": "19.99"}
+    payload |= {"currency": "EUR", "lines": []}
+    emails.email_apply(
+        message_id=f"confirmed-{order.number}",
+        event_type=OrderEventType.CONFIRMED,
+        payload=payload,
+    )
+    return Mail.objects.get(message_id=f"confirmed-{order.number}")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_order_placed_in_french_gets_french_mails_an_english_one_english(
+    browser, catalog, provider, monkeypatch
+):
+    monkeypatch.setattr(emails, "mails_ring", lambda ids, **_: None)  # we send them below
+    french, english = _place(browser, "fr"), _place(browser, "en")
+    assert (french.language, english.language) == ("fr", "en")
+    mails = [_mail_of(french), _mail_of(english)]
+    # The sender renders in a worker, where English (LANGUAGE_CODE) is active.
+    assert emails.mails_send(mail_ids=[m.pk for m in mails]).summary() == "sent:2"
+    subjects = {message.subject: message for message in mail.outbox}
+    assert set(subjects) == {
+        f"Votre commande {french.number} est confirmée",
+        f"Your order {english.number} is confirmed",
+    }
+    french_mail = subjects[f"Votre commande {french.number} est confirmée"]
+    assert "Bonjour" in french_mail.body and f"19,99{NBSP}€" in french_mail.body
+    assert "Hello" in subjects[f"Your order {english.number} is confirmed"].body
+    # The wrong twin: rendered in LANGUAGE_CODE (no order's language), the French
+    # shopper's mail is English.
+    twin = emails.mail_message(mails[0], language=settings.LANGUAGE_CODE)
+    assert twin.subject == f"Your order {french.number} is confirmed"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_api_order_is_placed_in_english_whatever_the_language_asked(catalog, shopper, provider):
+    client = APIClient(headers={"accept-language": "fr"})
+    client.force_authenticate(shopper)
+    answer = client.post(
+        "/api/v1/orders/",
+        {
+            "lines": [{"sku": "TEE-M", "quantity": 1}],
+            "payment_method": "pm_card_ok",
+            "shipping_address": ADDRESS,
+        },
+        format="json",
+        HTTP_IDEMPOTENCY_KEY="api-in-french",
+    )
+    assert answer.status_code in (201, 202), answer.content
+    order_id = answer.json().get("id") or answer.json()["order_id"]
+    assert Order.objects.get(id=order_id).language == settings.LANGUAGE_CODE == "en"

@@ -40,7 +40,7 @@ def test_start_stop_and_a_second_start_keeps_queued_data(short_tmp):
     assert not server.running()
     assert leftovers(under=short_tmp) == []
     assert not server.pid_file.exists()
-    assert (server.data_dir / "appendonly.aof").exists()
+    assert (server.data_dir / "appendonlydir" / "appendonly.aof.manifest").exists()
 
     again = _server(short_tmp)
     url = again.start()
