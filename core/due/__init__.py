@@ -75,7 +75,7 @@ from .rows import (
     due_index,
     truncate_error,
 )
-from .sweeper import lease_due, queue_of, queued, sweep, sweep_room
+from .sweeper import ANY_TASK, lease_due, queue_of, queued, queued_tasks, sweep, sweep_room
 from .timing import (
     RETRY_BACKOFF_CAP,
     backoff,
@@ -86,6 +86,7 @@ from .timing import (
 )
 
 __all__ = [
+    "ANY_TASK",
     "ATTEMPT_OWNER_PREFIX",
     "LAST_ERROR_MAX",
     "RETRY_BACKOFF_CAP",
@@ -115,6 +116,7 @@ __all__ = [
     "max_countdown",
     "queue_of",
     "queued",
+    "queued_tasks",
     "release_ring_lease",
     "retry_countdown",
     "retry_eta",

@@ -1,4 +1,4 @@
-"""Delete finished keys past their retention, in bounded batches, paced while the backlog is small."""
+"""Delete finished keys past their retention in bounded batches, paced when the backlog is small."""
 
 from __future__ import annotations
 
@@ -49,9 +49,7 @@ def keys_purge(
         "  WHERE recovery_point = %s AND finished_at < now() - make_interval(secs => %s)"
         "  ORDER BY finished_at LIMIT %s"
     )
-    if pace > 0 and _backlog_exceeds(
-        due, [FINISHED, retention], bound=batch_size * max_batches
-    ):
+    if pace > 0 and _backlog_exceeds(due, [FINISHED, retention], bound=batch_size * max_batches):
         pace = 0.0
     return delete_in_batches(
         f"DELETE FROM {table} WHERE id IN ({due} FOR UPDATE SKIP LOCKED)",

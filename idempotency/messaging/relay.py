@@ -9,8 +9,8 @@ The broker is a doorbell, the database is the ledger (docs/events.md, "The relay
                       `relay.published` -> rows marked done
     deliveries_sweep  re-publish deliveries no ring can still be on its way for: an attempt
                       failed (lease freed), or the lease ran out undone while no ring
-                      waits in its consumer's queue (the broker lost the message, a
-                      worker died)
+                      of its consumer waits in the queue (the broker lost the message,
+                      a worker died)
     outbox_purge      delete published rows past OUTBOX_RETENTION whose deliveries are all done
     register_consumer the apps name their consumers here in ready(); the relay never imports them
 
@@ -215,7 +215,7 @@ def relay_once(*, limit: int | None = None, owner: str | None = None) -> int:
 # Due deliveries no ring can still be on its way for, leased by the sweeper (as
 # `core.due.lease_due` leases, one statement): a free lease (an attempt failed and
 # freed it, a publish failed), or one that ran out while no ring of the consumer
-# waits in its queue (`%(waiting)s`: the consumers whose queue holds rings). A ring
+# waits in its queue (`%(waiting)s`: the consumers with a ring in their queue). A ring
 # that waits claims its own rows and whatever else is fresh for its consumer, so
 # ringing again a backlog that is merely queued would only feed it.
 _SWEEP = (
@@ -233,20 +233,29 @@ _SWEEP = (
 
 
 def _waiting_consumers() -> list[str]:
-    """The consumers whose task's queue holds rings waiting for a worker.
+    """The consumers with a ring waiting for a worker in their task's queue.
 
-    A queue the broker does not count (`core.due.queued` is None) counts as
-    empty, as for `core.due.sweep_room`: the sweep never stops for a count it
-    could not read.
+    Judged per consumer: the consumers share a queue (`events`), and a ring of
+    one says nothing of another's rows. A queue that holds messages is read
+    (`core.due.queued_tasks`) and a consumer waits when a message of its task
+    is there; a message whose task cannot be read, or a queue the broker
+    cannot show (RabbitMQ, or longer than `core.due.QUEUE_PEEK`), counts for
+    every consumer of the queue. A queue the broker does not count
+    (`core.due.queued` is None) counts as empty, as for `core.due.sweep_room`:
+    the sweep never stops for a count it could not read.
     """
-    by_queue: dict[str, list[str]] = {}
+    by_queue: dict[str, list[Consumer]] = {}
     for consumer in _consumers.values():
-        by_queue.setdefault(due.queue_of(consumer.task), []).append(consumer.name)
+        by_queue.setdefault(due.queue_of(consumer.task), []).append(consumer)
     waiting: list[str] = []
-    for names in by_queue.values():
-        count = due.queued(_consumers[names[0]].task)
-        if count:
-            waiting += names
+    for queue, members in by_queue.items():
+        if not due.queued(members[0].task):
+            continue
+        tasks = due.queued_tasks(queue) if len(members) > 1 else None
+        if tasks is None or due.ANY_TASK in tasks:
+            waiting += [consumer.name for consumer in members]
+        else:
+            waiting += [consumer.name for consumer in members if consumer.task in tasks]
     return waiting
 
 

@@ -591,9 +591,7 @@ def test_purge_capacity_at_the_defaults_keeps_up_with_four_times_80_keyed_orders
     assert keys_purge_capacity() < 4 * 80
 
 
-def test_purge_drains_a_backlog_larger_than_a_run_unpaced_then_paces_the_rest(
-    shopper, monkeypatch
-):
+def test_purge_drains_a_backlog_larger_than_a_run_unpaced_then_paces_the_rest(shopper, monkeypatch):
     for i in range(7):
         _finished(shopper, f"k{i}", age_hours=48)
     clock = _PurgeTime()
