@@ -218,6 +218,13 @@ OUTBOX_RELAY_LEASE = env.float("OUTBOX_RELAY_LEASE", default=CELERY_VISIBILITY_T
 OUTBOX_RELAY_BATCH = env.int("OUTBOX_RELAY_BATCH", default=500)
 OUTBOX_RELAY_POLL = env.float("OUTBOX_RELAY_POLL", default=0.1)
 OUTBOX_RELAY_EVERY = env.float("OUTBOX_RELAY_EVERY", default=10.0)
+# The pipeline's lag target (outbox row written -> delivery done, p99), and the relay's
+# linger: a batch short of a ring waits up to OUTBOX_RELAY_LINGER seconds for more rows,
+# only while its oldest row stays younger than OUTBOX_RELAY_LINGER_SHARE of the target
+# (docs/events.md, "The relay"). 0: never linger.
+OUTBOX_LAG_TARGET = env.float("OUTBOX_LAG_TARGET", default=2.0)
+OUTBOX_RELAY_LINGER = env.float("OUTBOX_RELAY_LINGER", default=0.05)
+OUTBOX_RELAY_LINGER_SHARE = env.float("OUTBOX_RELAY_LINGER_SHARE", default=0.1)
 # Deliveries one consumer task claims and applies in one transaction (docs/events.md,
 # "Batched consumers"): one broker message rings for this many.
 OUTBOX_CONSUMER_BATCH = env.int("OUTBOX_CONSUMER_BATCH", default=200)

@@ -2,7 +2,9 @@
 
 The broker is a doorbell, the database is the ledger (docs/events.md, "The relay"):
 
-    relay_once        one batch: lease_due (FOR UPDATE SKIP LOCKED) -> deliveries upserted and
+    relay_once        one batch: lease_due (FOR UPDATE SKIP LOCKED) -> a batch short of a ring
+                      with young rows lingers (OUTBOX_RELAY_LINGER) and claims again ->
+                      deliveries upserted and
                       leased (committed) -> one Celery task per consumer per batch of ids
                       (OUTBOX_CONSUMER_BATCH, or the consumer's own `batch`) on one
                       producer connection -> failpoint
@@ -176,18 +178,63 @@ def _pairs(deliveries: list[tuple[str, str]]) -> list[tuple[str, str]]:
     return pairs
 
 
+def _claim(limit: int, owner: str) -> tuple[list, dict, float]:
+    """Lease up to `limit` due outbox rows: their ids (claim order), types by id, and the
+    age in seconds of the oldest (database clock; 0 when none)."""
+    ids = due.lease_due(OutboxMessage, limit=limit, owner=owner)
+    if not ids:
+        return [], {}, 0.0
+    types: dict = {}
+    oldest = 0.0
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT id, event_type, EXTRACT(EPOCH FROM now() - created_at)::float"
+            " FROM idempotency_outboxmessage WHERE id = ANY(%s::uuid[])",
+            [[str(pk) for pk in ids]],
+        )
+        for pk, event_type, age in cursor.fetchall():
+            types[pk] = event_type
+            oldest = max(oldest, float(age))
+    return ids, types, oldest
+
+
+def linger_for(*, claimed: int, oldest: float, limit: int) -> float:
+    """Return how long the relay waits for more rows before it publishes `claimed` of them.
+
+    It lingers (OUTBOX_RELAY_LINGER) only to fill a ring: fewer than a ring
+    (OUTBOX_CONSUMER_BATCH) and fewer than `limit` claimed, and the oldest
+    claimed row, lingered on, still younger than OUTBOX_RELAY_LINGER_SHARE of
+    the lag target (OUTBOX_LAG_TARGET). A relay behind (the lag near its
+    target) or a full ring never waits (docs/events.md, "The relay").
+    """
+    linger = float(settings.OUTBOX_RELAY_LINGER)
+    if linger <= 0 or claimed >= min(limit, settings.OUTBOX_CONSUMER_BATCH):
+        return 0.0
+    share = float(settings.OUTBOX_RELAY_LINGER_SHARE) * float(settings.OUTBOX_LAG_TARGET)
+    return linger if oldest + linger <= share else 0.0
+
+
 def relay_once(*, limit: int | None = None, owner: str | None = None) -> int:
     """Relay one batch of due outbox rows; return how many rows were published and marked.
+
+    A batch short of a ring whose rows are young waits `linger_for` once and
+    claims what came meanwhile, so a trickle makes fewer, fuller rings.
 
     Raise PublishError when the broker failed: the batch's leases are freed
     (its rows are due again at once), nothing is marked, no attempt is spent
     (a broker outage is not the message's fault; publishing is retried for ever).
     """
     owner = owner or f"relay:{due.default_owner()}"
-    ids = due.lease_due(OutboxMessage, limit=limit or settings.OUTBOX_RELAY_BATCH, owner=owner)
+    limit = limit or settings.OUTBOX_RELAY_BATCH
+    ids, types, oldest = _claim(limit, owner)
     if not ids:
         return 0
-    types = dict(OutboxMessage.objects.filter(pk__in=ids).values_list("pk", "event_type"))
+    wait = linger_for(claimed=len(ids), oldest=oldest, limit=limit)
+    if wait > 0:
+        time.sleep(wait)
+        more, more_types, _ = _claim(limit - len(ids), owner)
+        ids += more
+        types.update(more_types)
     wanted = [
         (consumer.name, str(pk))
         for pk in ids
