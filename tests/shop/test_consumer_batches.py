@@ -141,7 +141,16 @@ def test_a_failing_message_in_a_batch_is_retried_then_a_dead_letter_alone(
             raise RuntimeError("the read model is being rebuilt")
         real_effect(fact)
 
+    real_effects = history._effects
+
+    def effects(facts):
+        # The batch's effects, all at once: the broken order fails the whole batch.
+        if any(fact.order_id == broken_order for fact in facts):
+            raise RuntimeError("the read model is being rebuilt")
+        real_effects(facts)
+
     monkeypatch.setattr(history, "_effect", effect)
+    monkeypatch.setattr(history, "_effects", effects)
     relay.relay_once()
     history_ring = [(n, batch) for n, batch in rings if n == "shop.consume_history"]
     results = []
