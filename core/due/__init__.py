@@ -10,6 +10,8 @@ database's clock (`now()`), never the worker's.
     lease_due          beat sweeper: lease due rows (FOR UPDATE SKIP LOCKED), return ids
     sweep              lease_due + enqueue the task for each id, topping its queue up
                        to one batch (sweep_room: a long queue gets no more rings)
+    queued, queued_tasks   how many messages wait in a task's queue; whose tasks they are
+                       (Redis, without taking them: one consumer's ring among several)
     attempt_begin      count one attempt, take the attempt's lease (its worst case) and
                        push next_attempt_at back by the backoff, before the work calls out;
                        exactly one runner wins, and none while an attempt's lease runs
