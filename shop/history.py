@@ -178,7 +178,7 @@ def history_apply_many(messages: Sequence[Message]) -> list[HistoryResult]:
     return results
 
 
-_Row = tuple[int, str, str, int, str, Any, str, int, int, bool]
+_Row = tuple[int, str, int, int, str, Any, str, int, int, bool]
 
 
 def _effects(facts: list[events.OrderFact]) -> None:
