@@ -123,7 +123,7 @@ def delete_in_batches(
     concurrent purge skips what this one holds (the statements say `SKIP LOCKED`).
     With `pace` > 0 it pauses after each full batch `pace` times as long as that
     batch took, so the purge uses at most 1 / (1 + pace) of one connection's time
-    however fast or slow the database is (docs/performance.md, "A paced purge").
+    however fast or slow the database is (docs/performance.md, "The key purge").
     """
     total = 0
     for number in range(1, max_batches + 1):

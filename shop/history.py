@@ -47,13 +47,23 @@ _ON_CONFIRMED = (
 _ON_RETURNED = "quantity_returned = t.quantity_returned + EXCLUDED.quantity_returned"
 _ON_CANCELLED = "cancelled = true"
 
+# The batch's rows of one kind in one statement, in (order, sku) order: the lock order of
+# every writer. `{update}` is the kind's part, as for one event.
+_UPSERT_MANY = (
+    "INSERT INTO shop_purchasehistoryline AS t (user_id, order_id, order_number, position, sku, "
+    "unit_price, currency, quantity_confirmed, quantity_returned, cancelled, quantity, amount, "
+    "created_at) SELECT u.*, 0, 0, now() FROM unnest(%s::bigint[], %s::text[], %s::bigint[], "
+    "%s::int[], %s::text[], %s::numeric[], %s::text[], %s::int[], %s::int[], %s::boolean[]) "
+    "AS u ORDER BY 2, 5 ON CONFLICT (order_id, sku) DO UPDATE SET {update}"
+)
+
 _NET = (
     "UPDATE shop_purchasehistoryline SET "
     "quantity = CASE WHEN cancelled THEN 0 "
     "  ELSE GREATEST(quantity_confirmed - quantity_returned, 0) END, "
     "amount = unit_price * CASE WHEN cancelled THEN 0 "
     "  ELSE GREATEST(quantity_confirmed - quantity_returned, 0) END "
-    "WHERE order_id = %s"
+    "WHERE order_id = ANY(%s::text[])"
 )
 
 
@@ -100,7 +110,7 @@ def _effect(fact: events.OrderFact) -> None:
         _upsert(fact, _ON_CANCELLED, confirmed=False, returned=False)
         PurchaseHistoryLine.objects.filter(order_id=fact.order_id).update(cancelled=True)
     with connection.cursor() as cursor:
-        cursor.execute(_NET, [fact.order_id])
+        cursor.execute(_NET, [[fact.order_id]])
 
 
 @transaction.atomic
@@ -128,8 +138,9 @@ def history_apply_many(messages: Sequence[Message]) -> list[HistoryResult]:
     """Apply a batch of events in the caller's transaction: `history_apply` for many at once.
 
     One query checks the owners, one statement claims every id in the inbox
-    (`inbox_claim_many`), then each claimed event makes its effect, orders in
-    id order (rows locked in one order by every batch). No savepoint per
+    (`inbox_claim_many`), then the claimed events make their effects in one
+    statement per kind and one net (`_effects`; rows locked in (order, sku)
+    order by every batch). No savepoint per
     message: a poison message raises, the whole batch rolls back, and the
     caller (`idempotency.messaging.deliveries.deliveries_consume`) applies it one by one.
     """
@@ -158,14 +169,74 @@ def history_apply_many(messages: Sequence[Message]) -> list[HistoryResult]:
         )
         for message, fact in zip(messages, facts, strict=True)
     ]
-    todo = [
-        (fact.order_id, index, fact)
-        for index, (fact, result) in enumerate(zip(facts, results, strict=True))
+    applied = [
+        fact
+        for fact, result in zip(facts, results, strict=True)
         if fact is not None and result.outcome == Outcome.APPLIED
     ]
-    for _, _, fact in sorted(todo, key=lambda item: (item[0], item[1])):
-        _effect(fact)
+    _effects(applied)
     return results
+
+
+_Row = tuple[int, str, int, int, str, Any, str, int, int, bool]
+
+
+def _effects(facts: list[events.OrderFact]) -> None:
+    """Make the claimed events' effects, the batch's in a few statements whatever its size.
+
+    One upsert per kind that the batch holds (confirmations set their part, returns
+    add theirs, cancellations mark every line of their orders), then one net of
+    every order touched: the parts commute, so the kinds' order does not matter
+    (docs/events.md, "Purchase history").
+    """
+    if not facts:
+        return
+    confirmed: dict[tuple[str, str], _Row] = {}
+    returned: dict[tuple[str, str], _Row] = {}
+    cancelled: dict[tuple[str, str], _Row] = {}
+    for fact in facts:
+        is_confirmed = fact.event_type in events.CONFIRMED_TYPES
+        is_returned = fact.event_type == events.RETURN_COMPLETED
+        for position, line in enumerate(fact.lines):
+            key = (fact.order_id, line.sku)
+            if is_confirmed and line.quantity <= 0:
+                continue  # a confirmed line with nothing confirmed is no purchase
+            row: _Row = (
+                fact.owner_id,
+                fact.order_id,
+                fact.number,
+                position,
+                line.sku,
+                line.unit_price,
+                fact.currency,
+                line.quantity if is_confirmed else 0,
+                line.quantity if is_returned else 0,
+                not (is_confirmed or is_returned),
+            )
+            if is_confirmed:
+                confirmed[key] = row
+            elif is_returned:
+                before = returned.get(key)
+                returned[key] = row if before is None else (*before[:8], before[8] + row[8], False)
+            else:
+                cancelled[key] = row
+    with connection.cursor() as cursor:
+        for rows, update in (
+            (confirmed, _ON_CONFIRMED),
+            (returned, _ON_RETURNED),
+            (cancelled, _ON_CANCELLED),
+        ):
+            if rows:
+                columns = list(zip(*(rows[key] for key in sorted(rows)), strict=True))
+                cursor.execute(_UPSERT_MANY.format(update=update), [list(c) for c in columns])
+        if cancelled:
+            # Every line of a cancelled order, also those no event of this batch named.
+            cursor.execute(
+                "UPDATE shop_purchasehistoryline SET cancelled = true"
+                " WHERE order_id = ANY(%s::text[]) AND NOT cancelled",
+                [sorted({order_id for order_id, _ in cancelled})],
+            )
+        cursor.execute(_NET, [sorted({fact.order_id for fact in facts})])
 
 
 def history_for_user(*, user):

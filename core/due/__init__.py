@@ -10,6 +10,8 @@ database's clock (`now()`), never the worker's.
     lease_due          beat sweeper: lease due rows (FOR UPDATE SKIP LOCKED), return ids
     sweep              lease_due + enqueue the task for each id, topping its queue up
                        to one batch (sweep_room: a long queue gets no more rings)
+    queued, queued_tasks   how many messages wait in a task's queue; whose tasks they are
+                       (Redis, without taking them: one consumer's ring among several)
     attempt_begin      count one attempt, take the attempt's lease (its worst case) and
                        push next_attempt_at back by the backoff, before the work calls out;
                        exactly one runner wins, and none while an attempt's lease runs
@@ -75,7 +77,7 @@ from .rows import (
     due_index,
     truncate_error,
 )
-from .sweeper import lease_due, queue_of, queued, sweep, sweep_room
+from .sweeper import ANY_TASK, lease_due, queue_of, queued, queued_tasks, sweep, sweep_room
 from .timing import (
     RETRY_BACKOFF_CAP,
     backoff,
@@ -86,6 +88,7 @@ from .timing import (
 )
 
 __all__ = [
+    "ANY_TASK",
     "ATTEMPT_OWNER_PREFIX",
     "LAST_ERROR_MAX",
     "RETRY_BACKOFF_CAP",
@@ -115,6 +118,7 @@ __all__ = [
     "max_countdown",
     "queue_of",
     "queued",
+    "queued_tasks",
     "release_ring_lease",
     "retry_countdown",
     "retry_eta",

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from celery import current_app
@@ -74,6 +77,32 @@ def queue_of(task_name: str) -> str:
     return current_app.amqp.router.route({}, task_name)["queue"].name
 
 
+@contextmanager
+def _broker_channel() -> Iterator[tuple[Any, Any]]:
+    """A (connection, channel) to the broker that gives up within BROKER_PUBLISH_TIMEOUT."""
+    timeout = float(settings.BROKER_PUBLISH_TIMEOUT)
+    if settings.BROKER_IS_REDIS:
+        options: dict[str, Any] = {
+            "socket_timeout": timeout,
+            "socket_connect_timeout": timeout,
+            "max_retries": 0,
+        }
+    else:
+        options = {"read_timeout": timeout, "write_timeout": timeout}
+    with current_app.connection_for_write(
+        connect_timeout=timeout, heartbeat=0, transport_options=options
+    ) as conn:
+        conn.ensure_connection(max_retries=0)  # `channel()` alone tries twice, 2 s apart
+        channel: Any = conn.channel()
+        try:
+            yield conn, channel
+        finally:
+            try:
+                channel.close()
+            except Exception:  # noqa: BLE001, S110 - closed by the broker already
+                pass
+
+
 def queued(task_name: str) -> int | None:
     """Return how many messages wait in task `task_name`'s queue, or None when the broker
     does not say within BROKER_PUBLISH_TIMEOUT.
@@ -84,33 +113,59 @@ def queued(task_name: str) -> int | None:
     for their ETA) are not counted: they are on their way.
     """
     queue = queue_of(task_name)
-    timeout = float(settings.BROKER_PUBLISH_TIMEOUT)
-    if settings.BROKER_IS_REDIS:
-        options: dict[str, Any] = {
-            "socket_timeout": timeout,
-            "socket_connect_timeout": timeout,
-            "max_retries": 0,
-        }
-    else:
-        options = {"read_timeout": timeout, "write_timeout": timeout}
     try:
-        with current_app.connection_for_write(
-            connect_timeout=timeout, heartbeat=0, transport_options=options
-        ) as conn:
-            conn.ensure_connection(max_retries=0)  # `channel()` alone tries twice, 2 s apart
-            channel: Any = conn.channel()
+        with _broker_channel() as (conn, channel):
             try:
                 return int(channel.queue_declare(queue=queue, passive=True).message_count)
             except conn.channel_errors:
                 return 0  # NOT_FOUND: no such queue, so nothing waits in it
-            finally:
-                try:
-                    channel.close()
-                except Exception:  # noqa: BLE001, S110 - closed by the broker already
-                    pass
     except Exception as exc:  # noqa: BLE001 - the broker is down or hung: the caller decides
         logger.warning("could not count the messages in queue %s: %s", queue, exc)
         return None
+
+
+# The most messages of one queue `queued_tasks` reads; a longer queue is not told apart.
+QUEUE_PEEK = 500
+# A waiting message whose task cannot be read: it may be any task's.
+ANY_TASK = "*"
+
+
+def queued_tasks(queue: str, *, peek: int = QUEUE_PEEK) -> set[str] | None:
+    """Return the names of the tasks whose messages wait in `queue` (ANY_TASK for a message
+    whose task cannot be read), or None when the broker cannot tell them apart.
+
+    Only Redis shows a waiting message without taking it: its lists (one per
+    priority step, kombu's layout) are read, at most `peek` messages in all,
+    and each message's `headers.task` (Celery's message protocol 2) named.
+    None: RabbitMQ (reading a ready message takes it), a queue longer than
+    `peek`, or a broker that does not answer within BROKER_PUBLISH_TIMEOUT;
+    the caller then judges by the whole queue, as `queued` counts it.
+    """
+    if not settings.BROKER_IS_REDIS:
+        return None
+    names: set[str] = set()
+    try:
+        with _broker_channel() as (_conn, channel):
+            client = channel.client
+            for step in channel.priority_steps:
+                key = channel._q_for_pri(queue, step)  # kombu's name of that priority's list
+                raw = client.lrange(key, 0, peek)
+                if len(raw) > peek:
+                    return None
+                peek -= len(raw)
+                names.update(_task_of(message) for message in raw)
+    except Exception as exc:  # noqa: BLE001 - the broker is down or hung: the caller decides
+        logger.warning("could not read the messages in queue %s: %s", queue, exc)
+        return None
+    return names
+
+
+def _task_of(raw: bytes | str) -> str:
+    try:
+        task = json.loads(raw)["headers"]["task"]
+    except (ValueError, KeyError, TypeError):
+        return ANY_TASK
+    return task if isinstance(task, str) else ANY_TASK
 
 
 def sweep_room(task_name: str, *, limit: int) -> int:

@@ -72,7 +72,7 @@ from .operations import (
     registered_presenter,
     single_phase_resume,
 )
-from .purge import keys_purge
+from .purge import keys_purge, keys_purge_capacity
 from .run import KeyRun
 
 __all__ = [
@@ -110,6 +110,7 @@ __all__ = [
     "key_validate",
     "keys_complete_abandoned",
     "keys_purge",
+    "keys_purge_capacity",
     "keyed_operation",
     "keyed_phase",
     "refusals_presented",

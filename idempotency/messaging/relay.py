@@ -2,15 +2,17 @@
 
 The broker is a doorbell, the database is the ledger (docs/events.md, "The relay"):
 
-    relay_once        one batch: lease_due (FOR UPDATE SKIP LOCKED) -> deliveries upserted and
+    relay_once        one batch: lease_due (FOR UPDATE SKIP LOCKED) -> a batch short of a ring
+                      with young rows lingers (OUTBOX_RELAY_LINGER) and claims again ->
+                      deliveries upserted and
                       leased (committed) -> one Celery task per consumer per batch of ids
                       (OUTBOX_CONSUMER_BATCH, or the consumer's own `batch`) on one
                       producer connection -> failpoint
                       `relay.published` -> rows marked done
     deliveries_sweep  re-publish deliveries no ring can still be on its way for: an attempt
                       failed (lease freed), or the lease ran out undone while no ring
-                      waits in its consumer's queue (the broker lost the message, a
-                      worker died)
+                      of its consumer waits in the queue (the broker lost the message,
+                      a worker died)
     outbox_purge      delete published rows past OUTBOX_RETENTION whose deliveries are all done
     register_consumer the apps name their consumers here in ready(); the relay never imports them
 
@@ -176,18 +178,63 @@ def _pairs(deliveries: list[tuple[str, str]]) -> list[tuple[str, str]]:
     return pairs
 
 
+def _claim(limit: int, owner: str) -> tuple[list, dict, float]:
+    """Lease up to `limit` due outbox rows: their ids (claim order), types by id, and the
+    age in seconds of the oldest (database clock; 0 when none)."""
+    ids = due.lease_due(OutboxMessage, limit=limit, owner=owner)
+    if not ids:
+        return [], {}, 0.0
+    types: dict = {}
+    oldest = 0.0
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT id, event_type, EXTRACT(EPOCH FROM now() - created_at)::float"
+            " FROM idempotency_outboxmessage WHERE id = ANY(%s::uuid[])",
+            [[str(pk) for pk in ids]],
+        )
+        for pk, event_type, age in cursor.fetchall():
+            types[pk] = event_type
+            oldest = max(oldest, float(age))
+    return ids, types, oldest
+
+
+def linger_for(*, claimed: int, oldest: float, limit: int) -> float:
+    """Return how long the relay waits for more rows before it publishes `claimed` of them.
+
+    It lingers (OUTBOX_RELAY_LINGER) only to fill a ring: fewer than a ring
+    (OUTBOX_CONSUMER_BATCH) and fewer than `limit` claimed, and the oldest
+    claimed row, lingered on, still younger than OUTBOX_RELAY_LINGER_SHARE of
+    the lag target (OUTBOX_LAG_TARGET). A relay behind (the lag near its
+    target) or a full ring never waits (docs/events.md, "The relay").
+    """
+    linger = float(settings.OUTBOX_RELAY_LINGER)
+    if linger <= 0 or claimed >= min(limit, settings.OUTBOX_CONSUMER_BATCH):
+        return 0.0
+    share = float(settings.OUTBOX_RELAY_LINGER_SHARE) * float(settings.OUTBOX_LAG_TARGET)
+    return linger if oldest + linger <= share else 0.0
+
+
 def relay_once(*, limit: int | None = None, owner: str | None = None) -> int:
     """Relay one batch of due outbox rows; return how many rows were published and marked.
+
+    A batch short of a ring whose rows are young waits `linger_for` once and
+    claims what came meanwhile, so a trickle makes fewer, fuller rings.
 
     Raise PublishError when the broker failed: the batch's leases are freed
     (its rows are due again at once), nothing is marked, no attempt is spent
     (a broker outage is not the message's fault; publishing is retried for ever).
     """
     owner = owner or f"relay:{due.default_owner()}"
-    ids = due.lease_due(OutboxMessage, limit=limit or settings.OUTBOX_RELAY_BATCH, owner=owner)
+    limit = limit or settings.OUTBOX_RELAY_BATCH
+    ids, types, oldest = _claim(limit, owner)
     if not ids:
         return 0
-    types = dict(OutboxMessage.objects.filter(pk__in=ids).values_list("pk", "event_type"))
+    wait = linger_for(claimed=len(ids), oldest=oldest, limit=limit)
+    if wait > 0:
+        time.sleep(wait)
+        more, more_types, _ = _claim(limit - len(ids), owner)
+        ids += more
+        types.update(more_types)
     wanted = [
         (consumer.name, str(pk))
         for pk in ids
@@ -215,7 +262,7 @@ def relay_once(*, limit: int | None = None, owner: str | None = None) -> int:
 # Due deliveries no ring can still be on its way for, leased by the sweeper (as
 # `core.due.lease_due` leases, one statement): a free lease (an attempt failed and
 # freed it, a publish failed), or one that ran out while no ring of the consumer
-# waits in its queue (`%(waiting)s`: the consumers whose queue holds rings). A ring
+# waits in its queue (`%(waiting)s`: the consumers with a ring in their queue). A ring
 # that waits claims its own rows and whatever else is fresh for its consumer, so
 # ringing again a backlog that is merely queued would only feed it.
 _SWEEP = (
@@ -233,20 +280,29 @@ _SWEEP = (
 
 
 def _waiting_consumers() -> list[str]:
-    """The consumers whose task's queue holds rings waiting for a worker.
+    """The consumers with a ring waiting for a worker in their task's queue.
 
-    A queue the broker does not count (`core.due.queued` is None) counts as
-    empty, as for `core.due.sweep_room`: the sweep never stops for a count it
-    could not read.
+    Judged per consumer: the consumers share a queue (`events`), and a ring of
+    one says nothing of another's rows. A queue that holds messages is read
+    (`core.due.queued_tasks`) and a consumer waits when a message of its task
+    is there; a message whose task cannot be read, or a queue the broker
+    cannot show (RabbitMQ, or longer than `core.due.QUEUE_PEEK`), counts for
+    every consumer of the queue. A queue the broker does not count
+    (`core.due.queued` is None) counts as empty, as for `core.due.sweep_room`:
+    the sweep never stops for a count it could not read.
     """
-    by_queue: dict[str, list[str]] = {}
+    by_queue: dict[str, list[Consumer]] = {}
     for consumer in _consumers.values():
-        by_queue.setdefault(due.queue_of(consumer.task), []).append(consumer.name)
+        by_queue.setdefault(due.queue_of(consumer.task), []).append(consumer)
     waiting: list[str] = []
-    for names in by_queue.values():
-        count = due.queued(_consumers[names[0]].task)
-        if count:
-            waiting += names
+    for queue, members in by_queue.items():
+        if not due.queued(members[0].task):
+            continue
+        tasks = due.queued_tasks(queue) if len(members) > 1 else None
+        if tasks is None or due.ANY_TASK in tasks:
+            waiting += [consumer.name for consumer in members]
+        else:
+            waiting += [consumer.name for consumer in members if consumer.task in tasks]
     return waiting
 
 

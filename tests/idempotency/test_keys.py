@@ -26,6 +26,7 @@ from idempotency.keys import (
     key_validate,
     keys_complete_abandoned,
     keys_purge,
+    keys_purge_capacity,
 )
 from idempotency.models import FINISHED, STARTED, IdempotencyKey
 from tests.support.models import ProbeRecord
@@ -574,6 +575,45 @@ def test_purge_without_pace_never_pauses(shopper, monkeypatch):
     monkeypatch.setattr("core.db.time", clock)
     assert keys_purge(batch_size=1, max_batches=10) == 3
     assert clock.sleeps == []
+
+
+def test_purge_capacity_at_the_defaults_keeps_up_with_four_times_80_keyed_orders_a_second(
+    settings,
+):
+    # From the settings, not timed: one run's bound every interval.
+    from config.settings import base
+
+    for name in ("BATCH", "MAX_BATCHES", "EVERY"):
+        setattr(settings, f"IDEMPOTENCY_PURGE_{name}", getattr(base, f"IDEMPOTENCY_PURGE_{name}"))
+    assert keys_purge_capacity() >= 4 * 80
+    # The wrong twin: the old interval (15 minutes) keeps up with about 55 keys a second.
+    settings.IDEMPOTENCY_PURGE_EVERY = 900.0
+    assert keys_purge_capacity() < 4 * 80
+
+
+def test_purge_drains_a_backlog_larger_than_a_run_unpaced_then_paces_the_rest(shopper, monkeypatch):
+    for i in range(7):
+        _finished(shopper, f"k{i}", age_hours=48)
+    clock = _PurgeTime()
+    monkeypatch.setattr("core.db.time", clock)
+    with connection.execute_wrapper(clock.batch):
+        # 7 due, a run deletes at most 2 x 3 = 6: the backlog is larger than a run, no pause.
+        assert keys_purge(batch_size=2, max_batches=3, pace=2.0) == 6
+        assert clock.sleeps == []
+        # 1 left, within a run: paced (a short batch, so nothing to pause after).
+        assert keys_purge(batch_size=2, max_batches=3, pace=2.0) == 1
+    assert not IdempotencyKey.objects.exists()
+
+
+def test_purge_paces_a_backlog_that_fits_in_a_run(shopper, monkeypatch):
+    for i in range(6):
+        _finished(shopper, f"k{i}", age_hours=48)
+    clock = _PurgeTime()
+    monkeypatch.setattr("core.db.time", clock)
+    with connection.execute_wrapper(clock.batch):
+        assert keys_purge(batch_size=2, max_batches=3, pace=2.0) == 6
+    # Three full batches, exactly one run: pauses after the first two.
+    assert clock.sleeps == pytest.approx([0.2, 0.2])
 
 
 class _FakeClock:

@@ -7,6 +7,7 @@ The one-delivery path (a single id) is tests/shop/test_consumers.py.
 
 from __future__ import annotations
 
+import json
 import threading
 import uuid
 from datetime import timedelta
@@ -140,7 +141,16 @@ def test_a_failing_message_in_a_batch_is_retried_then_a_dead_letter_alone(
             raise RuntimeError("the read model is being rebuilt")
         real_effect(fact)
 
+    real_effects = history._effects
+
+    def effects(facts):
+        # The batch's effects, all at once: the broken order fails the whole batch.
+        if any(fact.order_id == broken_order for fact in facts):
+            raise RuntimeError("the read model is being rebuilt")
+        real_effects(facts)
+
     monkeypatch.setattr(history, "_effect", effect)
+    monkeypatch.setattr(history, "_effects", effects)
     relay.relay_once()
     history_ring = [(n, batch) for n, batch in rings if n == "shop.consume_history"]
     results = []
@@ -428,6 +438,40 @@ def test_the_sweep_that_ignores_the_queue_twin_rings_a_queued_backlog_again(
     rings.clear()
     broker.lpush(due.queue_of("shop.consume_history"), b"a ring waiting for a worker")
     assert relay.deliveries_sweep() == 4 and len(rings) == 2
+
+
+def _a_ring_of(task: str) -> bytes:
+    """A waiting task message as Celery writes it to Redis (protocol 2: the task in headers)."""
+    return json.dumps({"body": "", "headers": {"task": task, "id": uuid.uuid4().hex}}).encode()
+
+
+def test_a_waiting_ring_holds_back_only_its_own_consumers_rows_at_the_sweeper(
+    make_user, rings, broker
+):
+    # Loyalty and history share the `events` queue; a history ring waits in it.
+    _overdue_backlog(make_user)
+    rings.clear()
+    queue = due.queue_of("shop.consume_history")
+    assert queue == due.queue_of("shop.consume_loyalty")
+    broker.lpush(queue, _a_ring_of("shop.consume_history"))
+    # Loyalty's rows have no ring on its way: rung again; history's ring claims its own.
+    assert relay.deliveries_sweep() == 2
+    assert [task for task, _ in rings] == ["shop.consume_loyalty"]
+    assert set(
+        Delivery.objects.filter(consumer="purchase_history").values_list("publishes", flat=True)
+    ) == {1}
+
+
+def test_the_whole_queue_judgement_twin_holds_back_every_consumer_behind_one_ring(
+    make_user, rings, broker, monkeypatch
+):
+    # DELIBERATELY WRONG: any message in the shared queue counts for every consumer of it,
+    # so a history ring holds back loyalty's rows, which no ring is on its way for.
+    monkeypatch.setattr(due, "queued_tasks", lambda queue, **kwargs: None)
+    _overdue_backlog(make_user)
+    rings.clear()
+    broker.lpush(due.queue_of("shop.consume_history"), _a_ring_of("shop.consume_history"))
+    assert relay.deliveries_sweep() == 0 and rings == []
 
 
 # -- shop_outbox_lag_seconds ----------------------------------------------------------------
