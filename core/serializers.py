@@ -1,4 +1,6 @@
-"""DRF serializers built once per thread for the hot requests (docs/performance.md).
+"""DRF serializers built once per thread for the hot requests.
+
+The cost and the profile: docs/performance.md, "Where the checkout's CPU goes".
 
 A DRF serializer deep-copies its declared fields and binds the copies for
 every instance, nested serializers included: a keyed checkout's body and
