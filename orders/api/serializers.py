@@ -7,6 +7,7 @@ from rest_framework import serializers
 
 from core.fields import ClosedSerializer, StrictCharField, StrictIntegerField
 from core.money import MoneyField, check_currency, format_money
+from core.serializers import represented
 from inventory import selectors as inventory_selectors
 from payments.capture import SUPPORTED_METHODS
 
@@ -197,7 +198,7 @@ def order_body(order) -> dict:
     """Render the contract's order body (reading the lines if the order does not carry them)."""
     if not hasattr(order, selectors.LINES_ATTR):
         selectors.order_with_lines(order=order, lines=list(order.lines.all()))
-    return dict(OrderOut(order).data)
+    return represented(OrderOut, order)
 
 
 class ShipmentLineOut(serializers.Serializer):

@@ -8,6 +8,7 @@ from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 
 from core.permissions import IsNotCourier, owner_or_staff_with
+from core.serializers import validated
 from idempotency.views import KeyRequest, idempotent
 
 from .. import operations, permissions, selectors
@@ -57,13 +58,9 @@ class OrderListView(GenericAPIView):
     )
     @idempotent(operation=operations.CREATE)
     def post(self, request, *, key: KeyRequest):
-        data = OrderIn(data=request.data)
-        data.is_valid(raise_exception=True)
+        data = validated(OrderIn, request.data)
         operations.order_place_keyed(
-            run=key.claim(),
-            present=presenters.order_created,
-            user=request.user,
-            **data.validated_data,
+            run=key.claim(), present=presenters.order_created, user=request.user, **data
         )
 
 
