@@ -7,6 +7,10 @@ from datetime import UTC, datetime
 
 from django.db import IntegrityError, connection, transaction
 
+# The database clock as SQL, for a statement that reads the time together with the
+# rows it decides on (orders.limits): the clock `database_now` reads, at the statement's start.
+STATEMENT_CLOCK_SQL = "statement_timestamp()"
+
 # This process's clock minus the database's, as last read (seconds); None: never read.
 _clock_offset: float | None = None
 
@@ -25,7 +29,7 @@ def database_now() -> datetime:
     """
     global _clock_offset
     with connection.cursor() as cursor:
-        cursor.execute("SELECT now(), EXTRACT(EPOCH FROM statement_timestamp())::float")
+        cursor.execute(f"SELECT now(), EXTRACT(EPOCH FROM {STATEMENT_CLOCK_SQL})::float")
         now, statement = cursor.fetchone()
     _clock_offset = time.time() - float(statement)
     return now.astimezone(UTC)

@@ -66,52 +66,69 @@ class StockLimitExceeded(ApplicationError):
     title = "Stock limit exceeded"
 
 
-def _stock_hold(*, requests: Mapping[int, int], partial: bool) -> dict[int, int]:
-    """Raise `reserved` of each stock item; return the units granted per stock id.
+def _stock_hold(*, requests: Mapping[int, int], partial: bool) -> dict[int, Reservation]:
+    """Raise `reserved` of each stock item and insert a held flag per item that granted units.
 
     All-or-nothing per item (`partial=False`): `reserved + q` only where
     `on_hand - reserved >= q`. Partial: `LEAST(q, on_hand - reserved)`.
     Several rows are locked first in primary-key order (one statement), then
-    one UPDATE changes all of them; the grant is what the UPDATE added to the
-    value read under our own lock, so nothing else can have changed it. A
-    single row first tries the plain conditional UPDATE for all `q` units
-    (one statement, no lock order to keep); only a shortage takes the
-    locked path.
+    one statement changes all of them and inserts the flags fed by its
+    RETURNING; the grant is what the UPDATE added to the value read under
+    our own lock, so nothing else can have changed it. A single row first
+    tries the plain conditional UPDATE for all `q` units with its flag's
+    INSERT (one statement, no lock order to keep); only a shortage takes the
+    locked path. Return the flags by stock id (items that granted nothing
+    are absent).
     """
+    stock_table = connection.ops.quote_name(StockItem._meta.db_table)
+    flag_table = connection.ops.quote_name(Reservation._meta.db_table)
+    flag_insert = (
+        f"INSERT INTO {flag_table} (id, stock_id, quantity, state)"
+        " SELECT held.flag, held.id, held.granted, %s FROM held WHERE held.granted > 0"
+        " RETURNING id, stock_id, quantity"
+    )
     if len(requests) == 1:
         # One row needs no lock order: first the plain conditional UPDATE
         # (the common case, one statement); only a shortage needs the lock.
         ((stock_id, quantity),) = requests.items()
-        if StockItem.objects.filter(id=stock_id, on_hand__gte=F("reserved") + quantity).update(
-            reserved=F("reserved") + quantity, updated_at=Now()
-        ):
-            return {stock_id: quantity}
-        if not partial:
-            return {stock_id: 0}
+        sql = (
+            f"WITH held AS (UPDATE {stock_table} SET reserved = reserved + %s,"
+            "  updated_at = statement_timestamp() WHERE id = %s AND on_hand >= reserved + %s"
+            "  RETURNING id, %s::integer AS granted, %s::uuid AS flag) "
+        ) + flag_insert
+        rows = _flags_insert(
+            sql, [quantity, stock_id, quantity, quantity, uuid.uuid4(), Reservation.State.HELD]
+        )
+        if rows or not partial:
+            return rows
     locked = lock_objects.stock_items_lock(stock_ids=requests.keys())
     if not locked:
         return {}
-    values = ", ".join(["(%s::bigint, %s::integer)"] * len(locked))
-    params: list[int] = []
-    for stock_id in locked:
-        params += [stock_id, requests[stock_id]]
+    values = ", ".join(["(%s::bigint, %s::integer, %s::integer, %s::uuid)"] * len(locked))
+    params: list = []
+    for stock_id, (_on_hand, reserved) in locked.items():
+        params += [stock_id, requests[stock_id], reserved, uuid.uuid4()]
     if partial:
         grant, guard = "LEAST(r.q, s.on_hand - s.reserved)", "s.on_hand - s.reserved > 0"
     else:
         grant, guard = "r.q", "s.on_hand - s.reserved >= r.q"
-    table = StockItem._meta.db_table
     sql = (
-        f"UPDATE {table} AS s SET reserved = s.reserved + {grant}, updated_at = now() "
-        f"FROM (VALUES {values}) AS r(id, q) WHERE s.id = r.id AND {guard} "
-        "RETURNING s.id, s.reserved"
-    )
+        f"WITH held AS (UPDATE {stock_table} AS s SET reserved = s.reserved + {grant},"
+        f"  updated_at = now() FROM (VALUES {values}) AS r(id, q, before, flag)"
+        f"  WHERE s.id = r.id AND {guard}"
+        "  RETURNING s.id, s.reserved - r.before AS granted, r.flag) "
+    ) + flag_insert
+    return _flags_insert(sql, [*params, Reservation.State.HELD])
+
+
+def _flags_insert(sql: str, params: list) -> dict[int, Reservation]:
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         rows = cursor.fetchall()
-    granted = {stock_id: 0 for stock_id in requests}
-    for stock_id, reserved in rows:
-        granted[stock_id] = reserved - locked[stock_id][1]
-    return granted
+    return {
+        stock_id: Reservation(id=flag, stock_id=stock_id, quantity=quantity)
+        for flag, stock_id, quantity in rows
+    }
 
 
 @transaction.atomic(savepoint=False)
@@ -122,14 +139,7 @@ def reservations_hold(*, requests: Mapping[int, int], partial: bool) -> dict[int
     are absent from the result. With `partial`, an item grants what is
     available up to the request; otherwise all of it or nothing.
     """
-    granted = _stock_hold(requests=requests, partial=partial)
-    reservations = [
-        Reservation(stock_id=stock_id, quantity=units)
-        for stock_id, units in granted.items()
-        if units > 0
-    ]
-    Reservation.objects.bulk_create(reservations)
-    return {reservation.stock_id: reservation for reservation in reservations}
+    return _stock_hold(requests=requests, partial=partial)
 
 
 def _resolve(*, reservation_ids: Iterable, state: str) -> list[tuple[int, int]]:

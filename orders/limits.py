@@ -22,7 +22,7 @@ transaction that holds the flags and inserts the order:
   its stored answer and a retry of an open key resumes past `order_hold`, so
   neither is ever throttled. Confirming or cancelling an `awaiting_decision`
   order is not a new order either.
-- Time is the database's (`statement_timestamp()` against `created_at` and
+- Time is the database's (`core.db.STATEMENT_CLOCK_SQL` against `created_at` and
   `reservation_expires_at`, both written by the database clock), never a host's.
 
 Every user placing orders is counted, staff included: an order holds stock
@@ -37,6 +37,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db import connection
 
+from core.db import STATEMENT_CLOCK_SQL
 from core.errors import ApplicationError
 
 from . import lock_objects
@@ -60,14 +61,15 @@ def _owner_orders(*, owner_id, rate: int, holding_max: int) -> tuple[datetime, l
     """Read the database clock, the owner's `rate` newest orders' `created_at`, and the
     expiry of up to `holding_max` of their orders holding stock (earliest first).
 
-    One statement; each list is read through an index of the owner's orders
-    (newest by number; holding, a partial index), never the whole history.
+    One statement, the database clock included (`core.db.STATEMENT_CLOCK_SQL`,
+    no read of its own); each list is read through an index of the owner's
+    orders (newest by number; holding, a partial index), never the whole history.
     """
     table = connection.ops.quote_name(Order._meta.db_table)
     with connection.cursor() as cursor:
         cursor.execute(
             f"""
-            SELECT statement_timestamp(),
+            SELECT {STATEMENT_CLOCK_SQL},
                    ARRAY(SELECT created_at FROM {table} WHERE owner_id = %(owner)s
                          ORDER BY number DESC LIMIT %(rate)s),
                    ARRAY(SELECT reservation_expires_at FROM {table}

@@ -37,6 +37,8 @@ class Order(models.Model):
 
     # Not a field: set by services.order_cancel for its caller (True: this call started it).
     cancel_started: bool
+    # Not a field: set by services.order_hold, the lines it inserted (as inserted).
+    held_lines: "list[OrderLine]"
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     number = models.BigIntegerField(

@@ -41,7 +41,13 @@ from decimal import Decimal
 from core.errors import ApplicationError, InvalidState
 from idempotency.failpoints import failpoint
 from idempotency.keys import STARTED, KeyRun, Presenter, Result, close_run, keyed_phase
-from payments.capture import payment_capture, payment_lookup_once
+from payments.capture import (
+    PreparedCapture,
+    payment_capture,
+    payment_capture_record,
+    payment_capture_send,
+    payment_lookup_once,
+)
 from payments.errors import RefundInvalidState
 from payments.refunds import refund_request
 from payments.states import RefundOrigin
@@ -99,6 +105,26 @@ def order_result(order: Order) -> Result:
     return Result.refused(refusal, value=order)
 
 
+def _capture_prepared(
+    run: KeyRun, present: Presenter, *, order: Order, capture: PreparedCapture
+) -> None:
+    """Send the capture phase 1 prepared (no transaction open), then record its answer and
+    apply it to the order in one transaction, the last (docs/checkout.md, "Two transactions").
+
+    A crash before that commits leaves the key `reserved` and the payment
+    `pending` with its due settlement row: a retry or the completer sends the
+    same provider key again (`_capture`), settlement asks the provider; either
+    way one charge, recorded once.
+    """
+    failpoint("checkout.capture.before")
+    result = payment_capture_send(capture=capture)
+    failpoint("checkout.capture.after")
+    with run.phase(next_point=PAYMENT_UNKNOWN):
+        recorded = payment_capture_record(capture=capture, result=result)
+        order = services.order_payment_recorded(order=order, payment=recorded.payment)
+        close_run(run, order_result(order), present)
+
+
 def _capture(run: KeyRun, present: Presenter) -> None:
     """Take the payment (no transaction open), then record what it became (phase 3)."""
     data = run.data
@@ -152,16 +178,21 @@ def order_place_keyed(
                 expected_total=expected_total,
                 scope=scope,
                 language=language,
+                payment_id=uuid.uuid4(),
             )
             failpoint("checkout.reserve.after_hold")
             data["order_id"] = str(order.id)
+            capture = None
             if order.status == OrderStatus.PAYMENT_PENDING:
-                order = services.order_payment_start(order=order)
+                capture = services.order_payment_prepare(order=order)
                 data["payment_id"] = order.payment_id and str(order.payment_id)
             if order.status != OrderStatus.PAYMENT_PENDING:
                 # Awaiting the shopper, or free and confirmed.
                 close_run(run, order_result(order), present)
         if run.closed:
+            return
+        if capture is not None:
+            _capture_prepared(run, present, order=order, capture=capture)
             return
     _capture(run, present)
 

@@ -17,6 +17,7 @@ an order (compensation) must take the payment first, too.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -35,11 +36,11 @@ from core.money import format_money, minor_units
 from idempotency.failpoints import failpoint
 from idempotency.messaging.outbox import outbox_write
 from inventory import services as inventory_services
-from payments.capture import payment_create
+from payments.capture import PreparedCapture, payment_create, payment_prepare
 from payments.gateway import Outcome
 from payments.states import PaymentStatus
 
-from . import compensation, limits, lock_objects, selectors
+from . import compensation, limits, lock_objects, placement, selectors
 from .event_types import OrderEventType
 from .models import SCOPE_CONSTRAINT, Order, OrderEvent, OrderLine
 from .states import (
@@ -174,6 +175,7 @@ def order_hold(
     expected_total: Decimal | None = None,
     scope: str | None = None,
     language: str | None = None,
+    payment_id: uuid.UUID | None = None,
 ) -> Order:
     """Hold stock for every line and create the order, or refuse with nothing held.
 
@@ -188,6 +190,10 @@ def order_hold(
     order is placed from (the storefront's cart version): a scope that already
     has an order, whatever became of it, is 409 `already_ordered` naming it.
     `language` is the one the order is placed in (its e-mails'), else LANGUAGE_CODE.
+    The order carries `held_lines`: its lines as inserted. `payment_id`: the
+    id its payment gets in this transaction (`order_payment_prepare`), written
+    with a `payment_pending` order that has something to charge (the foreign
+    key is checked at commit), so the order needs no second write for it.
     """
     skus = [line.product.sku for line in lines]
     assert lines and len(set(skus)) == len(skus), "lines must be non-empty with distinct skus"
@@ -251,9 +257,9 @@ def order_hold(
         reservation_expires_at=expires_at,
         scope=scope,
         language=language or settings.LANGUAGE_CODE,
+        payment_id=payment_id if status == OrderStatus.PAYMENT_PENDING and total else None,
     )
-    _order_insert(order)
-    order_lines = OrderLine.objects.bulk_create(
+    order_lines = [
         OrderLine(
             order=order,
             position=index,
@@ -266,27 +272,25 @@ def order_hold(
             reservation=held.get(line.product.stock.id),
         )
         for index, (line, units) in enumerate(zip(lines, granted, strict=True))
-    )
+    ]
     check_transition(ORDER_TRANSITIONS, None, status)
-    events = [OrderEvent(order=order, kind="placed", from_status=None, to_status=status)]
-    for line in order_lines:
-        check_transition(LINE_TRANSITIONS, None, line.status)
-        events.append(
-            OrderEvent(
-                order=order,
-                line=line,
-                kind="placed",
-                from_status=None,
-                to_status=line.status,
-                data={"sku": line.sku, "requested": line.quantity_requested},
-            )
-        )
-    OrderEvent.objects.bulk_create(events)
+    for order_line in order_lines:
+        check_transition(LINE_TRANSITIONS, None, order_line.status)
+    if scope is None:
+        placement.order_insert_with_lines(order=order, lines=order_lines)
+    else:
+        _order_insert(order)
+        OrderLine.objects.bulk_create(order_lines)
+        OrderEvent.objects.bulk_create(placement.placed_events(order=order, lines=order_lines))
+    order.held_lines = order_lines
     return order
 
 
-def _payment_record(*, order: Order, succeeded: bool) -> Order:
-    lines = list(OrderLine.objects.filter(order_id=order.id).order_by("position"))
+def _payment_record(
+    *, order: Order, succeeded: bool, lines: list[OrderLine] | None = None
+) -> Order:
+    if lines is None:
+        lines = list(OrderLine.objects.filter(order_id=order.id).order_by("position"))
     if succeeded:
         partial = any(line.quantity_confirmed < line.quantity_requested for line in lines)
         target, event_type = (
@@ -360,6 +364,58 @@ def order_payment_start(*, order: Order) -> Order:
     )
     Order.objects.filter(id=order.id, payment__isnull=True).update(payment=payment)
     order.payment = payment
+    return order
+
+
+@transaction.atomic(savepoint=False)
+def order_payment_prepare(*, order: Order) -> PreparedCapture | None:
+    """Create the payment of a `payment_pending` order ready for its capture (phase 1).
+
+    As `order_payment_start`, with the capture's first step in the same
+    statement (`payments.capture.payment_prepare`): the payment is `pending`
+    with its call's transaction and settlement rows when the phase commits,
+    so the keyed checkout sends the call right after it and records the
+    answer in its last transaction (docs/checkout.md, "Two transactions").
+    Return the prepared capture, or None when nothing was prepared: a free
+    order (confirmed at once) or a payment that existed (captured the long
+    way, `payment_capture`).
+    """
+    assert order.status == OrderStatus.PAYMENT_PENDING, order.status
+    if order.total == 0:
+        _payment_record(order=order, succeeded=True, lines=order.held_lines)
+        return None
+    prepared = payment_prepare(
+        payment_id=order.payment_id or uuid.uuid4(),
+        reference=f"order-{order.number}",
+        amount=order.total,
+        currency=order.currency,
+        payment_method=order.payment_method,
+        owner=order.owner,
+    )
+    payment = prepared.payment if isinstance(prepared, PreparedCapture) else prepared
+    if order.payment_id != payment.id:
+        # Placed without the id (`order_hold`), or the payment existed already.
+        Order.objects.filter(id=order.id).update(payment=payment)
+    order.payment = payment
+    return prepared if isinstance(prepared, PreparedCapture) else None
+
+
+@transaction.atomic(savepoint=False)
+def order_payment_recorded(*, order: Order, payment: Payment) -> Order:
+    """Apply the outcome this transaction just recorded for `payment` to the order it pays.
+
+    The recording locked the payment row (`payments.capture.payment_capture_record`:
+    the same lock, in the same place of the lock order, as `order_payment_apply`
+    takes), so its status is the one to follow, without reading it again; the
+    order and its `held_lines` are the ones phase 1 inserted, and the order's
+    conditional UPDATE decides whether they are still `payment_pending`. A
+    payment still pending leaves the order `payment_pending` with its flags held.
+    """
+    order.payment = payment
+    if payment.status in _CAPTURED_STATUSES:
+        return _payment_record(order=order, succeeded=True, lines=order.held_lines)
+    if payment.status == PaymentStatus.FAILED:
+        return _payment_record(order=order, succeeded=False, lines=order.held_lines)
     return order
 
 

@@ -7,8 +7,10 @@ for it (tests/test_layout.py finds import cycles).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 
+from django.db import connection
 from django.db.models import F, Q
 from django.db.models.functions import Now
 
@@ -38,6 +40,16 @@ def order_transition(
     read before it (or after it) cannot change under it.
     """
     check_transition(ORDER_TRANSITIONS, source, target)
+    if condition is None and (line_source is None or lines is not None):
+        return _transition_in_one_statement(
+            order=order,
+            source=source,
+            target=target,
+            kind=kind,
+            lines=lines or [],
+            line_source=line_source,
+            line_target=line_target,
+        )
     moved = Order.objects.filter(condition or Q(), id=order.id, status=source).update(
         status=target, updated_at=Now()
     )
@@ -70,6 +82,63 @@ def order_transition(
             )
     OrderEvent.objects.bulk_create(events)
     return moving
+
+
+def _transition_in_one_statement(
+    *,
+    order: Order,
+    source: str,
+    target: str,
+    kind: str,
+    lines: Sequence[OrderLine],
+    line_source: str | None,
+    line_target: str | None,
+) -> list[OrderLine] | None:
+    """`order_transition` without a condition, its lines given: one statement.
+
+    The order's conditional UPDATE, the lines' UPDATE and the event rows'
+    INSERT, the last two written only when the first moved the order (each
+    reads it, so the order row is locked before its lines).
+    """
+    moving: list[OrderLine] = []
+    if line_source is not None:
+        assert line_target is not None  # lines move only with a target
+        check_transition(LINE_TRANSITIONS, line_source, line_target)
+        moving = [line for line in lines if line.status == line_source]
+    events: list[tuple] = [(order.id, None, kind, source, target, "{}")]
+    events += [
+        (order.id, line.id, kind, line_source, line_target, json.dumps({"sku": line.sku}))
+        for line in moving
+    ]
+    values = ", ".join(["(%s::uuid, %s::bigint, %s, %s, %s, %s::jsonb)"] * len(events))
+    sql = (
+        f"WITH moved AS (UPDATE {_table(Order)} SET status = %s,"
+        "  updated_at = statement_timestamp() WHERE id = %s AND status = %s RETURNING id),"
+        f" moved_lines AS (UPDATE {_table(OrderLine)} SET status = %s"
+        "  WHERE id = ANY(%s::bigint[]) AND status = %s AND EXISTS (SELECT 1 FROM moved)),"
+        f" events AS (INSERT INTO {_table(OrderEvent)}"
+        "  (order_id, line_id, kind, from_status, to_status, data)"
+        f"  SELECT * FROM (VALUES {values}) AS e WHERE EXISTS (SELECT 1 FROM moved))"
+        " SELECT count(*) FROM moved"
+    )
+    params: list = [target, order.id, source, line_target, [line.id for line in moving]]
+    params.append(line_source)
+    for event in events:
+        params += event
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        (moved,) = cursor.fetchone()
+    if not moved:
+        return None
+    order.status = target
+    if line_target is not None:
+        for line in moving:
+            line.status = line_target
+    return moving
+
+
+def _table(model) -> str:
+    return connection.ops.quote_name(model._meta.db_table)
 
 
 def order_event_payload(*, order: Order, lines: Sequence[OrderLine] | None = None) -> dict:

@@ -12,6 +12,12 @@ transaction. A capture is three steps:
    (`payments.recording.capture_record`), so whoever records first wins and
    every later recorder (a retry, the other process, a settlement attempt,
    a webhook) changes nothing.
+
+At checkout the steps ride in the caller's transactions instead of their
+own: `payment_prepare` (step 1, inside the transaction that creates the
+payment), `payment_capture_send` (step 2), `payment_capture_record` (step
+3, inside the transaction that applies the answer). `payment_capture` runs
+all three itself (a retry, the completer, a confirm).
 """
 
 from __future__ import annotations
@@ -29,10 +35,12 @@ from core.money import check_currency, minor_units
 from idempotency.failpoints import failpoint
 
 from .errors import PaymentReferenceConflict, require_no_transaction
-from .gateway import Outcome, get_gateway
+from .gateway import Outcome, ProviderResult, get_gateway
 from .keys import install_id, install_id_subquery, provider_key
 from .models import (
     Payment,
+    PaymentEvent,
+    PaymentInstallation,
     PaymentSettlement,
     PaymentStatus,
     PaymentTransaction,
@@ -81,6 +89,17 @@ def _outcome_of(payment: Payment) -> Outcome:
 # -- create ----------------------------------------------------------------------
 
 
+def _check_request(*, amount: Decimal, currency: str, payment_method: str) -> None:
+    validate_payment_method(payment_method)
+    check_currency(currency)
+    places = minor_units(currency)
+    # A non-finite amount is refused like any other (its exponent is a letter).
+    if not amount.is_finite() or amount <= 0 or -cast(int, amount.as_tuple().exponent) > places:
+        raise InvalidRequest(
+            f"Invalid payment amount {amount}.", errors={"amount": ["Must be positive."]}
+        )
+
+
 def payment_create(
     *, reference: str, amount: Decimal, currency: str, payment_method: str, owner=None
 ) -> Payment:
@@ -90,14 +109,7 @@ def payment_create(
     a second call with the same parameters returns the first payment; with
     other parameters it is refused (409 `payment_reference_conflict`).
     """
-    validate_payment_method(payment_method)
-    check_currency(currency)
-    places = minor_units(currency)
-    # A non-finite amount is refused like any other (its exponent is a letter).
-    if not amount.is_finite() or amount <= 0 or -cast(int, amount.as_tuple().exponent) > places:
-        raise InvalidRequest(
-            f"Invalid payment amount {amount}.", errors={"amount": ["Must be positive."]}
-        )
+    _check_request(amount=amount, currency=currency, payment_method=payment_method)
     # Insert first; exactly the reference's unique constraint means "made already".
     # One statement (no savepoint): it commits or rolls back with the caller's transaction.
     sql = (
@@ -128,6 +140,107 @@ def payment_create(
     if not same:
         raise PaymentReferenceConflict(f"Payment {reference!r} exists with other parameters.")
     return existing
+
+
+@dataclass(frozen=True)
+class PreparedCapture:
+    """A capture made ready inside the caller's transaction: the payment (`pending`) and
+    the call's transaction row (with its settlement row), to send once that commits."""
+
+    payment: Payment
+    txn: PaymentTransaction
+
+
+def payment_prepare(
+    *,
+    payment_id: uuid.UUID,
+    reference: str,
+    amount: Decimal,
+    currency: str,
+    payment_method: str,
+    owner=None,
+) -> PreparedCapture | Payment:
+    """Create the payment already prepared for its capture, in the caller's transaction.
+
+    The capture's first step (`payment_capture`, step 1) folded into the
+    creation: one statement inserts the payment `pending` with its
+    `none` → `pending` event, the capture's transaction row under its derived
+    provider key and the settlement row a sweeper finds if nobody records the
+    outcome. Once the caller commits, `payment_capture_send` makes the call
+    and `payment_capture_record` records it (docs/payments.md, "Capture, step
+    by step"). An installation without its id yet makes it first
+    (`install_id`) and inserts again; a reference that exists already takes
+    the long way: `payment_create`, and the returned payment is captured by
+    `payment_capture`. `payment_id` is the new payment's id (a row that
+    already references it may be written first in the transaction).
+    """
+    _check_request(amount=amount, currency=currency, payment_method=payment_method)
+    installation = sql_table(PaymentInstallation)
+    sql = (
+        f"WITH install AS (SELECT install_id FROM {installation} WHERE id = 1),"
+        f" payment AS (INSERT INTO {sql_table(Payment)} (id, reference, owner_id, amount,"
+        "  currency, payment_method, status, amount_authorized, amount_captured,"
+        "  amount_refunded) SELECT %s, %s, %s, %s, %s, %s, %s, 0, 0, 0 FROM install"
+        "  ON CONFLICT ON CONSTRAINT payments_payment_reference_uniq DO NOTHING RETURNING *),"
+        # The provider key of `payments.keys.provider_key`, derived in the statement.
+        " keyed AS (SELECT payment.id, install.install_id || ':' || payment.reference"
+        "  || ':' || %s AS provider_key FROM payment, install),"
+        f" event AS (INSERT INTO {sql_table(PaymentEvent)}"
+        "  (payment_id, kind, from_status, to_status, detail)"
+        "  SELECT id, 'transition', %s, %s, jsonb_build_object('provider_key', provider_key)"
+        "  FROM keyed),"
+        f" txn AS (INSERT INTO {sql_table(PaymentTransaction)}"
+        "  (payment_id, kind, provider_key, amount, currency, status, provider_operation_id,"
+        "   last_error) SELECT id, %s, provider_key, %s, %s, %s, '', '' FROM keyed"
+        "  RETURNING id, provider_key),"
+        f" settlement AS (INSERT INTO {sql_table(PaymentSettlement)}"
+        "  (transaction_id, next_attempt_at, attempts, needs_attention, last_error)"
+        "  SELECT id, statement_timestamp() + make_interval(secs => %s), 0, false, ''"
+        "  FROM txn)"
+        " SELECT payment.*, txn.id AS capture_txn_id, txn.provider_key AS capture_key"
+        " FROM payment, txn"
+    )
+    owner_id = owner.pk if owner is not None else None
+    params: list[Any] = [
+        payment_id,
+        reference,
+        owner_id,
+        amount,
+        currency,
+        payment_method,
+        PaymentStatus.PENDING,
+        TransactionKind.CAPTURE,
+        PaymentStatus.NONE,
+        PaymentStatus.PENDING,
+        TransactionKind.CAPTURE,
+        amount,
+        currency,
+        TransactionStatus.UNKNOWN,
+        settings.PAYMENTS_SETTLE_GRACE,
+    ]
+    prepared = list(Payment.objects.raw(sql, params))
+    if not prepared:
+        install_id()  # the installation's first payment makes its id (no-op after)
+        prepared = list(Payment.objects.raw(sql, params))
+    if not prepared:
+        return payment_create(
+            reference=reference,
+            amount=amount,
+            currency=currency,
+            payment_method=payment_method,
+            owner=owner,
+        )
+    payment = prepared[0]
+    txn = PaymentTransaction(
+        id=payment.capture_txn_id,  # type: ignore[attr-defined]
+        payment=payment,
+        kind=TransactionKind.CAPTURE,
+        provider_key=payment.capture_key,  # type: ignore[attr-defined]
+        amount=amount,
+        currency=currency,
+        status=TransactionStatus.UNKNOWN,
+    )
+    return PreparedCapture(payment=payment, txn=txn)
 
 
 # -- capture ---------------------------------------------------------------------
@@ -236,15 +349,38 @@ def payment_capture(*, payment_id) -> CaptureResult:
     if isinstance(begun, CaptureResult):
         return begun
     payment, txn = begun
+    result = payment_capture_send(capture=PreparedCapture(payment=payment, txn=txn))
+    payment = capture_record(transaction_id=txn.id, result=result, mode="inline", txn=txn)
+    return CaptureResult(outcome=_outcome_of(payment), payment=payment, detail=result.describe())
+
+
+def payment_capture_send(*, capture: PreparedCapture) -> ProviderResult:
+    """Send a prepared capture to the provider (step 2) and return its answer, unrecorded.
+
+    Must be called with no transaction open. The caller records the answer
+    (`payment_capture_record`, or `capture_record` in a transaction of its own).
+    """
+    require_no_transaction("payment_capture_send")
     failpoint("payments.capture.before_provider")
     result = get_gateway().capture(
-        key=txn.provider_key,
-        amount=txn.amount,
-        currency=txn.currency,
-        reference=payment.reference,
-        payment_method=payment.payment_method,
+        key=capture.txn.provider_key,
+        amount=capture.txn.amount,
+        currency=capture.txn.currency,
+        reference=capture.payment.reference,
+        payment_method=capture.payment.payment_method,
     )
     failpoint("payments.capture.after_provider")
+    return result
+
+
+def payment_capture_record(*, capture: PreparedCapture, result: ProviderResult) -> CaptureResult:
+    """Record a sent capture's answer (step 3) in the caller's transaction.
+
+    The payment returned is locked by that transaction, as last committed
+    (`capture_record`): the caller may apply it to what it pays for without
+    reading it again.
+    """
+    txn = capture.txn
     payment = capture_record(transaction_id=txn.id, result=result, mode="inline", txn=txn)
     return CaptureResult(outcome=_outcome_of(payment), payment=payment, detail=result.describe())
 

@@ -88,19 +88,30 @@ def _attention_event(*, payment: Payment, txn: PaymentTransaction, reason: str) 
     logger.error("payment %s needs attention: %s", payment.reference, reason)
 
 
-def _transaction_close(*, txn: PaymentTransaction, status: str, operation_id: str, error: str):
-    """Record the call's final status and settle its settlement row, in one statement."""
+def _transaction_close_sql(
+    *, txn: PaymentTransaction, status: str, operation_id: str, error: str
+) -> tuple[str, list]:
+    """The common table expressions that record the call's final status and settle its
+    settlement row, written only when the payment's transition (`moved`) happened."""
     sql = (
-        f"WITH txn AS (UPDATE {sql_table(PaymentTransaction)} SET status = %s,"
+        f"closed AS (UPDATE {sql_table(PaymentTransaction)} SET status = %s,"
         "  provider_operation_id = %s, last_error = %s, updated_at = statement_timestamp()"
-        "  WHERE id = %s RETURNING id)"
-        f" UPDATE {sql_table(PaymentSettlement)} SET done_at = statement_timestamp(),"
+        "  WHERE id = %s AND EXISTS (SELECT 1 FROM moved) RETURNING id),"
+        f" settled AS (UPDATE {sql_table(PaymentSettlement)} SET done_at = statement_timestamp(),"
         "  lease_owner = '', lease_expires_at = NULL, needs_attention = false,"
         "  updated_at = statement_timestamp()"
-        " WHERE transaction_id IN (SELECT id FROM txn) AND done_at IS NULL"
+        "  WHERE transaction_id IN (SELECT id FROM closed) AND done_at IS NULL)"
+    )
+    return sql, [status, operation_id, error, txn.id]
+
+
+def _transaction_close(*, txn: PaymentTransaction, status: str, operation_id: str, error: str):
+    """Record the call's final status and settle its settlement row, in one statement."""
+    close, params = _transaction_close_sql(
+        txn=txn, status=status, operation_id=operation_id, error=error
     )
     with connection.cursor() as cursor:
-        cursor.execute(sql, [status, operation_id, error, txn.id])
+        cursor.execute(f"WITH moved AS (SELECT 1), {close} SELECT 1", params)
 
 
 @transaction.atomic
@@ -119,6 +130,9 @@ def capture_record(
     its event, then the transaction and settlement rows: the first recorder
     wins, every later one finds the payment no longer `pending` and changes
     nothing. `txn` spares the read when the caller has the row already.
+    The payment returned is locked by this transaction (by the UPDATE, or
+    `payment_lock`), as last committed: a caller inside a transaction may
+    apply it without reading it again.
     """
     if txn is None or txn.id != transaction_id:
         txn = PaymentTransaction.objects.get(id=transaction_id)
@@ -130,6 +144,7 @@ def capture_record(
     if result.outcome in final and not mismatch:
         detail = {"provider_key": txn.provider_key, "via": mode, "answer": result.describe()}
         captured = result.outcome == Outcome.SUCCEEDED
+        # The call's row and its settlement row close in the transition's statement.
         payment = payment_transition(
             payment=Payment(id=txn.payment_id, status=PaymentStatus.PENDING),
             to=final[result.outcome],
@@ -137,17 +152,17 @@ def capture_record(
             increments={"amount_authorized": txn.amount, "amount_captured": txn.amount}
             if captured
             else None,
+            also=_transaction_close_sql(
+                txn=txn,
+                status=TransactionStatus.SUCCEEDED if captured else TransactionStatus.DECLINED,
+                operation_id=result.operation_id,
+                error="" if captured else result.describe(),
+            ),
         )
         if payment is None:
             # Recorded already (by the other process, the inline call, an earlier
             # attempt): the first recorder won; nothing changes twice.
-            return Payment.objects.get(id=txn.payment_id)
-        _transaction_close(
-            txn=txn,
-            status=TransactionStatus.SUCCEEDED if captured else TransactionStatus.DECLINED,
-            operation_id=result.operation_id,
-            error="" if captured else result.describe(),
-        )
+            return payment_lock(payment_id=txn.payment_id)
         if mode in ("settlement", "webhook"):
             _notify_settled(
                 payment=payment, outcome=Outcome.SUCCEEDED if captured else Outcome.DECLINED

@@ -30,12 +30,15 @@ def payment_transition(
     to: str,
     detail: dict,
     increments: dict[str, Decimal] | None = None,
+    also: tuple[str, list] | None = None,
 ) -> Payment | None:
     """Move a payment to `to` if it is still in the status we read; write the event.
 
     One statement: the conditional UPDATE (amount columns grow by
     `increments`, in SQL) and the event INSERT fed by its RETURNING, so the
-    event exists exactly when the change happened. Return the payment as
+    event exists exactly when the change happened. `also` is (SQL, params)
+    of further common table expressions that write only when `moved` holds a
+    row (each reads it), in the same statement. Return the payment as
     updated, or None when another transaction moved it first (nothing written).
     """
     if to not in PAYMENT_TRANSITIONS[payment.status]:
@@ -52,8 +55,11 @@ def payment_transition(
         f" event AS (INSERT INTO {sql_table(PaymentEvent)}"
         "  (payment_id, kind, from_status, to_status, detail)"
         "  SELECT id, 'transition', %s, %s, %s::jsonb FROM moved)"
+        f"{', ' + also[0] if also else ''}"
         " SELECT * FROM moved"
     )
     params += [payment.id, payment.status, payment.status, to, json.dumps(detail)]
+    if also:
+        params += also[1]
     moved = list(Payment.objects.raw(sql, params))
     return moved[0] if moved else None

@@ -78,9 +78,9 @@ _KEY_UNIQUE_MIGRATION = """                    models.UniqueConstraint(
                     ),
 """
 _ON_CONFLICT = (
-    '            f" ON CONFLICT ON CONSTRAINT {OWNER_KEY_CONSTRAINT} DO NOTHING RETURNING id"\n'
+    '            f"  ON CONFLICT ON CONSTRAINT {OWNER_KEY_CONSTRAINT} DO NOTHING RETURNING id)"\n'
 )
-_PLAIN_RETURNING = '            " RETURNING id"\n'
+_PLAIN_RETURNING = '            "  RETURNING id)"\n'
 
 _CHECK_THEN_ACT = """        table = connection.ops.quote_name(IdempotencyKey._meta.db_table)
         with connection.cursor() as cursor:
@@ -136,8 +136,8 @@ MUTANTS: tuple[Mutant, ...] = (
         edits=(
             Edit(
                 "inventory/services.py",
-                'StockItem.objects.filter(id=stock_id, on_hand__gte=F("reserved") + quantity)',
-                "StockItem.objects.filter(id=stock_id)",
+                '"  updated_at = statement_timestamp() WHERE id = %s AND on_hand >= reserved + %s"',
+                '"  updated_at = statement_timestamp() WHERE id = %s AND %s > 0"',
             ),
         ),
         tests=(

@@ -66,15 +66,27 @@ class KeyClaim:
         assert answer is not None or not finished
         final = answer if finished else None
         table = connection.ops.quote_name(IdempotencyKey._meta.db_table)
+        # Bound the wait on a concurrent identical request's uncommitted insert
+        # (its phase may be queued behind a busy row): past the claim wait it is
+        # "in use" (409), not a sync worker held. One statement: `wait` sets the
+        # timeout before the INSERT reads its row, and the outer SELECT puts the
+        # previous value back once the INSERT has run (it reads the INSERT's
+        # result), before the phase's own statements.
         sql = (
-            f"INSERT INTO {table} (owner_id, key, operation, request_method, request_path,"
-            " request_fingerprint, recovery_point, data, leased_by, leased_at, runs,"
-            " response_status, response_body, response_headers, finished_at)"
-            " VALUES (%s, %s, %s, %s, %s, %s, %s, '{}'::jsonb, %s,"
-            " CASE WHEN %s THEN now() END, 1, %s, %s, %s::jsonb, CASE WHEN %s THEN now() END)"
-            f" ON CONFLICT ON CONSTRAINT {OWNER_KEY_CONSTRAINT} DO NOTHING RETURNING id"
+            "WITH wait AS MATERIALIZED (SELECT current_setting('lock_timeout') AS previous,"
+            "  set_config('lock_timeout', %s, true) AS claim_wait),"
+            f" claimed AS (INSERT INTO {table} (owner_id, key, operation, request_method,"
+            "  request_path, request_fingerprint, recovery_point, data, leased_by, leased_at,"
+            "  runs, response_status, response_body, response_headers, finished_at)"
+            "  SELECT %s, %s, %s, %s, %s, %s, %s, '{}'::jsonb, %s::uuid,"
+            "  CASE WHEN %s THEN now() END, 1, %s::integer, %s::text, %s::jsonb,"
+            "  CASE WHEN %s THEN now() END FROM wait"
+            f"  ON CONFLICT ON CONSTRAINT {OWNER_KEY_CONSTRAINT} DO NOTHING RETURNING id)"
+            " SELECT claimed.id, set_config('lock_timeout', wait.previous, true)"
+            " FROM wait LEFT JOIN claimed ON true"
         )
         params: list[Any] = [
+            _claim_lock_timeout(),
             self.owner_id,
             self.key,
             self.operation,
@@ -90,16 +102,6 @@ class KeyClaim:
             finished,
         ]
         with connection.cursor() as cursor:
-            # Bound the wait on a concurrent identical request's uncommitted
-            # insert (its phase may be queued behind a busy row): past the
-            # claim wait it is "in use" (409), not a sync worker held. The
-            # timeout covers this statement alone; the previous value is put
-            # back before the phase's own statements.
-            cursor.execute(
-                "SELECT current_setting('lock_timeout'), set_config('lock_timeout', %s, true)",
-                [_claim_lock_timeout()],
-            )
-            previous = cursor.fetchone()[0]
             try:
                 cursor.execute(sql, params)
                 row = cursor.fetchone()
@@ -107,8 +109,7 @@ class KeyClaim:
                 if getattr(exc.__cause__, "sqlstate", None) != LOCK_NOT_AVAILABLE:
                     raise
                 raise KeyClaimLost(f"{run!r}: another request is claiming this key") from exc
-            cursor.execute("SELECT set_config('lock_timeout', %s, true)", [previous])
-        if row is None:
+        if row[0] is None:
             raise KeyClaimLost(f"{run!r}: another request holds this key")
         return row[0]
 

@@ -1,4 +1,5 @@
-"""The SQL statements of one keyed checkout's happy path, counted (issue 21 aims at ≤ 20).
+"""The SQL statements of one keyed checkout's happy path, counted (at most 15, in two
+transactions: docs/checkout.md, "Two transactions").
 
 Every statement is a round trip and ORM work on the web worker: the count is
 pinned, so a change that adds one shows here (and says why in this file).
@@ -24,16 +25,17 @@ BODY = {
 
 # Transaction control the driver sends as commands of their own (each a round trip too).
 CONTROL = ("BEGIN", "COMMIT", "SAVEPOINT", "RELEASE SAVEPOINT")
-# Outside any transaction: token (with the courier check), key read, catalog read (3);
-# phase 1 (key insert with its lock_timeout set and reset, the owner's row lock and the
-# read of their recent and holding orders (orders.limits), reserve, order, payment: 13);
-# the capture's two payment transactions (5, payments/capture.py); phase 3 (order with
-# its payment lock, lines, transition, reservation commit, outbox, answer: 8). 30 before
-# issue 21: the courier check, the payment lock and the stock update were statements
-# of their own (docs/runs/bench.md, "Statements of one keyed checkout"); 29 since the
-# limits per shopper (docs/checkout.md, "Limits per shopper").
-STATEMENTS = 29
-TRANSACTIONS = 4  # phase 1, the capture's two, phase 3
+# Outside any transaction (3): the token (with the courier check), the key read, the
+# catalog read. Transaction 1 (7): the key's claim (its lock wait set and reset in the
+# same statement), the owner's row lock, the owner's recent and holding orders
+# (orders.limits), stock and flags (one UPDATE feeding the flags' INSERT), the order
+# with its lines and placed events, the payment prepared for its capture (its event,
+# the call's transaction and settlement rows), the key's `reserved` point. The
+# provider call, no transaction open. Transaction 2 (5): the capture recorded (the
+# payment, its event, the call's row, its settlement), the order's transition (its
+# lines, its events), the flags committed, the outbox row, the key's stored answer.
+STATEMENTS = 15
+TRANSACTIONS = 2  # what must exist before the provider call; what records its outcome
 
 
 def _place(client):
