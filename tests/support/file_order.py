@@ -9,8 +9,8 @@ orders its collection the same way, longest file first:
   (pytest's cache, key `FILE_SECONDS`, written by the controller at the end
   of the run and merged, so a run of a few files keeps the others' figures);
 - else, on a fresh clone, `LONGEST` first, in its order (the files that
-  start servers, browsers or whole shops), then the rest by their number of
-  tests, as xdist's own reordering does.
+  start browsers, whole shops or the runner's processes), then the rest by
+  their number of tests, as xdist's own reordering does.
 
 The order within a file is kept. All workers read the same cache at start,
 so their collections stay identical, which xdist checks.
@@ -20,22 +20,33 @@ from __future__ import annotations
 
 import os
 from collections import defaultdict
+from pathlib import Path
 
 import pytest
 
 FILE_SECONDS = "shop/file-seconds"
+ROOT = Path(__file__).resolve().parents[2]
 
-# The files that take longest, longest first: the live shops of the browser
-# modules, real gunicorn and Celery processes per test, the crash tests.
+# The files that take longest, longest first: the browser modules' live shop,
+# the runner's whole-process tests, the process files' servers, every route
+# for every role, the money model, the docs' checks, the API fuzzing
+# (docs/runs/suite.md, "The slowest tests").
 LONGEST = (
     "tests/browser/test_storefront.py",
+    "tests/runner/test_pytest_plugin.py",
+    "tests/config/test_process_files.py",
+    "tests/runner/test_hosts.py",
+    "tests/security/test_route_roles.py",
+    "tests/orders/test_money_model.py",
+    "tests/test_docs.py",
+    "tests/runner/test_manage.py",
+    "tests/fuzz/test_schemathesis.py",
+    "tests/runner/test_server_restarts.py",
+    "tests/runner/test_supervisor.py",
     "tests/browser/test_admin.py",
-    "tests/browser/test_admin_needs_attention.py",
-    "tests/browser/test_admin_backoffice.py",
-    "tests/idempotency/test_crash.py",
-    "tests/payments/test_webhooks.py",
-    "tests/payments/test_refunds_worker.py",
-    "tests/test_lifetime.py",
+    "tests/orders/test_checkout_http.py",
+    "tests/payments/test_reconciliation.py",
+    "tests/idempotency/test_relay.py",
 )
 
 

@@ -55,3 +55,9 @@ def test_the_controller_merges_a_runs_seconds_into_the_cache():
         record.pytest_runtest_logreport(SimpleNamespace(nodeid="tests/b.py::x", duration=phase))
     record.pytest_sessionfinish(SimpleNamespace(config=SimpleNamespace(cache=cache)))
     assert cache[FILE_SECONDS] == {"tests/a.py": 90.0, "tests/b.py": 4.0}
+
+
+def test_every_file_named_longest_exists():
+    from tests.support.file_order import ROOT
+
+    assert [name for name in LONGEST if not (ROOT / name).is_file()] == []
