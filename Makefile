@@ -39,13 +39,14 @@ lock: $(TOOLS_STAMP)
 
 ## Run the whole test suite (against DATABASE_URL / REDIS_URL when set, else on
 ## embedded servers started once): TEST_WORKERS pytest-xdist workers, one test
-## file per worker at a time, then the tests marked `serial` alone
+## file per worker at a time, longest first (tests/support/file_order.py), then the
+## tests marked `serial` alone
 ## (docs/testing.md, "Running in parallel"). Both passes run; the target fails
 ## when either fails (exit 5, nothing selected, counts as passed unless both
 ## select nothing). The bench's own dependencies too, for its tests (tests/bench).
 TEST_WORKERS ?= 4
 test: $(STAMP) $(BENCH_STAMP)
-	@$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS); parallel=$$?; \
+	@$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS); parallel=$$?; \
 	echo "::: the serial tests, alone"; \
 	SHOP_TEST_SERIAL_ONLY=1 $(BIN)/python -m pytest -n 0 $(PYTEST_ARGS); serial=$$?; \
 	if [ $$parallel = 5 ] && [ $$serial = 5 ]; then exit 5; fi; \

@@ -12,8 +12,13 @@ from django.core.cache import cache
 from rest_framework.test import APIClient
 
 from core.api_tokens import api_token_issue
+from tests.support import file_order
 
 _counter = itertools.count()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    file_order.register(config)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -22,6 +27,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     Tests marked `serial` (and `rabbitmq`, whose queues on the one broker every worker would
     share) never run in an xdist worker; `SHOP_TEST_SERIAL_ONLY=1` selects only them, for
     `make test`'s second pass. A run without xdist and without that variable runs everything.
+    An xdist worker orders its files longest first (tests/support/file_order.py).
     """
     serial_only = os.environ.get("SHOP_TEST_SERIAL_ONLY") == "1"
     in_worker = bool(os.environ.get("PYTEST_XDIST_WORKER"))
@@ -34,6 +40,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+    if in_worker:
+        file_order.order_longest_first(config, items)
 
 
 @pytest.fixture(autouse=True)

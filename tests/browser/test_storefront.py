@@ -18,8 +18,10 @@ import requests
 from django.test import Client
 from playwright.sync_api import Error as PlaywrightError
 
+from idempotency.keys import FINISHED, key_lookup
 from inventory.models import Reservation, StockItem
 from orders.models import Order
+from shop.words import FORM_REFUSALS
 from tests.browser import ui
 from tests.support.servers import gunicorn_server, wait_until
 
@@ -191,6 +193,31 @@ def test_double_click_on_place_order_makes_one_order_and_one_charge(shop, page, 
     assert StockItem.objects.get(product__sku="MUG").on_hand == 4
 
 
+def land_on_the_order(page, *, username: str, key: str) -> None:
+    """Wait for the order page after "Place order" was sent twice without script.
+
+    The browser aborts its first POST when the second click sends the form
+    again; when the first has already reached the shop, the second meets its
+    key still running and the answer is the page saying the form is being sent
+    already (409, docs/idempotency.md). The shopper reloads it once the first
+    has finished: the same POST, the same key, answered with the first one's
+    303 to the order.
+    """
+    in_use = page.get_by_text(str(FORM_REFUSALS["idempotency_key_in_use"]))
+    order_heading = page.get_by_role("heading", name=re.compile(r"^Order \d+$"))
+    order_heading.or_(in_use).wait_for()
+    if in_use.count():
+        owner = Order.objects.get(owner__username=username).owner_id
+        wait_until(
+            lambda: (
+                getattr(key_lookup(owner_id=owner, key=key), "recovery_point", None) == FINISHED
+            ),
+            message=f"the first submission under {key} finished",
+        )
+        page.reload()
+    page.wait_for_url(ORDER_URL)
+
+
 def rendered_form(page):
     """The checkout form's action and fields as the browser would send them now."""
     form = place_order_button(page).locator("xpath=ancestor::form")
@@ -210,7 +237,7 @@ def test_without_javascript_double_click_back_and_submit_again_make_one_order(
     fill_checkout(page)
     action, data = rendered_form(page)
     place_order_button(page).dblclick()
-    page.wait_for_url(ORDER_URL)
+    land_on_the_order(page, username=username, key=dict(data)["idempotency_key"])
     order = assert_one_order_one_charge(shop, username)
     assert_order_shown(page, order)
 
@@ -228,6 +255,38 @@ def test_without_javascript_double_click_back_and_submit_again_make_one_order(
     ui.visit(page, f"/orders/{order.id}/")
     assert_order_shown(page, order)
     assert_one_order_one_charge(shop, username)
+    assert StockItem.objects.get(product__sku="MUG").on_hand == 4
+
+
+def test_without_javascript_a_second_submit_meeting_the_first_lands_on_its_order(
+    shop, new_context, make_product
+):
+    """The second click sends the form while the first POST still runs (a slow provider):
+    the in-use page, then a reload lands on the one order (the double click's slow path)."""
+    make_product("MUG", price="8.50", stock=5)
+    page = new_context(shop, java_script_enabled=False).new_page()
+    username = ui.signup(page)
+    add_to_cart(page, "MUG", 1)
+    fill_checkout(page)
+    key = dict(rendered_form(page)[1])["idempotency_key"]
+    answers: list[int] = []
+    page.on("response", lambda r: r.request.method == "POST" and answers.append(r.status))
+    button = place_order_button(page)
+    button.scroll_into_view_if_needed()
+    box = button.bounding_box()
+    assert box is not None
+    x, y = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
+    shop.simulator.faults(latency_ms=1500)
+    try:
+        page.mouse.click(x, y)  # the first POST reaches the shop, which calls the provider
+        wait_until(lambda: Order.objects.filter(owner__username=username).exists())
+        page.mouse.click(x, y)  # the form again: the browser aborts the first request
+        land_on_the_order(page, username=username, key=key)
+    finally:
+        shop.simulator.faults(latency_ms=0)
+    assert answers[:2] == [409, 303], answers
+    order = assert_one_order_one_charge(shop, username)
+    assert_order_shown(page, order)
     assert StockItem.objects.get(product__sku="MUG").on_hand == 4
 
 

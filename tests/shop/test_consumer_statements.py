@@ -40,8 +40,9 @@ STATEMENTS = {
     "shop.consume_history": 4 + 4,
     "shop.consume_emails": 4 + 4,
 }
-# The sender: begin every attempt, read the rows with their shoppers, mark the sent done.
-SENDER_STATEMENTS = 3
+# The sender: begin every attempt, read the rows with their shoppers, read the orders'
+# numbers and languages (each mail in its order's language), mark the sent done.
+SENDER_STATEMENTS = 4
 
 
 def _statements(queries) -> list[str]:
