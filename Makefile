@@ -45,6 +45,10 @@ lock: $(TOOLS_STAMP)
 ## when either fails (exit 5, nothing selected, counts as passed unless both
 ## select nothing). The bench's own dependencies too, for its tests (tests/bench).
 TEST_WORKERS ?= 4
+## The tests write bytecode even where PYTHONDONTWRITEBYTECODE is set: pytest's
+## rewritten test modules are cached in __pycache__, so the workers and the serial
+## pass do not rewrite every test module again (docs/testing.md, "Running in parallel").
+test: export PYTHONDONTWRITEBYTECODE :=
 test: $(STAMP) $(BENCH_STAMP)
 	@$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS); parallel=$$?; \
 	echo "::: the serial tests, alone"; \
