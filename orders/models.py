@@ -72,7 +72,14 @@ class Order(models.Model):
     scope = models.CharField(max_length=128, null=True, blank=True, editable=False)
     # The language the order was placed in (the storefront page's; an API order's is
     # LANGUAGE_CODE): the shopper's e-mails are written in it (docs/storefront.md, "Languages").
-    language = models.CharField(max_length=16, default=settings.LANGUAGE_CODE, editable=False)
+    # The column's own default lets an INSERT that does not name it (a host still on the
+    # code before it, a raw statement) place an order.
+    language = models.CharField(
+        max_length=16,
+        default=settings.LANGUAGE_CODE,
+        db_default=settings.LANGUAGE_CODE,
+        editable=False,
+    )
     created_at = models.DateTimeField(db_default=Now())
     updated_at = models.DateTimeField(db_default=Now())
 

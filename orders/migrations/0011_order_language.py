@@ -12,6 +12,6 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name="order",
             name="language",
-            field=models.CharField(default="en", editable=False, max_length=16),
+            field=models.CharField(db_default="en", default="en", editable=False, max_length=16),
         ),
     ]
