@@ -135,6 +135,8 @@ def refusals() -> set[type[ApplicationError]]:
         path = Path(config.path)
         if not path.is_relative_to(ROOT) or path.is_relative_to(ROOT / "tests"):
             continue
+        if "site-packages" in path.parts:  # a virtualenv inside the checkout
+            continue
         for module in pkgutil.walk_packages([config.path], f"{config.name}."):
             if ".migrations" not in module.name:
                 importlib.import_module(module.name)
