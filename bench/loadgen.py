@@ -34,6 +34,10 @@ from urllib.parse import urlsplit
 # Every run ends by itself after at most this long, whatever the arguments.
 HARD_CAP_SECONDS = 600.0
 _RECV = 65536
+# A keep-alive connection idle longer than this is not reused: gunicorn closes an
+# idle one after its `keepalive` (2 s by default), and a request sent as it closes
+# gets no answer. An open loop at a low rate leaves connections idle that long.
+IDLE_REUSE_S = 1.0
 
 
 class ProtocolError(Exception):
@@ -191,6 +195,7 @@ class _Connection:
     def __init__(self, host: str, port: int, timeout: float):
         self.host, self.port, self.timeout = host, port, timeout
         self.sock: socket.socket | None = None
+        self.used_at = 0.0
 
     def close(self) -> None:
         if self.sock is not None:
@@ -200,6 +205,9 @@ class _Connection:
                 self.sock = None
 
     def exchange(self, payload: bytes, want_headers: bool) -> tuple[int, bytes, dict]:
+        if self.sock is not None and time.monotonic() - self.used_at > IDLE_REUSE_S:
+            # The server may be closing it: a browser opens a new one after an idle spell.
+            self.close()
         if self.sock is None:
             sock = socket.create_connection((self.host, self.port), timeout=self.timeout)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -257,6 +265,7 @@ class _Connection:
             close = True
         if close:
             self.close()
+        self.used_at = time.monotonic()
         return status, body, headers
 
     def send(self, payload: bytes, want_headers: bool) -> tuple[int, bytes, dict] | str:
