@@ -62,6 +62,7 @@ LAG_GROWTH_S = 0.5
 LATENCY_GROWTH_MS = 250.0
 DRAIN_MAX_S = 60.0
 MAX_IN_FLIGHT = 64
+WARMUP_S = 30.0
 MAIL_SENDER = "mail sender"
 # The bench database's backends alone: part of "postgres" (the whole server), not added
 # to the total; on a shared server the one to read (bench/cpu.py, `backends_source`).
@@ -342,8 +343,16 @@ def run(ctx) -> dict:
         def order(n: int) -> Request:
             return order_request(headers[n % len(headers)], random.Random(n).choice(skus))
 
-        # Warm every process (imports, pooled connections), then start from an idle pipeline.
-        run_open(shop.base_url, factory=order, rate=5, duration=2, max_in_flight=8)
+        # Warm every process and every request thread (imports, pooled connections) and
+        # let beat's first round of work pass, at the first step's rate, then start from
+        # an idle pipeline: a cold start is not what a step measures.
+        run_open(
+            shop.base_url,
+            factory=order,
+            rate=rates[0],
+            duration=min(WARMUP_S, seconds),
+            max_in_flight=MAX_IN_FLIGHT,
+        )
         backlog = _wait_idle(limit=120)
         ctx.log(f"  warmed; effects missing before the first step: {backlog}")
         for rate in rates:
