@@ -44,6 +44,8 @@ from bench.scenarios.sustained import (
     QUICK_SECONDS,
     WEB_THREADS,
     growth,
+    headline,
+    verdict_text,
     window_for,
 )
 from bench.shop import backends_cpu_source, postgres_cpu_source
@@ -111,22 +113,13 @@ def step_figures(*, rate: float, seconds: float, load: OpenLoadResult, requests:
     return step
 
 
-def headline(steps: list[dict]) -> float | None:
-    """The highest rate of the steps kept up (None: not even the first)."""
-    rates = [s["rate"] for s in steps if s["verdict"]["kept_up"]]
-    return max(rates) if rates else None
-
-
 def _describe(step: dict) -> str:
     lat = step["checkout_ms"]
-    failed = [k for k, v in step["verdict"].items() if k != "kept_up" and not v]
-    verdict = "kept up" if step["verdict"]["kept_up"] else "NOT kept up"
     return (
         f"{step['rate']:g}/s for {step['seconds']:.0f} s: {step['orders_per_s']} orders/s "
         f"({step['requests_per_checkout']} requests each), checkout p50 {lat['p50']} / p99 "
-        f"{lat['p99']} ms (+{lat['growth']}; limits {step['limits_ms']}); {verdict}"
-        f"{' (' + ', '.join(failed) + ')' if failed else ''}; CPU ms per order "
-        f"{step['cpu_ms_per_order']}"
+        f"{lat['p99']} ms (+{lat['growth']}; limits {step['limits_ms']}); {verdict_text(step)}; "
+        f"CPU ms per order {step['cpu_ms_per_order']}"
     )
 
 

@@ -135,6 +135,14 @@ def kept_up(step: dict) -> dict:
     return {**checks, "kept_up": all(checks.values())}
 
 
+def verdict_text(step: dict) -> str:
+    """ "kept up", or "NOT kept up" with the rules the step failed in brackets."""
+    if step["verdict"]["kept_up"]:
+        return "kept up"
+    failed = [k for k, v in step["verdict"].items() if k != "kept_up" and not v]
+    return f"NOT kept up ({', '.join(failed)})" if failed else "NOT kept up"
+
+
 def headline(steps: list[dict]) -> float | None:
     """The highest rate of the steps kept up (None: not even the first)."""
     rates = [s["rate"] for s in steps if s["verdict"]["kept_up"]]
@@ -300,13 +308,10 @@ def _describe(step: dict) -> str:
         f"{name} p50 {f['p50']} / p99 {f['p99']} s (+{f['growth']})"
         for name, f in step["lag_s"].items()
     )
-    verdict = "kept up" if step["verdict"]["kept_up"] else "NOT kept up"
-    failed = [k for k, v in step["verdict"].items() if k != "kept_up" and not v]
     return (
         f"{step['rate']:g}/s for {step['seconds']:.0f} s: {step['orders_per_s']} orders/s, "
         f"checkout p50 {lat['p50']} / p99 {lat['p99']} ms (+{lat['growth']}); lag {lags}; "
-        f"{verdict}{' (' + ', '.join(failed) + ')' if failed else ''}; "
-        f"CPU ms per order {step['cpu_ms_per_order_total']}"
+        f"{verdict_text(step)}; CPU ms per order {step['cpu_ms_per_order_total']}"
     )
 
 
