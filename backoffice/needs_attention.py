@@ -27,14 +27,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
 
-from django.contrib import admin, messages
-from django.core import signing
+from django.contrib import admin
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.functional import Promise
-from django.utils.http import urlencode
 from django.utils.translation import gettext, gettext_lazy
 
 from core import attention
@@ -42,7 +40,7 @@ from idempotency import selectors as idempotency_selectors
 from idempotency.admin_actions import ADMIN_NEEDS_ATTENTION
 from idempotency.keys import Reply, Result, close_run, keyed_phase
 from idempotency.messaging.deliveries import dead_letter_requeue
-from idempotency.views import FORM_FIELD, idempotent_form
+from idempotency.views import FORM_FIELD, form_redirect, idempotent_form
 from orders import compensation
 from orders import selectors as orders_selectors
 from payments import capture_differs, refund_decisions
@@ -51,8 +49,6 @@ from payments import settlement as payments_settlement
 from payments.states import RefundStatus, SettlementAttention
 from reports import days as report_days
 from reports import selectors as reports_selectors
-
-_NOTE_SALT = "admin.needs_attention.note"
 
 
 @dataclass(frozen=True)
@@ -379,22 +375,13 @@ def needs_attention_rows(user) -> dict[str, list[Row]]:
 # --- The views --------------------------------------------------------------------------
 
 
-def page_url(*, level: str = "", text: str = "") -> str:
-    """The page's URL, with a signed note to show as an admin message (kept by a replay)."""
-    url = reverse("admin-needs-attention")
-    if not text:
-        return url
-    note = signing.dumps({"level": level, "text": text}, salt=_NOTE_SALT)
-    return f"{url}?{urlencode({'note': note})}"
-
-
 def present(result: Result) -> Reply:
     """303 back to the page: the action's outcome, or the refusal's title and detail."""
     if result.refusal is not None:
         refusal = result.refusal
         text = f"{gettext(refusal.default_title())}: {refusal.detail}"
-        return Reply(status=303, headers={"Location": page_url(level="error", text=text)})
-    return Reply(status=303, headers={"Location": page_url(level="success", text=result.value)})
+        return form_redirect(reverse("admin-needs-attention"), message=text, level="error")
+    return form_redirect(reverse("admin-needs-attention"), message=result.value)
 
 
 @idempotent_form(operation=ADMIN_NEEDS_ATTENTION)
@@ -412,18 +399,6 @@ def _submit(request: HttpRequest, action: Action, pk: str, *, key) -> None:
         close_run(run, Result.done(text), present)
 
 
-def _show_note(request: HttpRequest) -> None:
-    note = request.GET.get("note")
-    if not note:
-        return
-    try:
-        data = signing.loads(note, salt=_NOTE_SALT)
-    except signing.BadSignature:
-        return
-    level = messages.ERROR if data.get("level") == "error" else messages.SUCCESS
-    messages.add_message(request, level, str(data.get("text", "")))
-
-
 def needs_attention_view(request: HttpRequest) -> HttpResponse:
     """GET: the list; POST: one keyed action (kind, pk, action), then 303 back here."""
     if request.method == "POST":
@@ -434,7 +409,6 @@ def needs_attention_view(request: HttpRequest) -> HttpResponse:
         if not action.allowed(request.user):
             raise PermissionDenied
         return _submit(request, action, pk)
-    _show_note(request)
     rows = needs_attention_rows(request.user)
     return TemplateResponse(
         request,

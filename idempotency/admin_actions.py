@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import hashlib
 
-from django.contrib import messages
+from django.contrib import admin, messages
 from django.http import HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
@@ -33,6 +33,7 @@ from .views import FORM_FIELD, FORM_REFUSALS, idempotent_form
 # because the page's layer has no app of its own; the completer only forgets
 # an abandoned one-phase key, it presents nothing.
 ADMIN_NEEDS_ATTENTION = "admin.needs_attention"
+IN_USE = "idempotency_key_in_use"
 
 
 def action_key(operation: str, rows) -> str:
@@ -72,10 +73,27 @@ def refusal_message(request, exc: ApplicationError) -> None:
 def admin_form_refusal(request, exc: ApplicationError, *, after: bool = True):
     """`idempotent_form(refusal=...)` for the admin's forms: a message on the page it came from.
 
-    The key refused the submission (in use, reused with other values) or the
-    input was refused before anything was stored (400): back to the form's
-    own page (GET), whose key is fresh (`after`, see `state_key`).
+    The key refused the submission (reused with other values) or the input
+    was refused before anything was stored (400): back to the form's own
+    page (GET), whose key is fresh (`after`, see `state_key`). A key still
+    running (the second submit of a double click meeting the first) is a
+    409 page at the POST's own URL saying so: reloading it sends the same
+    POST again, answered with the first one's outcome (docs/admin.md).
     """
+    if exc.code == IN_USE:
+        response = TemplateResponse(
+            request,
+            "admin/keyed_in_use.html",
+            {
+                **admin.site.each_context(request),
+                "title": gettext(exc.default_title()),
+                "message": FORM_REFUSALS[IN_USE],
+            },
+            status=exc.status,
+        )
+        for name, value in exc.headers.items():
+            response[name] = value
+        return response
     refusal_message(request, exc)
     url = request.path
     if after:

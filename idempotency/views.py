@@ -23,10 +23,12 @@ replay are the same bytes; a replay carries `Idempotent-Replayed: true`.
 from __future__ import annotations
 
 import functools
+import json
 import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from django.contrib import messages
 from django.contrib.auth.views import redirect_to_login
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
@@ -42,9 +44,11 @@ from core.logging import bind as log_bind
 from core.logging import key_hash
 
 from .keys import (
+    JSON_CONTENT_TYPE,
     Answer,
     KeyLeaseLost,
     KeyRun,
+    Reply,
     body_fingerprint,
     key_answer_existing,
     key_claim,
@@ -327,13 +331,46 @@ def idempotent_form(
                     path=request.path,
                     body=lambda: form_fields(request.POST, exclude=(field, "csrfmiddlewaretoken")),
                 )
-                return run_keyed(handle, lambda: view(request, *args, key=handle, **kwargs))
+                response = run_keyed(handle, lambda: view(request, *args, key=handle, **kwargs))
             except ApplicationError as exc:
                 return refusal(request, exc)
+            return form_message_shown(request, response)
 
         return wrapper
 
     return decorator
+
+
+FORM_MESSAGE_LEVELS = {"success": messages.SUCCESS, "error": messages.ERROR}
+
+
+def form_redirect(url: str, *, message: str = "", level: str = "success") -> Reply:
+    """A keyed form's 303 answer to `url`, with its message stored in the answer.
+
+    The message (`level`: "success" or "error") is part of what the key
+    stores, so every answer to the key shows it: a double click whose first
+    answer the browser dropped (it follows the second submit, a replay)
+    still tells the person what happened. `idempotent_form` turns it into a
+    Django message on the request that gets the answer.
+    """
+    body = {"message": message, "level": level} if message else None
+    return Reply(status=303, headers={"Location": url}, body=body)
+
+
+def form_message_shown(request: HttpRequest, response: Any) -> Any:
+    """Show the message a `form_redirect` answer carries, and send the 303 without a body."""
+    if (
+        isinstance(response, HttpResponse)
+        and response.status_code == 303
+        and response.content
+        and response.get("Content-Type", "").startswith(JSON_CONTENT_TYPE)
+    ):
+        data = json.loads(response.content)
+        level = FORM_MESSAGE_LEVELS.get(data.get("level"), messages.SUCCESS)
+        messages.add_message(request, level, str(data.get("message", "")))
+        response.content = b""
+        del response["Content-Type"]
+    return response
 
 
 def form_key_new() -> str:

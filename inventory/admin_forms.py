@@ -17,7 +17,6 @@ from __future__ import annotations
 import functools
 
 from django import forms
-from django.contrib import messages
 from django.core.exceptions import PermissionDenied
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
@@ -28,7 +27,7 @@ from django.utils.translation import gettext, gettext_lazy
 from core.money import shop_currency
 from idempotency.admin_actions import admin_form_refusal, refusal_message, state_key
 from idempotency.keys import Reply, Result, keyed_operation
-from idempotency.views import FORM_FIELD, idempotent_form
+from idempotency.views import FORM_FIELD, form_redirect, idempotent_form
 
 from . import operations, permissions
 from .models import StockItem
@@ -47,15 +46,12 @@ def stock_redirect(result: Result, *, stock_id=None, form_key: str = "", request
     """303 to the stock item's page; a refusal back to the form (fresh key) with its title."""
     if result.refusal is None:
         stock = result.value
-        if request is not None:
-            messages.success(
-                request,
-                gettext("{sku}: {on_hand} on hand, {available} available.").format(
-                    sku=stock.product.sku, on_hand=stock.on_hand, available=stock.available
-                ),
-            )
-        url = reverse("admin:inventory_stockitem_change", args=[stock.pk])
-        return Reply(status=303, headers={"Location": url})
+        return form_redirect(
+            reverse("admin:inventory_stockitem_change", args=[stock.pk]),
+            message=gettext("{sku}: {on_hand} on hand, {available} available.").format(
+                sku=stock.product.sku, on_hand=stock.on_hand, available=stock.available
+            ),
+        )
     if request is not None:
         refusal_message(request, result.refusal)
     if stock_id is None:  # the completer's copy: no form to go back to

@@ -27,7 +27,7 @@ import functools
 from collections.abc import Callable
 
 from django import forms
-from django.contrib import admin, messages
+from django.contrib import admin
 from django.core.exceptions import PermissionDenied
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
@@ -37,7 +37,7 @@ from django.utils.translation import gettext
 
 from idempotency.admin_actions import admin_form_refusal, refusal_message, state_key
 from idempotency.keys import Reply, Result, keyed_operation
-from idempotency.views import FORM_FIELD, KeyRequest, idempotent_form
+from idempotency.views import FORM_FIELD, KeyRequest, form_redirect, idempotent_form
 
 from .. import operations, permissions
 from ..models import Order, OrderLine
@@ -82,10 +82,10 @@ def shipment_redirect(result: Result, *, order_id=None, form_key: str = "", requ
     """303 to the order's page; a refusal back to the form (fresh key) with its title."""
     if result.refusal is None:
         shipment = result.value
-        if request is not None:
-            messages.success(request, gettext("Shipment {id} created.").format(id=shipment.pk))
-        url = reverse("admin:orders_order_change", args=[shipment.order_id])
-        return Reply(status=303, headers={"Location": url})
+        return form_redirect(
+            reverse("admin:orders_order_change", args=[shipment.order_id]),
+            message=gettext("Shipment {id} created.").format(id=shipment.pk),
+        )
     if request is not None:
         refusal_message(request, result.refusal)
     if order_id is None:  # the completer's copy: no form to go back to

@@ -189,11 +189,6 @@ def test_a_refusal_is_an_admin_message_with_its_title(superuser, items, monkeypa
     assert Refund.objects.get(id=items["refund"].id).status == "needs_attention"
 
 
-def test_a_forged_note_is_not_shown(superuser, items):
-    shown = login(superuser).get(PAGE, {"note": "forged"}).content.decode()
-    assert 'class="error"' not in shown and 'class="success"' not in shown
-
-
 def test_view_only_staff_see_the_items_but_no_action_and_a_forced_post_is_403(
     make_user, superuser, items
 ):

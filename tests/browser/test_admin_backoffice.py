@@ -51,8 +51,11 @@ def test_staff_ship_adjust_refund_cancel_and_export_in_the_admin(
     page.locator('input[name="ship-TEE-M"]').fill("0")
     page.get_by_label("Carrier").fill("dhl")
     page.get_by_label("Tracking number").fill("TRK-42")
-    page.get_by_role("button", name="Create shipment").dblclick()
-    page.wait_for_url(re.compile(rf"/admin/orders/order/{order.id}/change/$"))
+    ui.double_click_keyed(
+        page,
+        page.get_by_role("button", name="Create shipment"),
+        done=re.compile(rf"/admin/orders/order/{order.id}/change/$"),
+    )
     (shipment,) = Shipment.objects.filter(order=order)
     assert shipment.tracking_number == "TRK-42"
     assert "created" in page.locator(".messagelist").inner_text()
@@ -67,8 +70,11 @@ def test_staff_ship_adjust_refund_cancel_and_export_in_the_admin(
     page.get_by_label("Change by (delta, e.g. -2 or 10)").check()
     page.get_by_label("Quantity").fill("3")
     page.get_by_label("Reason").fill("delivery from the supplier")
-    page.get_by_role("button", name="Adjust stock").dblclick()
-    page.wait_for_url(re.compile(rf"/admin/inventory/stockitem/{stock.pk}/change/$"))
+    ui.double_click_keyed(
+        page,
+        page.get_by_role("button", name="Adjust stock"),
+        done=re.compile(rf"/admin/inventory/stockitem/{stock.pk}/change/$"),
+    )
     assert StockItem.objects.get(pk=stock.pk).on_hand == before + 3
 
     # Refund from the order's page: its page says what is still refundable.
@@ -79,8 +85,11 @@ def test_staff_ship_adjust_refund_cancel_and_export_in_the_admin(
     ui.check_page(page, "admin-order-refund")
     page.get_by_label("Amount").fill("1.00")
     page.get_by_label("Reason").fill("goodwill: dented mug")
-    page.get_by_role("button", name="Refund", exact=True).dblclick()
-    page.wait_for_url(re.compile(rf"/admin/orders/order/{order.id}/change/$"))
+    ui.double_click_keyed(
+        page,
+        page.get_by_role("button", name="Refund", exact=True),
+        done=re.compile(rf"/admin/orders/order/{order.id}/change/$"),
+    )
     wait_until(
         lambda: Refund.objects.filter(status="succeeded").exists(),
         timeout=60,
@@ -95,8 +104,11 @@ def test_staff_ship_adjust_refund_cancel_and_export_in_the_admin(
     page.wait_for_url(re.compile(rf"/admin/orders/order/{other.id}/cancel-order/"))
     assert "moves to cancelling" in page.locator("body").inner_text()
     ui.check_page(page, "admin-order-cancel")
-    page.get_by_role("button", name="Cancel order").dblclick()
-    page.wait_for_url(re.compile(rf"/admin/orders/order/{other.id}/change/$"))
+    ui.double_click_keyed(
+        page,
+        page.get_by_role("button", name="Cancel order"),
+        done=re.compile(rf"/admin/orders/order/{other.id}/change/$"),
+    )
     assert Order.objects.get(id=other.id).status in ("cancelling", "cancelled")
     assert Order.objects.get(id=other.id).events.filter(kind="cancellation_started").count() == 1
 

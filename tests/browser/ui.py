@@ -18,6 +18,7 @@ import itertools
 import json
 import os
 import re
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -151,6 +152,28 @@ def visit(page, path: str):
         f"GET {path} answered {response.status}:\n{page.locator('body').inner_text()[:1000]}"
     )
     return response
+
+
+def double_click_keyed(page, button, *, done: re.Pattern) -> None:
+    """Double-click a keyed admin form's `button` and wait for its outcome page (URL `done`).
+
+    Chromium may send both submits of a double click. The second meets the
+    first either finished (a replay: the outcome page with the first's
+    message) or still running (the 409 page "being submitted already"),
+    which the person reloads, as it says, until the first has finished
+    (docs/admin.md): the same POST, answered as a replay.
+    """
+    from idempotency.views import FORM_REFUSALS
+
+    in_use = page.get_by_text(str(FORM_REFUSALS["idempotency_key_in_use"]))
+    button.dblclick()
+    deadline = time.monotonic() + 30
+    while not done.search(page.url):
+        assert time.monotonic() < deadline, f"still on {page.url} after a double click"
+        page.wait_for_timeout(200)
+        if in_use.count():
+            page.reload()
+    page.wait_for_load_state()
 
 
 def _field(page, name: str):

@@ -17,8 +17,11 @@ from django.contrib.auth.models import Permission
 from django.test import Client
 
 from idempotency.models import IdempotencyKey
+from idempotency.views import FORM_REFUSALS
+from orders.admin.forms import ADMIN_SHIPMENT_CREATE
 from orders.models import Order, Shipment, ShipmentLine
 from tests.orders.shipping import confirm
+from tests.support.servers import key_hold
 
 pytestmark = pytest.mark.django_db
 
@@ -100,6 +103,49 @@ def test_create_shipment_twice_from_one_form_ships_once(admin_browser, confirmed
     page = admin_browser.get(answers[0]["Location"])
     assert f"Shipment {shipment.pk} created." in messages_of(page)
     assert Order.objects.get(pk=confirmed.pk).fulfillment == "partially_shipped"
+
+
+def test_a_replay_shows_the_first_answers_message(superuser, confirmed):
+    """A double click whose first answer the browser dropped: the replay tells what happened.
+
+    The first submit's session never reads its answer (the browser followed
+    the second submit); the second is a replay and its page still says
+    "Shipment N created.": the message is stored with the key's answer
+    (idempotency.views.form_redirect), not only queued for the first request.
+    """
+    first, second = browser_for(superuser), browser_for(superuser)
+    key = form_key(first.get(ship_url(confirmed)))
+    body = {"idempotency_key": key, "ship-TEE-M": "1", "ship-MUG": "0"}
+    body |= {"carrier": "", "tracking_number": ""}
+    assert first.post(ship_url(confirmed), body).status_code == 303
+    replay = second.post(ship_url(confirmed), body)
+    assert (replay.status_code, replay["Idempotent-Replayed"], replay.content) == (303, "true", b"")
+    (shipment,) = Shipment.objects.filter(order=confirmed)
+    assert messages_of(second.get(replay["Location"])) == [f"Shipment {shipment.pk} created."]
+
+
+def test_a_submit_meeting_its_key_still_running_is_a_409_page_a_reload_resends(
+    superuser, admin_browser, confirmed
+):
+    """The second submit of a double click while the first runs: 409 at the POST's URL.
+
+    The page says the form is being sent and to reload; reloading resends the
+    same POST (a replay once the first has finished), so it is not a redirect
+    back to the form, whose fresh key would start a second submission.
+    """
+    key = form_key(admin_browser.get(ship_url(confirmed)))
+    fields = {"ship-TEE-M": "1", "ship-MUG": "0", "carrier": "", "tracking_number": ""}
+    key_hold(
+        owner_id=superuser.pk,
+        key=key,
+        operation=ADMIN_SHIPMENT_CREATE,
+        path=ship_url(confirmed),
+        body={name: [value] for name, value in fields.items()},
+    )
+    answer = admin_browser.post(ship_url(confirmed), {**fields, "idempotency_key": key})
+    assert answer.status_code == 409 and int(answer["Retry-After"]) >= 1
+    assert str(FORM_REFUSALS["idempotency_key_in_use"]) in answer.content.decode()
+    assert not Shipment.objects.filter(order=confirmed).exists()
 
 
 def test_two_tabs_of_the_same_form_carry_one_key_and_ship_once(admin_browser, confirmed):
