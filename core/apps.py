@@ -1,9 +1,10 @@
 from django.apps import AppConfig
+from django.utils.translation import gettext_lazy as _
 
 
 class CoreConfig(AppConfig):
     name = "core"
-    verbose_name = "Core"
+    verbose_name = _("Core")
 
     def ready(self) -> None:
         # Celery task retries and task log context (signals), in web and worker processes.

@@ -12,6 +12,8 @@ from django.conf import settings
 from django.contrib.sessions.base_session import AbstractBaseSession
 from django.db import models
 from django.db.models.functions import Now
+from django.utils.translation import gettext
+from django.utils.translation import gettext_lazy as _
 
 
 class ApiToken(models.Model):
@@ -25,18 +27,25 @@ class ApiToken(models.Model):
     clock's; the lifetime is judged against it (`API_TOKEN_LIFETIME`).
     """
 
-    digest = models.CharField(max_length=64, primary_key=True)
+    digest = models.CharField(max_length=64, primary_key=True, verbose_name=_("digest"))
     user = models.ForeignKey(
-        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens"
+        settings.AUTH_USER_MODEL,
+        on_delete=models.CASCADE,
+        related_name="api_tokens",
+        verbose_name=_("user"),
     )
-    auth_hash = models.CharField(max_length=128)
-    created = models.DateTimeField(db_default=Now())
+    auth_hash = models.CharField(max_length=128, verbose_name=_("auth hash"))
+    created = models.DateTimeField(db_default=Now(), verbose_name=_("created"))
 
     class Meta:
+        verbose_name = _("api token")
+        verbose_name_plural = _("api tokens")
         indexes = [models.Index(fields=["created"], name="core_apitoken_created")]
 
     def __str__(self) -> str:
-        return f"API token of user {self.user_id} ({self.digest[:8]}…)"
+        return gettext("API token of user {user} ({digest}…)").format(
+            user=self.user_id, digest=self.digest[:8]
+        )
 
 
 class Session(AbstractBaseSession):
@@ -47,7 +56,9 @@ class Session(AbstractBaseSession):
     deleted never fails; the index is what "Log out everywhere" reads.
     """
 
-    user_id = models.BigIntegerField(null=True, blank=True, db_index=True)
+    user_id = models.BigIntegerField(
+        null=True, blank=True, db_index=True, verbose_name=_("user id")
+    )
 
     class Meta(AbstractBaseSession.Meta):
         db_table = "core_session"

@@ -1,9 +1,10 @@
 from django.apps import AppConfig
+from django.utils.translation import gettext_lazy as _
 
 
 class IdempotencyConfig(AppConfig):
     name = "idempotency"
-    verbose_name = "Idempotency (request keys, outbox, inbox)"
+    verbose_name = _("Idempotency (request keys, outbox, inbox)")
 
     def ready(self) -> None:
         # The checks register themselves; the keyed confirmations ("Requeue",

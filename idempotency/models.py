@@ -8,6 +8,8 @@ from django.db import models
 from django.db.models import Q
 from django.db.models.fields.json import KT
 from django.db.models.functions import Now
+from django.utils.translation import gettext
+from django.utils.translation import gettext_lazy as _
 
 from core.due import DuePolicy, DueWork, due_index
 
@@ -25,29 +27,40 @@ class IdempotencyKey(models.Model):
     `finished` the stored response is replayed forever (until purged).
     """
 
-    id = models.BigAutoField(primary_key=True)
-    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
-    key = models.CharField(max_length=255)
-    operation = models.CharField(max_length=100)
-    request_method = models.CharField(max_length=10)
-    request_path = models.CharField(max_length=2048)
+    id = models.BigAutoField(primary_key=True, verbose_name=_("id"))
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.PROTECT,
+        related_name="+",
+        verbose_name=_("owner"),
+    )
+    key = models.CharField(max_length=255, verbose_name=_("key"))
+    operation = models.CharField(max_length=100, verbose_name=_("operation"))
+    request_method = models.CharField(max_length=10, verbose_name=_("request method"))
+    request_path = models.CharField(max_length=2048, verbose_name=_("request path"))
     # SHA-256 (hex) of the body's canonical JSON; method and path are compared as well.
-    request_fingerprint = models.CharField(max_length=64)
-    recovery_point = models.CharField(max_length=64, default=STARTED, db_default=STARTED)
-    data = models.JSONField(default=dict, encoder=DjangoJSONEncoder)
+    request_fingerprint = models.CharField(max_length=64, verbose_name=_("request fingerprint"))
+    recovery_point = models.CharField(
+        max_length=64, default=STARTED, db_default=STARTED, verbose_name=_("recovery point")
+    )
+    data = models.JSONField(default=dict, encoder=DjangoJSONEncoder, verbose_name=_("data"))
     # Fencing token of the request (or completer) that holds the key's lease; null when none.
-    leased_by = models.UUIDField(null=True, blank=True)
-    leased_at = models.DateTimeField(null=True, blank=True)
-    runs = models.PositiveIntegerField(default=1)
-    response_status = models.PositiveSmallIntegerField(null=True, blank=True)
+    leased_by = models.UUIDField(null=True, blank=True, verbose_name=_("leased by"))
+    leased_at = models.DateTimeField(null=True, blank=True, verbose_name=_("leased at"))
+    runs = models.PositiveIntegerField(default=1, verbose_name=_("runs"))
+    response_status = models.PositiveSmallIntegerField(
+        null=True, blank=True, verbose_name=_("response status")
+    )
     # The exact bytes sent the first time (as text), so that a replay is byte-identical.
-    response_body = models.TextField(null=True, blank=True)
-    response_headers = models.JSONField(default=dict)
-    created_at = models.DateTimeField(db_default=Now())
-    last_run_at = models.DateTimeField(db_default=Now())
-    finished_at = models.DateTimeField(null=True, blank=True)
+    response_body = models.TextField(null=True, blank=True, verbose_name=_("response body"))
+    response_headers = models.JSONField(default=dict, verbose_name=_("response headers"))
+    created_at = models.DateTimeField(db_default=Now(), verbose_name=_("created at"))
+    last_run_at = models.DateTimeField(db_default=Now(), verbose_name=_("last run at"))
+    finished_at = models.DateTimeField(null=True, blank=True, verbose_name=_("finished at"))
 
     class Meta:
+        verbose_name = _("idempotency key")
+        verbose_name_plural = _("idempotency keys")
         constraints = [
             models.UniqueConstraint(
                 fields=["owner", "key"], name="idempotency_idempotencykey_owner_key_uniq"
@@ -95,14 +108,18 @@ class OutboxMessage(DueWork):
     keeps failing past its attempt budget needs attention.
     """
 
-    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    aggregate_type = models.CharField(max_length=100)
-    aggregate_id = models.CharField(max_length=100)
-    event_type = models.CharField(max_length=100)
-    payload = models.JSONField(encoder=DjangoJSONEncoder)
-    created_at = models.DateTimeField(db_default=Now())
+    id = models.UUIDField(
+        primary_key=True, default=uuid.uuid4, editable=False, verbose_name=_("id")
+    )
+    aggregate_type = models.CharField(max_length=100, verbose_name=_("aggregate type"))
+    aggregate_id = models.CharField(max_length=100, verbose_name=_("aggregate id"))
+    event_type = models.CharField(max_length=100, verbose_name=_("event type"))
+    payload = models.JSONField(encoder=DjangoJSONEncoder, verbose_name=_("payload"))
+    created_at = models.DateTimeField(db_default=Now(), verbose_name=_("created at"))
 
     class Meta:
+        verbose_name = _("outbox message")
+        verbose_name_plural = _("outbox messages")
         indexes = [
             due_index(name="idempotency_outbox_due_idx"),
             models.Index(
@@ -140,15 +157,21 @@ class Delivery(DueWork):
     often the relay or the sweeper put it on the broker.
     """
 
-    id = models.BigAutoField(primary_key=True)
-    consumer = models.CharField(max_length=100)
-    message = models.ForeignKey(OutboxMessage, on_delete=models.CASCADE, related_name="deliveries")
-    publishes = models.PositiveIntegerField(default=0, db_default=0)
-    created_at = models.DateTimeField(db_default=Now())
-    updated_at = models.DateTimeField(db_default=Now())
+    id = models.BigAutoField(primary_key=True, verbose_name=_("id"))
+    consumer = models.CharField(max_length=100, verbose_name=_("consumer"))
+    message = models.ForeignKey(
+        OutboxMessage,
+        on_delete=models.CASCADE,
+        related_name="deliveries",
+        verbose_name=_("message"),
+    )
+    publishes = models.PositiveIntegerField(default=0, db_default=0, verbose_name=_("publishes"))
+    created_at = models.DateTimeField(db_default=Now(), verbose_name=_("created at"))
+    updated_at = models.DateTimeField(db_default=Now(), verbose_name=_("updated at"))
 
     class Meta:
-        verbose_name_plural = "deliveries"
+        verbose_name = _("delivery")
+        verbose_name_plural = _("deliveries")
         constraints = [
             models.UniqueConstraint(
                 fields=["consumer", "message"], name="idempotency_delivery_consumer_message_uniq"
@@ -186,8 +209,8 @@ class DeadLetter(Delivery):
 
     class Meta:
         proxy = True
-        verbose_name = "dead letter"
-        verbose_name_plural = "dead letters"
+        verbose_name = _("dead letter")
+        verbose_name_plural = _("dead letters")
 
 
 class InboxMessage(models.Model):
@@ -200,18 +223,26 @@ class InboxMessage(models.Model):
     `applied`, `no_effect`, `unmatched`, `ignored`, `suspicious`) and `detail`.
     """
 
-    id = models.BigAutoField(primary_key=True)
-    consumer = models.CharField(max_length=100)
-    message_id = models.CharField(max_length=255)
-    received_at = models.DateTimeField(db_default=Now())
-    message_type = models.CharField(max_length=100, blank=True, default="", db_default="")
-    payload = models.JSONField(default=dict, db_default={}, encoder=DjangoJSONEncoder)
-    status = models.CharField(max_length=20, default="processed", db_default="processed")
-    detail = models.TextField(blank=True, default="", db_default="")
+    id = models.BigAutoField(primary_key=True, verbose_name=_("id"))
+    consumer = models.CharField(max_length=100, verbose_name=_("consumer"))
+    message_id = models.CharField(max_length=255, verbose_name=_("message id"))
+    received_at = models.DateTimeField(db_default=Now(), verbose_name=_("received at"))
+    message_type = models.CharField(
+        max_length=100, blank=True, default="", db_default="", verbose_name=_("message type")
+    )
+    payload = models.JSONField(
+        default=dict, db_default={}, encoder=DjangoJSONEncoder, verbose_name=_("payload")
+    )
+    status = models.CharField(
+        max_length=20, default="processed", db_default="processed", verbose_name=_("status")
+    )
+    detail = models.TextField(blank=True, default="", db_default="", verbose_name=_("detail"))
     # When an `unmatched` message was applied later (settlement met it).
-    processed_at = models.DateTimeField(null=True, blank=True)
+    processed_at = models.DateTimeField(null=True, blank=True, verbose_name=_("processed at"))
 
     class Meta:
+        verbose_name = _("inbox message")
+        verbose_name_plural = _("inbox messages")
         constraints = [
             models.UniqueConstraint(
                 fields=["consumer", "message_id"],
@@ -243,15 +274,15 @@ class DuplicateCount(models.Model):
     monotonic counters.
     """
 
-    id = models.BigAutoField(primary_key=True)
-    day = models.DateField()
-    mechanism = models.CharField(max_length=50)
-    suspicious = models.BooleanField(default=False)
-    count = models.BigIntegerField(default=0)
+    id = models.BigAutoField(primary_key=True, verbose_name=_("id"))
+    day = models.DateField(verbose_name=_("day"))
+    mechanism = models.CharField(max_length=50, verbose_name=_("mechanism"))
+    suspicious = models.BooleanField(default=False, verbose_name=_("suspicious"))
+    count = models.BigIntegerField(default=0, verbose_name=_("count"))
 
     class Meta:
-        verbose_name = "duplicate count"
-        verbose_name_plural = "duplicates"
+        verbose_name = _("duplicate count")
+        verbose_name_plural = _("duplicates")
         constraints = [
             models.UniqueConstraint(
                 fields=["day", "mechanism", "suspicious"],
@@ -260,5 +291,5 @@ class DuplicateCount(models.Model):
         ]
 
     def __str__(self) -> str:
-        flag = " (suspicious)" if self.suspicious else ""
+        flag = gettext(" (suspicious)") if self.suspicious else ""
         return f"{self.day} {self.mechanism}{flag}: {self.count}"

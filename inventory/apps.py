@@ -1,9 +1,10 @@
 from django.apps import AppConfig
+from django.utils.translation import gettext_lazy as _
 
 
 class InventoryConfig(AppConfig):
     name = "inventory"
-    verbose_name = "Catalog and stock"
+    verbose_name = _("Catalog and stock")
 
     def ready(self) -> None:
         # The keyed operations are declared on their callers' presenters

@@ -6,20 +6,25 @@ from django.conf import settings
 from django.db import models
 from django.db.models import F, Q
 from django.db.models.functions import Now
-from django.utils.translation import pgettext_lazy
+from django.utils.translation import gettext, pgettext_lazy
+from django.utils.translation import gettext_lazy as _
 
 
 class Product(models.Model):
     """A sellable article, addressed by its sku; its price is snapshotted onto order lines."""
 
-    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    sku = models.CharField(max_length=64)
-    name = models.CharField(max_length=200)
-    price = models.DecimalField(max_digits=12, decimal_places=2)
-    currency = models.CharField(max_length=3)
-    created_at = models.DateTimeField(auto_now_add=True)
+    id = models.UUIDField(
+        primary_key=True, default=uuid.uuid4, editable=False, verbose_name=_("id")
+    )
+    sku = models.CharField(max_length=64, verbose_name=_("sku"))
+    name = models.CharField(max_length=200, verbose_name=_("name"))
+    price = models.DecimalField(max_digits=12, decimal_places=2, verbose_name=_("price"))
+    currency = models.CharField(max_length=3, verbose_name=_("currency"))
+    created_at = models.DateTimeField(auto_now_add=True, verbose_name=_("created at"))
 
     class Meta:
+        verbose_name = _("product")
+        verbose_name_plural = _("products")
         constraints = [
             models.UniqueConstraint(fields=["sku"], name="inventory_product_sku_uniq"),
             models.CheckConstraint(
@@ -40,12 +45,16 @@ class StockItem(models.Model):
     state where reservations exceed what is on hand.
     """
 
-    product = models.OneToOneField(Product, on_delete=models.PROTECT, related_name="stock")
-    on_hand = models.IntegerField(default=0)
-    reserved = models.IntegerField(default=0)
-    updated_at = models.DateTimeField(auto_now=True)
+    product = models.OneToOneField(
+        Product, on_delete=models.PROTECT, related_name="stock", verbose_name=_("product")
+    )
+    on_hand = models.IntegerField(default=0, verbose_name=_("on hand"))
+    reserved = models.IntegerField(default=0, verbose_name=_("reserved"))
+    updated_at = models.DateTimeField(auto_now=True, verbose_name=_("updated at"))
 
     class Meta:
+        verbose_name = _("stock item")
+        verbose_name_plural = _("stock items")
         constraints = [
             models.CheckConstraint(
                 condition=Q(reserved__gte=0), name="inventory_stock_reserved_non_negative"
@@ -57,7 +66,9 @@ class StockItem(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.product_id}: {self.on_hand} on hand, {self.reserved} reserved"
+        return gettext("{product}: {on_hand} on hand, {reserved} reserved").format(
+            product=self.product_id, on_hand=self.on_hand, reserved=self.reserved
+        )
 
     @property
     def available(self) -> int:
@@ -82,15 +93,23 @@ class Reservation(models.Model):
         RELEASED = "released", pgettext_lazy("reservation state", "Released")
         EXPIRED = "expired", pgettext_lazy("reservation state", "Expired")
 
-    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    stock = models.ForeignKey(StockItem, on_delete=models.PROTECT, related_name="reservations")
-    quantity = models.IntegerField()
-    state = models.CharField(max_length=16, choices=State.choices, default=State.HELD)
-    expires_at = models.DateTimeField(null=True, blank=True)
-    created_at = models.DateTimeField(db_default=Now())
-    resolved_at = models.DateTimeField(null=True, blank=True)
+    id = models.UUIDField(
+        primary_key=True, default=uuid.uuid4, editable=False, verbose_name=_("id")
+    )
+    stock = models.ForeignKey(
+        StockItem, on_delete=models.PROTECT, related_name="reservations", verbose_name=_("stock")
+    )
+    quantity = models.IntegerField(verbose_name=_("quantity"))
+    state = models.CharField(
+        max_length=16, choices=State.choices, default=State.HELD, verbose_name=_("state")
+    )
+    expires_at = models.DateTimeField(null=True, blank=True, verbose_name=_("expires at"))
+    created_at = models.DateTimeField(db_default=Now(), verbose_name=_("created at"))
+    resolved_at = models.DateTimeField(null=True, blank=True, verbose_name=_("resolved at"))
 
     class Meta:
+        verbose_name = _("reservation")
+        verbose_name_plural = _("reservations")
         constraints = [
             models.CheckConstraint(
                 condition=Q(quantity__gt=0), name="inventory_reservation_quantity_positive"
@@ -107,7 +126,9 @@ class Reservation(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.quantity} of stock {self.stock_id} ({self.state})"
+        return gettext("{quantity} of stock {stock} ({state})").format(
+            quantity=self.quantity, stock=self.stock_id, state=self.state
+        )
 
 
 class StockAdjustment(models.Model):
@@ -120,18 +141,27 @@ class StockAdjustment(models.Model):
     (docs/idempotency.md, "Business scopes that outlive request keys").
     """
 
-    id = models.BigAutoField(primary_key=True)
-    stock = models.ForeignKey(StockItem, on_delete=models.PROTECT, related_name="adjustments")
-    delta = models.IntegerField(null=True, blank=True)
-    set_to = models.IntegerField(null=True, blank=True)
-    reason = models.CharField(max_length=500, blank=True, default="")
-    by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    id = models.BigAutoField(primary_key=True, verbose_name=_("id"))
+    stock = models.ForeignKey(
+        StockItem, on_delete=models.PROTECT, related_name="adjustments", verbose_name=_("stock")
     )
-    form_scope = models.CharField(max_length=255)
-    created_at = models.DateTimeField(db_default=Now())
+    delta = models.IntegerField(null=True, blank=True, verbose_name=_("delta"))
+    set_to = models.IntegerField(null=True, blank=True, verbose_name=_("set to"))
+    reason = models.CharField(max_length=500, blank=True, default="", verbose_name=_("reason"))
+    by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+        verbose_name=_("by"),
+    )
+    form_scope = models.CharField(max_length=255, verbose_name=_("form scope"))
+    created_at = models.DateTimeField(db_default=Now(), verbose_name=_("created at"))
 
     class Meta:
+        verbose_name = _("stock adjustment")
+        verbose_name_plural = _("stock adjustments")
         constraints = [
             models.UniqueConstraint(
                 fields=["form_scope"], name="inventory_stockadjustment_form_scope_uniq"
@@ -144,5 +174,9 @@ class StockAdjustment(models.Model):
         ]
 
     def __str__(self) -> str:
-        change = f"delta {self.delta:+d}" if self.delta is not None else f"set to {self.set_to}"
-        return f"stock {self.stock_id}: {change}"
+        change = (
+            gettext("delta {delta:+d}").format(delta=self.delta)
+            if self.delta is not None
+            else gettext("set to {set_to}").format(set_to=self.set_to)
+        )
+        return gettext("stock {stock}: {change}").format(stock=self.stock_id, change=change)

@@ -6,6 +6,8 @@ from django.conf import settings
 from django.db import models
 from django.db.models import F, Q
 from django.db.models.functions import Now
+from django.utils.translation import gettext
+from django.utils.translation import gettext_lazy as _
 
 from core.due import DuePolicy, DueWork, due_index
 from inventory.models import Product, Reservation
@@ -40,36 +42,57 @@ class Order(models.Model):
     # Not a field: set by services.order_hold, the lines it inserted (as inserted).
     held_lines: "list[OrderLine]"
 
-    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    id = models.UUIDField(
+        primary_key=True, default=uuid.uuid4, editable=False, verbose_name=_("id")
+    )
     number = models.BigIntegerField(
         db_default=models.Func(
             template=f"nextval('{ORDER_NUMBER_SEQUENCE}')", output_field=models.BigIntegerField()
         ),
         editable=False,
+        verbose_name=_("number"),
     )
     # The (owner, -number) index below serves both the FK and the shopper's list.
     owner = models.ForeignKey(
-        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="orders", db_index=False
+        settings.AUTH_USER_MODEL,
+        on_delete=models.PROTECT,
+        related_name="orders",
+        db_index=False,
+        verbose_name=_("owner"),
     )
-    status = models.CharField(max_length=32, choices=OrderStatus.choices)
+    status = models.CharField(max_length=32, choices=OrderStatus.choices, verbose_name=_("status"))
     fulfillment = models.CharField(
-        max_length=32, choices=Fulfillment.choices, default=Fulfillment.UNFULFILLED
+        max_length=32,
+        choices=Fulfillment.choices,
+        default=Fulfillment.UNFULFILLED,
+        verbose_name=_("fulfillment"),
     )
-    on_shortage = models.CharField(max_length=16, choices=OnShortage.choices)
-    payment_method = models.CharField(max_length=64)
-    shipping_address = models.JSONField()
-    currency = models.CharField(max_length=3)
+    on_shortage = models.CharField(
+        max_length=16, choices=OnShortage.choices, verbose_name=_("on shortage")
+    )
+    payment_method = models.CharField(max_length=64, verbose_name=_("payment method"))
+    shipping_address = models.JSONField(verbose_name=_("shipping address"))
+    currency = models.CharField(max_length=3, verbose_name=_("currency"))
     # Σ unit_price × quantity_confirmed: what is (or would be) captured.
-    total = models.DecimalField(max_digits=14, decimal_places=2)
-    reservation_expires_at = models.DateTimeField(null=True, blank=True)
+    total = models.DecimalField(max_digits=14, decimal_places=2, verbose_name=_("total"))
+    reservation_expires_at = models.DateTimeField(
+        null=True, blank=True, verbose_name=_("reservation expires at")
+    )
     # Created when the order goes to payment (reference "order-<number>").
     payment = models.OneToOneField(
-        "payments.Payment", on_delete=models.PROTECT, null=True, blank=True, related_name="order"
+        "payments.Payment",
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="order",
+        verbose_name=_("payment"),
     )
     # The business scope the order was placed from, opaque to orders (the storefront's
     # "cart:<id>:<version>"): one order per scope for the order's whole life, key or no
     # key (docs/checkout.md, "One order per cart version"). None: an API order.
-    scope = models.CharField(max_length=128, null=True, blank=True, editable=False)
+    scope = models.CharField(
+        max_length=128, null=True, blank=True, editable=False, verbose_name=_("scope")
+    )
     # The language the order was placed in (the storefront page's; an API order's is
     # LANGUAGE_CODE): the shopper's e-mails are written in it (docs/storefront.md, "Languages").
     # The column's own default lets an INSERT that does not name it (a host still on the
@@ -79,13 +102,16 @@ class Order(models.Model):
         default=settings.LANGUAGE_CODE,
         db_default=settings.LANGUAGE_CODE,
         editable=False,
+        verbose_name=_("language"),
     )
-    created_at = models.DateTimeField(db_default=Now())
-    updated_at = models.DateTimeField(db_default=Now())
+    created_at = models.DateTimeField(db_default=Now(), verbose_name=_("created at"))
+    updated_at = models.DateTimeField(db_default=Now(), verbose_name=_("updated at"))
 
     class Meta:
         # Refunding moves money: its own permission, apart from "change order"
         # (cancelling), so a role may cancel without refunding (docs/compensation.md).
+        verbose_name = _("order")
+        verbose_name_plural = _("orders")
         permissions = [("refund_order", "Can refund orders")]
         constraints = [
             models.UniqueConstraint(fields=["number"], name="orders_order_number_uniq"),
@@ -124,28 +150,39 @@ class Order(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"order {self.number} ({self.status})"
+        return gettext("order {number} ({status})").format(number=self.number, status=self.status)
 
 
 class OrderLine(models.Model):
     """One sku of an order, its price snapshotted when the order was placed."""
 
-    order = models.ForeignKey(Order, on_delete=models.PROTECT, related_name="lines")
-    position = models.PositiveSmallIntegerField()
-    product = models.ForeignKey(Product, on_delete=models.PROTECT, related_name="+")
-    sku = models.CharField(max_length=64)
-    unit_price = models.DecimalField(max_digits=12, decimal_places=2)
-    quantity_requested = models.IntegerField()
+    order = models.ForeignKey(
+        Order, on_delete=models.PROTECT, related_name="lines", verbose_name=_("order")
+    )
+    position = models.PositiveSmallIntegerField(verbose_name=_("position"))
+    product = models.ForeignKey(
+        Product, on_delete=models.PROTECT, related_name="+", verbose_name=_("product")
+    )
+    sku = models.CharField(max_length=64, verbose_name=_("sku"))
+    unit_price = models.DecimalField(max_digits=12, decimal_places=2, verbose_name=_("unit price"))
+    quantity_requested = models.IntegerField(verbose_name=_("quantity requested"))
     # The units this line holds or held for the order (0 when unavailable).
-    quantity_confirmed = models.IntegerField(default=0)
-    quantity_shipped = models.IntegerField(default=0)
-    quantity_returned = models.IntegerField(default=0)
-    status = models.CharField(max_length=16, choices=LineStatus.choices)
+    quantity_confirmed = models.IntegerField(default=0, verbose_name=_("quantity confirmed"))
+    quantity_shipped = models.IntegerField(default=0, verbose_name=_("quantity shipped"))
+    quantity_returned = models.IntegerField(default=0, verbose_name=_("quantity returned"))
+    status = models.CharField(max_length=16, choices=LineStatus.choices, verbose_name=_("status"))
     reservation = models.OneToOneField(
-        Reservation, on_delete=models.PROTECT, null=True, blank=True, related_name="order_line"
+        Reservation,
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="order_line",
+        verbose_name=_("reservation"),
     )
 
     class Meta:
+        verbose_name = _("order line")
+        verbose_name_plural = _("order lines")
         constraints = [
             models.UniqueConstraint(fields=["order", "product"], name="orders_orderline_sku_uniq"),
             models.UniqueConstraint(
@@ -179,15 +216,28 @@ class OrderLine(models.Model):
 class OrderEvent(models.Model):
     """One status change of an order or one of its lines, written in the change's transaction."""
 
-    order = models.ForeignKey(Order, on_delete=models.PROTECT, related_name="events")
-    line = models.ForeignKey(
-        OrderLine, on_delete=models.PROTECT, null=True, blank=True, related_name="events"
+    order = models.ForeignKey(
+        Order, on_delete=models.PROTECT, related_name="events", verbose_name=_("order")
     )
-    kind = models.CharField(max_length=64)
-    from_status = models.CharField(max_length=32, null=True, blank=True)
-    to_status = models.CharField(max_length=32)
-    data = models.JSONField(default=dict, blank=True)
-    created_at = models.DateTimeField(db_default=Now())
+    line = models.ForeignKey(
+        OrderLine,
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="events",
+        verbose_name=_("line"),
+    )
+    kind = models.CharField(max_length=64, verbose_name=_("kind"))
+    from_status = models.CharField(
+        max_length=32, null=True, blank=True, verbose_name=_("from status")
+    )
+    to_status = models.CharField(max_length=32, verbose_name=_("to status"))
+    data = models.JSONField(default=dict, blank=True, verbose_name=_("data"))
+    created_at = models.DateTimeField(db_default=Now(), verbose_name=_("created at"))
+
+    class Meta:
+        verbose_name = _("order event")
+        verbose_name_plural = _("order events")
 
     def __str__(self) -> str:
         return f"{self.kind}: {self.from_status} → {self.to_status}"
@@ -196,36 +246,53 @@ class OrderEvent(models.Model):
 class Shipment(models.Model):
     """A parcel leaving the warehouse with some confirmed units of one order."""
 
-    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    order = models.ForeignKey(Order, on_delete=models.PROTECT, related_name="shipments")
-    carrier = models.CharField(max_length=64, null=True, blank=True)
-    tracking_number = models.CharField(max_length=128, null=True, blank=True)
+    id = models.UUIDField(
+        primary_key=True, default=uuid.uuid4, editable=False, verbose_name=_("id")
+    )
+    order = models.ForeignKey(
+        Order, on_delete=models.PROTECT, related_name="shipments", verbose_name=_("order")
+    )
+    carrier = models.CharField(max_length=64, null=True, blank=True, verbose_name=_("carrier"))
+    tracking_number = models.CharField(
+        max_length=128, null=True, blank=True, verbose_name=_("tracking number")
+    )
     # The admin form's owner and key as rendered: one shipment per form shown, for the
     # row's whole life (docs/idempotency.md, "Business scopes that outlive
     # request keys"); null for the API's shipments (request keys only).
-    form_scope = models.CharField(max_length=255, null=True, blank=True)
-    created_at = models.DateTimeField(db_default=Now())
+    form_scope = models.CharField(
+        max_length=255, null=True, blank=True, verbose_name=_("form scope")
+    )
+    created_at = models.DateTimeField(db_default=Now(), verbose_name=_("created at"))
 
     class Meta:
+        verbose_name = _("shipment")
+        verbose_name_plural = _("shipments")
         constraints = [
             models.UniqueConstraint(fields=["form_scope"], name="orders_shipment_form_scope_uniq"),
         ]
 
     def __str__(self) -> str:
-        return f"shipment {self.id} of order {self.order_id}"
+        return gettext("shipment {id} of order {order}").format(id=self.id, order=self.order_id)
 
 
 class ShipmentLine(models.Model):
     """Units of one order line in one shipment (their sum is the line's `quantity_shipped`)."""
 
-    shipment = models.ForeignKey(Shipment, on_delete=models.PROTECT, related_name="lines")
-    order_line = models.ForeignKey(
-        OrderLine, on_delete=models.PROTECT, related_name="shipment_lines"
+    shipment = models.ForeignKey(
+        Shipment, on_delete=models.PROTECT, related_name="lines", verbose_name=_("shipment")
     )
-    sku = models.CharField(max_length=64)
-    quantity = models.IntegerField()
+    order_line = models.ForeignKey(
+        OrderLine,
+        on_delete=models.PROTECT,
+        related_name="shipment_lines",
+        verbose_name=_("order line"),
+    )
+    sku = models.CharField(max_length=64, verbose_name=_("sku"))
+    quantity = models.IntegerField(verbose_name=_("quantity"))
 
     class Meta:
+        verbose_name = _("shipment line")
+        verbose_name_plural = _("shipment lines")
         constraints = [
             models.UniqueConstraint(
                 fields=["shipment", "order_line"], name="orders_shipmentline_line_uniq"
@@ -250,21 +317,32 @@ class TrackingEvent(models.Model):
     """
 
     # The primary key is the order of receipt: the first received wins.
-    id = models.BigAutoField(primary_key=True)
-    shipment = models.ForeignKey(Shipment, on_delete=models.PROTECT, related_name="+")
-    event_id = models.CharField(max_length=200)
-    status = models.CharField(max_length=32, choices=TrackingStatus.choices)
-    occurred_at = models.DateTimeField()
-    location = models.CharField(max_length=200, null=True, blank=True)
-    # The JSON object as parsed (compared for "suspicious" duplicates) and the bytes as sent.
-    payload = models.JSONField()
-    raw_body = models.TextField()
-    received_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    id = models.BigAutoField(primary_key=True, verbose_name=_("id"))
+    shipment = models.ForeignKey(
+        Shipment, on_delete=models.PROTECT, related_name="+", verbose_name=_("shipment")
     )
-    received_at = models.DateTimeField(db_default=Now())
+    event_id = models.CharField(max_length=200, verbose_name=_("event id"))
+    status = models.CharField(
+        max_length=32, choices=TrackingStatus.choices, verbose_name=_("status")
+    )
+    occurred_at = models.DateTimeField(verbose_name=_("occurred at"))
+    location = models.CharField(max_length=200, null=True, blank=True, verbose_name=_("location"))
+    # The JSON object as parsed (compared for "suspicious" duplicates) and the bytes as sent.
+    payload = models.JSONField(verbose_name=_("payload"))
+    raw_body = models.TextField(verbose_name=_("raw body"))
+    received_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+        verbose_name=_("received by"),
+    )
+    received_at = models.DateTimeField(db_default=Now(), verbose_name=_("received at"))
 
     class Meta:
+        verbose_name = _("tracking event")
+        verbose_name_plural = _("tracking events")
         constraints = [
             _choices_check("status", TrackingStatus, "orders_trackingevent_status_valid"),
         ]
@@ -274,7 +352,9 @@ class TrackingEvent(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.event_id} {self.status} at {self.occurred_at}"
+        return gettext("{event_id} {status} at {occurred_at}").format(
+            event_id=self.event_id, status=self.status, occurred_at=self.occurred_at
+        )
 
 
 class ReturnRequest(models.Model):
@@ -293,31 +373,54 @@ class ReturnRequest(models.Model):
     step_list: "list[CompensationStep]"
     started: bool
 
-    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    order = models.ForeignKey(Order, on_delete=models.PROTECT, related_name="returns")
-    status = models.CharField(
-        max_length=20, choices=ReturnStatus.choices, default=ReturnStatus.REQUESTED
+    id = models.UUIDField(
+        primary_key=True, default=uuid.uuid4, editable=False, verbose_name=_("id")
     )
-    reason = models.CharField(max_length=500, blank=True, default="")
+    order = models.ForeignKey(
+        Order, on_delete=models.PROTECT, related_name="returns", verbose_name=_("order")
+    )
+    status = models.CharField(
+        max_length=20,
+        choices=ReturnStatus.choices,
+        default=ReturnStatus.REQUESTED,
+        verbose_name=_("status"),
+    )
+    reason = models.CharField(max_length=500, blank=True, default="", verbose_name=_("reason"))
     # Σ unit_price × quantity of its lines: what its refund step refunds.
-    refund_amount = models.DecimalField(max_digits=14, decimal_places=2)
-    currency = models.CharField(max_length=3)
+    refund_amount = models.DecimalField(
+        max_digits=14, decimal_places=2, verbose_name=_("refund amount")
+    )
+    currency = models.CharField(max_length=3, verbose_name=_("currency"))
     requested_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+        verbose_name=_("requested by"),
     )
     received_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+        verbose_name=_("received by"),
     )
-    received_at = models.DateTimeField(null=True, blank=True)
-    completed_at = models.DateTimeField(null=True, blank=True)
+    received_at = models.DateTimeField(null=True, blank=True, verbose_name=_("received at"))
+    completed_at = models.DateTimeField(null=True, blank=True, verbose_name=_("completed at"))
     # The storefront form's owner and key as rendered: one return per form shown, for
     # the row's whole life (docs/idempotency.md, "Business scopes that
     # outlive request keys"); null for the API's returns (request keys only).
-    form_scope = models.CharField(max_length=255, null=True, blank=True)
-    created_at = models.DateTimeField(db_default=Now())
-    updated_at = models.DateTimeField(db_default=Now())
+    form_scope = models.CharField(
+        max_length=255, null=True, blank=True, verbose_name=_("form scope")
+    )
+    created_at = models.DateTimeField(db_default=Now(), verbose_name=_("created at"))
+    updated_at = models.DateTimeField(db_default=Now(), verbose_name=_("updated at"))
 
     class Meta:
+        verbose_name = _("return request")
+        verbose_name_plural = _("return requests")
         constraints = [
             _choices_check("status", ReturnStatus, "orders_return_status_valid"),
             models.UniqueConstraint(fields=["form_scope"], name="orders_return_form_scope_uniq"),
@@ -334,18 +437,29 @@ class ReturnRequest(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"return {self.id} of order {self.order_id} ({self.status})"
+        return gettext("return {id} of order {order} ({status})").format(
+            id=self.id, order=self.order_id, status=self.status
+        )
 
 
 class ReturnLine(models.Model):
     """Units of one order line in one return."""
 
-    order_return = models.ForeignKey(ReturnRequest, on_delete=models.PROTECT, related_name="lines")
-    order_line = models.ForeignKey(OrderLine, on_delete=models.PROTECT, related_name="+")
-    sku = models.CharField(max_length=64)
-    quantity = models.IntegerField()
+    order_return = models.ForeignKey(
+        ReturnRequest,
+        on_delete=models.PROTECT,
+        related_name="lines",
+        verbose_name=_("order return"),
+    )
+    order_line = models.ForeignKey(
+        OrderLine, on_delete=models.PROTECT, related_name="+", verbose_name=_("order line")
+    )
+    sku = models.CharField(max_length=64, verbose_name=_("sku"))
+    quantity = models.IntegerField(verbose_name=_("quantity"))
 
     class Meta:
+        verbose_name = _("return line")
+        verbose_name_plural = _("return lines")
         constraints = [
             models.UniqueConstraint(
                 fields=["order_return", "order_line"], name="orders_returnline_line_uniq"
@@ -370,23 +484,39 @@ class CompensationStep(DueWork):
     this one waits for (docs/compensation.md, "Order of the steps").
     """
 
-    id = models.BigAutoField(primary_key=True)
-    kind = models.CharField(max_length=16, choices=CompensationKind.choices)
-    order = models.ForeignKey(Order, on_delete=models.PROTECT, related_name="compensation_steps")
-    order_return = models.ForeignKey(
-        ReturnRequest, on_delete=models.PROTECT, null=True, blank=True, related_name="steps"
+    id = models.BigAutoField(primary_key=True, verbose_name=_("id"))
+    kind = models.CharField(max_length=16, choices=CompensationKind.choices, verbose_name=_("kind"))
+    order = models.ForeignKey(
+        Order, on_delete=models.PROTECT, related_name="compensation_steps", verbose_name=_("order")
     )
-    name = models.CharField(max_length=16, choices=StepName.choices)
-    position = models.PositiveSmallIntegerField()
-    status = models.CharField(max_length=16, choices=StepStatus.choices, default=StepStatus.PENDING)
-    after = models.CharField(max_length=16, choices=StepName.choices, blank=True, default="")
+    order_return = models.ForeignKey(
+        ReturnRequest,
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="steps",
+        verbose_name=_("order return"),
+    )
+    name = models.CharField(max_length=16, choices=StepName.choices, verbose_name=_("name"))
+    position = models.PositiveSmallIntegerField(verbose_name=_("position"))
+    status = models.CharField(
+        max_length=16,
+        choices=StepStatus.choices,
+        default=StepStatus.PENDING,
+        verbose_name=_("status"),
+    )
+    after = models.CharField(
+        max_length=16, choices=StepName.choices, blank=True, default="", verbose_name=_("after")
+    )
     # The refund step's derived refund id (uuid5 of the return or cancellation).
-    refund_id = models.UUIDField(null=True, blank=True)
-    detail = models.JSONField(default=dict, blank=True)
-    created_at = models.DateTimeField(db_default=Now())
-    updated_at = models.DateTimeField(db_default=Now())
+    refund_id = models.UUIDField(null=True, blank=True, verbose_name=_("refund id"))
+    detail = models.JSONField(default=dict, blank=True, verbose_name=_("detail"))
+    created_at = models.DateTimeField(db_default=Now(), verbose_name=_("created at"))
+    updated_at = models.DateTimeField(db_default=Now(), verbose_name=_("updated at"))
 
     class Meta:
+        verbose_name = _("compensation step")
+        verbose_name_plural = _("compensation steps")
         constraints = [
             models.UniqueConstraint(
                 fields=["order_return", "name"],
@@ -417,7 +547,9 @@ class CompensationStep(DueWork):
         ]
 
     def __str__(self) -> str:
-        return f"{self.kind} step {self.name} ({self.status})"
+        return gettext("{kind} step {name} ({status})").format(
+            kind=self.kind, name=self.name, status=self.status
+        )
 
     @classmethod
     def due_policy(cls) -> DuePolicy:

@@ -6,7 +6,8 @@ from django.conf import settings
 from django.db import models
 from django.db.models import F, Q
 from django.db.models.functions import Now
-from django.utils.translation import pgettext_lazy
+from django.utils.translation import gettext, pgettext_lazy
+from django.utils.translation import gettext_lazy as _
 
 from core.due import DuePolicy, DueWork, due_index
 
@@ -30,11 +31,13 @@ class PaymentInstallation(models.Model):
     provider's ledger persists; the prefix keeps their keys apart.
     """
 
-    id = models.PositiveSmallIntegerField(primary_key=True, default=1)
-    install_id = models.CharField(max_length=32)
-    created_at = models.DateTimeField(db_default=Now())
+    id = models.PositiveSmallIntegerField(primary_key=True, default=1, verbose_name=_("id"))
+    install_id = models.CharField(max_length=32, verbose_name=_("install id"))
+    created_at = models.DateTimeField(db_default=Now(), verbose_name=_("created at"))
 
     class Meta:
+        verbose_name = _("payment installation")
+        verbose_name_plural = _("payment installations")
         constraints = [
             models.CheckConstraint(condition=Q(id=1), name="payments_installation_singleton"),
         ]
@@ -65,38 +68,56 @@ class Payment(models.Model):
     code does.
     """
 
-    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    reference = models.CharField(max_length=100)
+    id = models.UUIDField(
+        primary_key=True, default=uuid.uuid4, editable=False, verbose_name=_("id")
+    )
+    reference = models.CharField(max_length=100, verbose_name=_("reference"))
     owner = models.ForeignKey(
         settings.AUTH_USER_MODEL,
         on_delete=models.PROTECT,
         null=True,
         blank=True,
         related_name="payments",
+        verbose_name=_("owner"),
     )
-    amount = models.DecimalField(max_digits=12, decimal_places=2)
-    currency = models.CharField(max_length=3)
-    payment_method = models.CharField(max_length=64)
+    amount = models.DecimalField(max_digits=12, decimal_places=2, verbose_name=_("amount"))
+    currency = models.CharField(max_length=3, verbose_name=_("currency"))
+    payment_method = models.CharField(max_length=64, verbose_name=_("payment method"))
     status = models.CharField(
-        max_length=20, choices=PaymentStatus.choices, default=PaymentStatus.NONE
+        max_length=20,
+        choices=PaymentStatus.choices,
+        default=PaymentStatus.NONE,
+        verbose_name=_("status"),
     )
-    amount_authorized = models.DecimalField(max_digits=12, decimal_places=2, default=0)
-    amount_captured = models.DecimalField(max_digits=12, decimal_places=2, default=0)
-    amount_refunded = models.DecimalField(max_digits=12, decimal_places=2, default=0)
+    amount_authorized = models.DecimalField(
+        max_digits=12, decimal_places=2, default=0, verbose_name=_("amount authorized")
+    )
+    amount_captured = models.DecimalField(
+        max_digits=12, decimal_places=2, default=0, verbose_name=_("amount captured")
+    )
+    amount_refunded = models.DecimalField(
+        max_digits=12, decimal_places=2, default=0, verbose_name=_("amount refunded")
+    )
     # What refunds asked for and still hold (pending, needing attention, or
     # succeeded): reserved in the transaction that creates the refund row,
     # before any provider call, by one conditional UPDATE
     # (`refund_reserved + amount <= amount_captured`); released only by a
     # refund staff record as failed.
-    refund_reserved = models.DecimalField(max_digits=12, decimal_places=2, default=0, db_default=0)
+    refund_reserved = models.DecimalField(
+        max_digits=12, decimal_places=2, default=0, db_default=0, verbose_name=_("refund reserved")
+    )
     # Staff recorded a capture whose amount at the provider differs from the one
     # asked (`payments.capture_differs`): only then may what was captured exceed
     # `amount` (docs/payments.md, "A captured amount that differs").
-    capture_differs = models.BooleanField(default=False, db_default=False)
-    created_at = models.DateTimeField(db_default=Now())
-    updated_at = models.DateTimeField(db_default=Now())
+    capture_differs = models.BooleanField(
+        default=False, db_default=False, verbose_name=_("capture differs")
+    )
+    created_at = models.DateTimeField(db_default=Now(), verbose_name=_("created at"))
+    updated_at = models.DateTimeField(db_default=Now(), verbose_name=_("updated at"))
 
     class Meta:
+        verbose_name = _("payment")
+        verbose_name_plural = _("payments")
         constraints = [
             models.UniqueConstraint(fields=["reference"], name="payments_payment_reference_uniq"),
             models.CheckConstraint(
@@ -152,20 +173,31 @@ class PaymentTransaction(models.Model):
     every retry of the same operation finds the same row and sends the same key.
     """
 
-    payment = models.ForeignKey(Payment, on_delete=models.PROTECT, related_name="transactions")
-    kind = models.CharField(max_length=16, choices=TransactionKind.choices)
-    provider_key = models.CharField(max_length=255)
-    amount = models.DecimalField(max_digits=12, decimal_places=2)
-    currency = models.CharField(max_length=3)
-    status = models.CharField(
-        max_length=16, choices=TransactionStatus.choices, default=TransactionStatus.UNKNOWN
+    payment = models.ForeignKey(
+        Payment, on_delete=models.PROTECT, related_name="transactions", verbose_name=_("payment")
     )
-    provider_operation_id = models.CharField(max_length=64, blank=True, default="")
-    last_error = models.CharField(max_length=500, blank=True, default="")
-    created_at = models.DateTimeField(db_default=Now())
-    updated_at = models.DateTimeField(db_default=Now())
+    kind = models.CharField(max_length=16, choices=TransactionKind.choices, verbose_name=_("kind"))
+    provider_key = models.CharField(max_length=255, verbose_name=_("provider key"))
+    amount = models.DecimalField(max_digits=12, decimal_places=2, verbose_name=_("amount"))
+    currency = models.CharField(max_length=3, verbose_name=_("currency"))
+    status = models.CharField(
+        max_length=16,
+        choices=TransactionStatus.choices,
+        default=TransactionStatus.UNKNOWN,
+        verbose_name=_("status"),
+    )
+    provider_operation_id = models.CharField(
+        max_length=64, blank=True, default="", verbose_name=_("provider operation id")
+    )
+    last_error = models.CharField(
+        max_length=500, blank=True, default="", verbose_name=_("last error")
+    )
+    created_at = models.DateTimeField(db_default=Now(), verbose_name=_("created at"))
+    updated_at = models.DateTimeField(db_default=Now(), verbose_name=_("updated at"))
 
     class Meta:
+        verbose_name = _("payment transaction")
+        verbose_name_plural = _("payment transactions")
         constraints = [
             models.UniqueConstraint(
                 fields=["payment", "kind", "provider_key"],
@@ -192,16 +224,25 @@ class PaymentSettlement(DueWork):
     """
 
     transaction = models.ForeignKey(
-        PaymentTransaction, on_delete=models.PROTECT, related_name="settlements"
+        PaymentTransaction,
+        on_delete=models.PROTECT,
+        related_name="settlements",
+        verbose_name=_("transaction"),
     )
     # What the provider reports it captured when that differs from the amount
     # asked (the settlement then waits for staff: `payments.capture_differs`).
-    provider_amount = models.DecimalField(max_digits=12, decimal_places=2, null=True, blank=True)
-    provider_currency = models.CharField(max_length=3, blank=True, default="", db_default="")
-    created_at = models.DateTimeField(db_default=Now())
-    updated_at = models.DateTimeField(db_default=Now())
+    provider_amount = models.DecimalField(
+        max_digits=12, decimal_places=2, null=True, blank=True, verbose_name=_("provider amount")
+    )
+    provider_currency = models.CharField(
+        max_length=3, blank=True, default="", db_default="", verbose_name=_("provider currency")
+    )
+    created_at = models.DateTimeField(db_default=Now(), verbose_name=_("created at"))
+    updated_at = models.DateTimeField(db_default=Now(), verbose_name=_("updated at"))
 
     class Meta:
+        verbose_name = _("payment settlement")
+        verbose_name_plural = _("payment settlements")
         constraints = [
             models.UniqueConstraint(
                 fields=["transaction"], name="payments_settlement_transaction_uniq"
@@ -210,7 +251,9 @@ class PaymentSettlement(DueWork):
         indexes = [due_index(name="payments_settlement_due_idx")]
 
     def __str__(self) -> str:
-        return f"settlement of {self.transaction_id} (attempt {self.attempts})"
+        return gettext("settlement of {transaction} (attempt {attempt})").format(
+            transaction=self.transaction_id, attempt=self.attempts
+        )
 
     @property
     def settled_at(self):
@@ -229,14 +272,22 @@ class PaymentSettlement(DueWork):
 class PaymentEvent(models.Model):
     """What happened to a payment: every status change and every staff flag."""
 
-    payment = models.ForeignKey(Payment, on_delete=models.PROTECT, related_name="events")
-    kind = models.CharField(max_length=32)  # "transition" | "needs_attention" | "retry"
-    from_status = models.CharField(max_length=20, blank=True, default="")
-    to_status = models.CharField(max_length=20, blank=True, default="")
-    detail = models.JSONField(default=dict)
-    created_at = models.DateTimeField(db_default=Now())
+    payment = models.ForeignKey(
+        Payment, on_delete=models.PROTECT, related_name="events", verbose_name=_("payment")
+    )
+    kind = models.CharField(
+        max_length=32, verbose_name=_("kind")
+    )  # "transition" | "needs_attention" | "retry"
+    from_status = models.CharField(
+        max_length=20, blank=True, default="", verbose_name=_("from status")
+    )
+    to_status = models.CharField(max_length=20, blank=True, default="", verbose_name=_("to status"))
+    detail = models.JSONField(default=dict, verbose_name=_("detail"))
+    created_at = models.DateTimeField(db_default=Now(), verbose_name=_("created at"))
 
     class Meta:
+        verbose_name = _("payment event")
+        verbose_name_plural = _("payment events")
         ordering = ["id"]
 
     def __str__(self) -> str:
@@ -256,27 +307,38 @@ class Refund(DueWork):
     (staff, or the provider's late answer).
     """
 
-    id = models.UUIDField(primary_key=True, editable=False)
-    payment = models.ForeignKey(Payment, on_delete=models.PROTECT, related_name="refunds")
+    id = models.UUIDField(primary_key=True, editable=False, verbose_name=_("id"))
+    payment = models.ForeignKey(
+        Payment, on_delete=models.PROTECT, related_name="refunds", verbose_name=_("payment")
+    )
     transaction = models.OneToOneField(
-        PaymentTransaction, on_delete=models.PROTECT, related_name="refund"
+        PaymentTransaction,
+        on_delete=models.PROTECT,
+        related_name="refund",
+        verbose_name=_("transaction"),
     )
-    amount = models.DecimalField(max_digits=12, decimal_places=2)
-    currency = models.CharField(max_length=3)
-    reason = models.CharField(max_length=500)
-    origin = models.CharField(max_length=16, choices=RefundOrigin.choices)
+    amount = models.DecimalField(max_digits=12, decimal_places=2, verbose_name=_("amount"))
+    currency = models.CharField(max_length=3, verbose_name=_("currency"))
+    reason = models.CharField(max_length=500, verbose_name=_("reason"))
+    origin = models.CharField(max_length=16, choices=RefundOrigin.choices, verbose_name=_("origin"))
     status = models.CharField(
-        max_length=20, choices=RefundStatus.choices, default=RefundStatus.PENDING
+        max_length=20,
+        choices=RefundStatus.choices,
+        default=RefundStatus.PENDING,
+        verbose_name=_("status"),
     )
-    provider_key = models.CharField(max_length=255)
+    provider_key = models.CharField(max_length=255, verbose_name=_("provider key"))
     # Staff recorded the money as given back outside the provider (no provider refund).
-    outside_shop = models.BooleanField(default=False, db_default=False)
+    outside_shop = models.BooleanField(
+        default=False, db_default=False, verbose_name=_("outside shop")
+    )
     requested_by = models.ForeignKey(
         settings.AUTH_USER_MODEL,
         on_delete=models.SET_NULL,
         null=True,
         blank=True,
         related_name="+",
+        verbose_name=_("requested by"),
     )
     resolved_by = models.ForeignKey(
         settings.AUTH_USER_MODEL,
@@ -284,11 +346,14 @@ class Refund(DueWork):
         null=True,
         blank=True,
         related_name="+",
+        verbose_name=_("resolved by"),
     )
-    created_at = models.DateTimeField(db_default=Now())
-    updated_at = models.DateTimeField(db_default=Now())
+    created_at = models.DateTimeField(db_default=Now(), verbose_name=_("created at"))
+    updated_at = models.DateTimeField(db_default=Now(), verbose_name=_("updated at"))
 
     class Meta:
+        verbose_name = _("refund")
+        verbose_name_plural = _("refunds")
         constraints = [
             models.UniqueConstraint(fields=["provider_key"], name="payments_refund_key_uniq"),
             models.CheckConstraint(condition=Q(amount__gt=0), name="payments_refund_positive"),
@@ -302,7 +367,9 @@ class Refund(DueWork):
         ]
 
     def __str__(self) -> str:
-        return f"refund {self.id} {self.amount} {self.currency} {self.status}"
+        return gettext("refund {id} {amount} {currency} {status}").format(
+            id=self.id, amount=self.amount, currency=self.currency, status=self.status
+        )
 
     @classmethod
     def due_policy(cls) -> DuePolicy:

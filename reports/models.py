@@ -9,7 +9,8 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
-from django.utils.translation import pgettext_lazy
+from django.utils.translation import gettext, pgettext_lazy
+from django.utils.translation import gettext_lazy as _
 
 from core.due import DuePolicy, DueWork, due_index
 
@@ -24,14 +25,16 @@ class ReportExtractRow(models.Model):
         # units received back, per order and sku
         RETURN = "return", pgettext_lazy("report source", "Return")
 
-    date = models.DateField()
-    source = models.CharField(max_length=16, choices=Source.choices)
-    order_id = models.UUIDField()
-    sku = models.CharField(max_length=64)
-    units = models.IntegerField()
-    amount = models.DecimalField(max_digits=14, decimal_places=2)
+    date = models.DateField(verbose_name=_("date"))
+    source = models.CharField(max_length=16, choices=Source.choices, verbose_name=_("source"))
+    order_id = models.UUIDField(verbose_name=_("order id"))
+    sku = models.CharField(max_length=64, verbose_name=_("sku"))
+    units = models.IntegerField(verbose_name=_("units"))
+    amount = models.DecimalField(max_digits=14, decimal_places=2, verbose_name=_("amount"))
 
     class Meta:
+        verbose_name = _("report extract row")
+        verbose_name_plural = _("report extract rows")
         constraints = [
             # A second extract for the day can never add to the first one's rows.
             models.UniqueConstraint(
@@ -46,23 +49,25 @@ class ReportExtractRow(models.Model):
 class ReportAggregate(models.Model):
     """The aggregate step's output for one day: the figures and their content hash."""
 
-    date = models.DateField()
-    orders = models.IntegerField()
-    units = models.IntegerField()
-    revenue = models.DecimalField(max_digits=16, decimal_places=2)
-    refunds = models.DecimalField(max_digits=16, decimal_places=2)
-    returns = models.IntegerField()
-    currency = models.CharField(max_length=3)
-    content_hash = models.CharField(max_length=64)
-    created_at = models.DateTimeField(db_default=Now())
+    date = models.DateField(verbose_name=_("date"))
+    orders = models.IntegerField(verbose_name=_("orders"))
+    units = models.IntegerField(verbose_name=_("units"))
+    revenue = models.DecimalField(max_digits=16, decimal_places=2, verbose_name=_("revenue"))
+    refunds = models.DecimalField(max_digits=16, decimal_places=2, verbose_name=_("refunds"))
+    returns = models.IntegerField(verbose_name=_("returns"))
+    currency = models.CharField(max_length=3, verbose_name=_("currency"))
+    content_hash = models.CharField(max_length=64, verbose_name=_("content hash"))
+    created_at = models.DateTimeField(db_default=Now(), verbose_name=_("created at"))
 
     class Meta:
+        verbose_name = _("report aggregate")
+        verbose_name_plural = _("report aggregates")
         constraints = [
             models.UniqueConstraint(fields=["date"], name="reports_reportaggregate_date_uniq"),
         ]
 
     def __str__(self) -> str:
-        return f"aggregate {self.date}"
+        return gettext("aggregate {date}").format(date=self.date)
 
 
 DAILY_SALES_DATE_CONSTRAINT = "reports_dailysalesreport_date_uniq"
@@ -77,20 +82,24 @@ class DailySalesReport(models.Model):
     replaced in `previous_content_hash`; identical figures change nothing.
     """
 
-    date = models.DateField()
-    orders = models.IntegerField()
-    units = models.IntegerField()
-    revenue = models.DecimalField(max_digits=16, decimal_places=2)
-    refunds = models.DecimalField(max_digits=16, decimal_places=2)
-    returns = models.IntegerField()
-    currency = models.CharField(max_length=3)
-    content_hash = models.CharField(max_length=64)
-    revision = models.PositiveIntegerField(default=1)
-    published_at = models.DateTimeField(db_default=Now())
-    replaced_at = models.DateTimeField(null=True, blank=True)
-    previous_content_hash = models.CharField(max_length=64, null=True, blank=True)
+    date = models.DateField(verbose_name=_("date"))
+    orders = models.IntegerField(verbose_name=_("orders"))
+    units = models.IntegerField(verbose_name=_("units"))
+    revenue = models.DecimalField(max_digits=16, decimal_places=2, verbose_name=_("revenue"))
+    refunds = models.DecimalField(max_digits=16, decimal_places=2, verbose_name=_("refunds"))
+    returns = models.IntegerField(verbose_name=_("returns"))
+    currency = models.CharField(max_length=3, verbose_name=_("currency"))
+    content_hash = models.CharField(max_length=64, verbose_name=_("content hash"))
+    revision = models.PositiveIntegerField(default=1, verbose_name=_("revision"))
+    published_at = models.DateTimeField(db_default=Now(), verbose_name=_("published at"))
+    replaced_at = models.DateTimeField(null=True, blank=True, verbose_name=_("replaced at"))
+    previous_content_hash = models.CharField(
+        max_length=64, null=True, blank=True, verbose_name=_("previous content hash")
+    )
 
     class Meta:
+        verbose_name = _("daily sales report")
+        verbose_name_plural = _("daily sales reports")
         constraints = [
             models.UniqueConstraint(fields=["date"], name=DAILY_SALES_DATE_CONSTRAINT),
             models.CheckConstraint(
@@ -101,7 +110,9 @@ class DailySalesReport(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"sales {self.date} (revision {self.revision})"
+        return gettext("sales {date} (revision {revision})").format(
+            date=self.date, revision=self.revision
+        )
 
 
 REPORT_DAY_CONSTRAINT = "reports_reportday_date_uniq"
@@ -118,17 +129,19 @@ class ReportDay(DueWork):
     attention": Retry now). docs/reports.md, "Every closed day, once (catch-up)".
     """
 
-    id = models.BigAutoField(primary_key=True)
-    date = models.DateField()
-    created_at = models.DateTimeField(db_default=Now())
-    updated_at = models.DateTimeField(db_default=Now())
+    id = models.BigAutoField(primary_key=True, verbose_name=_("id"))
+    date = models.DateField(verbose_name=_("date"))
+    created_at = models.DateTimeField(db_default=Now(), verbose_name=_("created at"))
+    updated_at = models.DateTimeField(db_default=Now(), verbose_name=_("updated at"))
 
     class Meta:
+        verbose_name = _("report day")
+        verbose_name_plural = _("report days")
         constraints = [models.UniqueConstraint(fields=["date"], name=REPORT_DAY_CONSTRAINT)]
         indexes = [due_index(name="reports_day_due_idx")]
 
     def __str__(self) -> str:
-        return f"sales report of {self.date.isoformat()}"
+        return gettext("sales report of {date}").format(date=self.date.isoformat())
 
     @classmethod
     def due_policy(cls) -> DuePolicy:

@@ -1,9 +1,10 @@
 from django.apps import AppConfig
+from django.utils.translation import gettext_lazy as _
 
 
 class ShopConfig(AppConfig):
     name = "shop"
-    verbose_name = "Storefront and accounts"
+    verbose_name = _("Storefront and accounts")
 
     def ready(self) -> None:
         from idempotency.messaging.relay import register_consumer

@@ -5,6 +5,8 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import models
 from django.db.models.functions import Now
+from django.utils.translation import gettext
+from django.utils.translation import gettext_lazy as _
 
 from core.due import DuePolicy, DueWork, due_index
 
@@ -23,15 +25,22 @@ class LoyaltyAccount(models.Model):
         primary_key=True,
         on_delete=models.CASCADE,
         related_name="loyalty_account",
+        verbose_name=_("user"),
     )
-    balance = models.BigIntegerField(default=0)
-    version = models.BigIntegerField(default=0)
-    applied = models.JSONField(default=list)
-    created_at = models.DateTimeField(db_default=Now())
-    updated_at = models.DateTimeField(db_default=Now())
+    balance = models.BigIntegerField(default=0, verbose_name=_("balance"))
+    version = models.BigIntegerField(default=0, verbose_name=_("version"))
+    applied = models.JSONField(default=list, verbose_name=_("applied"))
+    created_at = models.DateTimeField(db_default=Now(), verbose_name=_("created at"))
+    updated_at = models.DateTimeField(db_default=Now(), verbose_name=_("updated at"))
+
+    class Meta:
+        verbose_name = _("loyalty account")
+        verbose_name_plural = _("loyalty accounts")
 
     def __str__(self) -> str:
-        return f"{self.user_id}: {self.balance} points (v{self.version})"
+        return gettext("{user}: {balance} points (v{version})").format(
+            user=self.user_id, balance=self.balance, version=self.version
+        )
 
 
 class LoyaltyOrder(models.Model):
@@ -41,15 +50,19 @@ class LoyaltyOrder(models.Model):
     account, so the account's version guards it too (shop.loyalty).
     """
 
-    account = models.ForeignKey(LoyaltyAccount, on_delete=models.CASCADE, related_name="orders")
-    order_id = models.CharField(max_length=64)
-    earned = models.BigIntegerField(default=0)
-    reversed = models.BigIntegerField(default=0)
+    account = models.ForeignKey(
+        LoyaltyAccount, on_delete=models.CASCADE, related_name="orders", verbose_name=_("account")
+    )
+    order_id = models.CharField(max_length=64, verbose_name=_("order id"))
+    earned = models.BigIntegerField(default=0, verbose_name=_("earned"))
+    reversed = models.BigIntegerField(default=0, verbose_name=_("reversed"))
     # The event that earned (a second earning event for the order earns nothing).
-    earned_by = models.CharField(max_length=255, null=True, blank=True)
-    cancelled = models.BooleanField(default=False)
+    earned_by = models.CharField(max_length=255, null=True, blank=True, verbose_name=_("earned by"))
+    cancelled = models.BooleanField(default=False, verbose_name=_("cancelled"))
 
     class Meta:
+        verbose_name = _("loyalty order")
+        verbose_name_plural = _("loyalty orders")
         constraints = [
             models.UniqueConstraint(
                 fields=["account", "order_id"], name="shop_loyaltyorder_account_order_uniq"
@@ -69,24 +82,33 @@ class PurchaseHistoryLine(models.Model):
     (a return before its confirmation) still net to the same result.
     """
 
-    id = models.BigAutoField(primary_key=True)
+    id = models.BigAutoField(primary_key=True, verbose_name=_("id"))
     user = models.ForeignKey(
-        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="purchase_history"
+        settings.AUTH_USER_MODEL,
+        on_delete=models.CASCADE,
+        related_name="purchase_history",
+        verbose_name=_("user"),
     )
-    order_id = models.CharField(max_length=64)
-    order_number = models.BigIntegerField()
-    position = models.PositiveIntegerField(default=0)
-    sku = models.CharField(max_length=64)
-    unit_price = models.DecimalField(max_digits=12, decimal_places=4)
-    currency = models.CharField(max_length=3, blank=True, default="")
-    quantity_confirmed = models.PositiveIntegerField(default=0)
-    quantity_returned = models.PositiveIntegerField(default=0)
-    cancelled = models.BooleanField(default=False)
-    quantity = models.PositiveIntegerField(default=0)
-    amount = models.DecimalField(max_digits=14, decimal_places=4, default=0)
-    created_at = models.DateTimeField(db_default=Now())
+    order_id = models.CharField(max_length=64, verbose_name=_("order id"))
+    order_number = models.BigIntegerField(verbose_name=_("order number"))
+    position = models.PositiveIntegerField(default=0, verbose_name=_("position"))
+    sku = models.CharField(max_length=64, verbose_name=_("sku"))
+    unit_price = models.DecimalField(max_digits=12, decimal_places=4, verbose_name=_("unit price"))
+    currency = models.CharField(max_length=3, blank=True, default="", verbose_name=_("currency"))
+    quantity_confirmed = models.PositiveIntegerField(
+        default=0, verbose_name=_("quantity confirmed")
+    )
+    quantity_returned = models.PositiveIntegerField(default=0, verbose_name=_("quantity returned"))
+    cancelled = models.BooleanField(default=False, verbose_name=_("cancelled"))
+    quantity = models.PositiveIntegerField(default=0, verbose_name=_("quantity"))
+    amount = models.DecimalField(
+        max_digits=14, decimal_places=4, default=0, verbose_name=_("amount")
+    )
+    created_at = models.DateTimeField(db_default=Now(), verbose_name=_("created at"))
 
     class Meta:
+        verbose_name = _("purchase history line")
+        verbose_name_plural = _("purchase history lines")
         constraints = [
             models.UniqueConstraint(
                 fields=["order_id", "sku"], name="shop_purchasehistoryline_order_sku_uniq"
@@ -113,24 +135,37 @@ class Cart(models.Model):
     """
 
     user = models.OneToOneField(
-        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="cart"
+        settings.AUTH_USER_MODEL,
+        on_delete=models.CASCADE,
+        related_name="cart",
+        verbose_name=_("user"),
     )
-    version = models.BigIntegerField(default=0)
-    updated_at = models.DateTimeField(db_default=Now())
+    version = models.BigIntegerField(default=0, verbose_name=_("version"))
+    updated_at = models.DateTimeField(db_default=Now(), verbose_name=_("updated at"))
+
+    class Meta:
+        verbose_name = _("cart")
+        verbose_name_plural = _("carts")
 
     def __str__(self) -> str:
-        return f"cart of {self.user_id} (v{self.version})"
+        return gettext("cart of {user} (v{version})").format(
+            user=self.user_id, version=self.version
+        )
 
 
 class CartLine(models.Model):
     """One sku in a cart and the units wanted (1..1000, as an order line)."""
 
-    cart = models.ForeignKey(Cart, on_delete=models.CASCADE, related_name="lines")
-    sku = models.CharField(max_length=64)
-    quantity = models.PositiveIntegerField()
-    added_at = models.DateTimeField(db_default=Now())
+    cart = models.ForeignKey(
+        Cart, on_delete=models.CASCADE, related_name="lines", verbose_name=_("cart")
+    )
+    sku = models.CharField(max_length=64, verbose_name=_("sku"))
+    quantity = models.PositiveIntegerField(verbose_name=_("quantity"))
+    added_at = models.DateTimeField(db_default=Now(), verbose_name=_("added at"))
 
     class Meta:
+        verbose_name = _("cart line")
+        verbose_name_plural = _("cart lines")
         constraints = [
             models.UniqueConstraint(fields=["cart", "sku"], name="shop_cartline_cart_sku_uniq"),
             models.CheckConstraint(
@@ -154,29 +189,37 @@ class Mail(DueWork):
     again after its attempt's lease. Past its budget it needs attention.
     """
 
-    id = models.BigAutoField(primary_key=True)
+    id = models.BigAutoField(primary_key=True, verbose_name=_("id"))
     # The outbox message it is the mail of (the consumer's inbox id).
-    message_id = models.CharField(max_length=255)
-    event_type = models.CharField(max_length=64)
+    message_id = models.CharField(max_length=255, verbose_name=_("message id"))
+    event_type = models.CharField(max_length=64, verbose_name=_("event type"))
     # The event's payload as the consumer read it: the templates' data, kept with the
     # row so that sending never needs the outbox message (purged after its retention).
-    payload = models.JSONField(default=dict)
+    payload = models.JSONField(default=dict, verbose_name=_("payload"))
     user = models.ForeignKey(
-        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, related_name="+"
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        related_name="+",
+        verbose_name=_("user"),
     )
     # The shopper's address when the event was applied.
-    address = models.CharField(max_length=254)
-    created_at = models.DateTimeField(db_default=Now())
-    updated_at = models.DateTimeField(db_default=Now())
+    address = models.CharField(max_length=254, verbose_name=_("address"))
+    created_at = models.DateTimeField(db_default=Now(), verbose_name=_("created at"))
+    updated_at = models.DateTimeField(db_default=Now(), verbose_name=_("updated at"))
 
     class Meta:
+        verbose_name = _("mail")
+        verbose_name_plural = _("mails")
         constraints = [
             models.UniqueConstraint(fields=["message_id"], name="shop_mail_message_uniq"),
         ]
         indexes = [due_index(name="shop_mail_due_idx")]
 
     def __str__(self) -> str:
-        return f"mail {self.id} {self.event_type} to {self.address}"
+        return gettext("mail {id} {event_type} to {address}").format(
+            id=self.id, event_type=self.event_type, address=self.address
+        )
 
     @classmethod
     def due_policy(cls) -> DuePolicy:

@@ -11,6 +11,7 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
+from django.utils.translation import gettext_lazy as _
 
 from .timing import backoff
 
@@ -92,15 +93,27 @@ class DueWork(models.Model):
 
     # Database defaults too, so a kind may insert its rows in raw SQL
     # (`INSERT ... ON CONFLICT`) naming only the columns it cares about.
-    next_attempt_at = models.DateTimeField(db_default=Now())
-    attempts = models.PositiveIntegerField(default=0, db_default=0)
+    next_attempt_at = models.DateTimeField(db_default=Now(), verbose_name=_("next attempt at"))
+    attempts = models.PositiveIntegerField(default=0, db_default=0, verbose_name=_("attempts"))
     # The sweeper that enqueued the row and until when (database clock); an
     # expired lease makes the row due again.
-    lease_owner = models.CharField(max_length=100, blank=True, default="", db_default="")
-    lease_expires_at = models.DateTimeField(null=True, blank=True)
-    needs_attention = models.BooleanField(default=False, db_default=False)
-    last_error = models.CharField(max_length=LAST_ERROR_MAX, blank=True, default="", db_default="")
-    done_at = models.DateTimeField(null=True, blank=True)
+    lease_owner = models.CharField(
+        max_length=100, blank=True, default="", db_default="", verbose_name=_("lease owner")
+    )
+    lease_expires_at = models.DateTimeField(
+        null=True, blank=True, verbose_name=_("lease expires at")
+    )
+    needs_attention = models.BooleanField(
+        default=False, db_default=False, verbose_name=_("needs attention")
+    )
+    last_error = models.CharField(
+        max_length=LAST_ERROR_MAX,
+        blank=True,
+        default="",
+        db_default="",
+        verbose_name=_("last error"),
+    )
+    done_at = models.DateTimeField(null=True, blank=True, verbose_name=_("done at"))
 
     objects = DueWorkQuerySet.as_manager()
 
