@@ -29,6 +29,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.db.models.functions import Now
 from django.utils.module_loading import import_string
+from django.utils.translation import gettext as _
 
 from core.db import database_now, insert_first
 from core.errors import ApplicationError, InvalidState
@@ -161,7 +162,7 @@ def _order_insert(order: Order) -> None:
         return
     if not insert_first(order, constraint=SCOPE_CONSTRAINT):
         existing = Order.objects.values_list("id", flat=True).get(scope=order.scope)
-        raise AlreadyOrdered("This cart was already ordered.", extra={"order_id": str(existing)})
+        raise AlreadyOrdered(_("This cart was already ordered."), extra={"order_id": str(existing)})
 
 
 @transaction.atomic
@@ -204,9 +205,14 @@ def order_hold(
     )
     if expected_total is not None and expected_total != requested_total:
         raise PriceChanged(
-            f"The total is now {format_money(requested_total)}, "
-            f"not {format_money(expected_total)}.",
-            errors={"expected_total": [f"The current total is {format_money(requested_total)}."]},
+            _("The total is now {total}, not {expected}.").format(
+                total=format_money(requested_total), expected=format_money(expected_total)
+            ),
+            errors={
+                "expected_total": [
+                    _("The current total is {total}.").format(total=format_money(requested_total))
+                ]
+            },
             extra={"total": format_money(requested_total), "currency": settings.SHOP_CURRENCY},
         )
 
@@ -223,10 +229,10 @@ def order_hold(
         if units < line.quantity
     ]
     if not any(granted):
-        raise InsufficientStock("No unit of any line is available.", errors={"lines": short})
+        raise InsufficientStock(_("No unit of any line is available."), errors={"lines": short})
     if short and on_shortage == OnShortage.REJECT:
         raise InsufficientStock(
-            "Not every line is available in the quantity requested.", errors={"lines": short}
+            _("Not every line is available in the quantity requested."), errors={"lines": short}
         )
 
     expires_at = None
@@ -523,10 +529,10 @@ def order_cancel(*, order_id) -> Order:
     if order.status in (OrderStatus.CANCELLED, OrderStatus.CANCELLING):
         return order
     if order.fulfillment != Fulfillment.UNFULFILLED or any(line.quantity_shipped for line in lines):
-        raise OrderShipped("Part of this order has shipped; return it instead.")
+        raise OrderShipped(_("Part of this order has shipped; return it instead."))
     if order.status == OrderStatus.PAYMENT_PENDING:
         raise PaymentPending(
-            "The payment's outcome is not known yet; cancel once it is.",
+            _("The payment's outcome is not known yet; cancel once it is."),
             extra={"order_id": str(order.id)},
         )
     if order.status in (OrderStatus.CONFIRMED, OrderStatus.PARTIALLY_CONFIRMED):
@@ -540,7 +546,9 @@ def order_cancel(*, order_id) -> Order:
         compensation.steps_insert(order_id=order.id, kind=CompensationKind.CANCELLATION)
         order.cancel_started = True
         return order
-    raise InvalidState(f"An order that is {order.status} cannot be cancelled.")
+    raise InvalidState(
+        _("An order that is {status} cannot be cancelled.").format(status=order.status)
+    )
 
 
 @transaction.atomic

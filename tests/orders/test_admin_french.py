@@ -1,5 +1,6 @@
-"""The admin's own names in French: app, model and field names and an order's title
-(docs/storefront.md, "Languages")."""
+"""The admin's own names in French: app, model and field names, an order's title, and a
+refusal `orders.services` raises; the API's answer stays English (docs/storefront.md,
+"Languages")."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ def staff(make_user):
 
 @pytest.fixture
 def pending_order(make_product, reserve) -> Order:
-    """An order whose payment's outcome is not known yet."""
+    """An order whose payment's outcome is not known: cancelling it is refused."""
     make_product("TEE-M", price="10.00", stock=10)
     return reserve({"TEE-M": 2})
 
@@ -58,3 +59,34 @@ def test_the_order_pages_name_the_app_the_model_and_the_fields_in_french(staff, 
     assert "Payment method" in change and "Shipping address" in change
     index = _page(staff, reverse("admin:index"))
     assert "Payment settlements" in index and "Catalog and stock" in index
+
+
+def test_a_refused_cancel_reads_in_french_in_the_admin_and_in_english_in_the_api(
+    staff, pending_order, shopper_client
+):
+    staff.cookies.load({settings.LANGUAGE_COOKIE_NAME: "fr"})
+    url = reverse("admin:orders_order_cancel", args=[pending_order.pk])
+    form = staff.get(url).content.decode()
+    key = form.split('name="idempotency_key" value="', 1)[1].split('"', 1)[0]
+    refused = staff.post(url, {"idempotency_key": key})
+    assert refused.status_code == 303
+    page = _page(staff, refused["Location"])
+    assert "L&#x27;issue du paiement n&#x27;est pas encore connue ; annulez une fois" in page
+    assert "cancel once it is" not in page
+    assert Order.objects.get(pk=pending_order.pk).status == "payment_pending"
+
+    # The API asked in French answers in English, byte for byte as when asked in English.
+    answers = [
+        shopper_client.post(
+            f"/api/v1/orders/{pending_order.pk}/cancel/",
+            format="json",
+            HTTP_IDEMPOTENCY_KEY=f"cancel-{language}",
+            HTTP_ACCEPT_LANGUAGE=language,
+        )
+        for language in ("fr", "en")
+    ]
+    assert answers[0].status_code == answers[1].status_code == 409, answers[0].content
+    assert answers[0].content == answers[1].content
+    assert answers[0].json()["detail"] == (
+        "The payment's outcome is not known yet; cancel once it is."
+    )
