@@ -38,6 +38,8 @@ from __future__ import annotations
 import uuid
 from decimal import Decimal
 
+from django.utils.translation import gettext as _
+
 from core.errors import ApplicationError, InvalidState
 from idempotency.failpoints import failpoint
 from idempotency.keys import STARTED, KeyRun, Presenter, Result, close_run, keyed_phase
@@ -289,7 +291,8 @@ def refund_create_keyed(
         payment_id = Order.objects.values_list("payment_id", flat=True).get(id=order_id)
         if payment_id is None:
             raise RefundInvalidState(
-                "Nothing to refund: the order has no payment.", extra={"order_id": str(order_id)}
+                _("Nothing to refund: the order has no payment."),
+                extra={"order_id": str(order_id)},
             )
         refund = refund_request(
             refund_id=refund_id,

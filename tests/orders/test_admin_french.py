@@ -1,6 +1,6 @@
-"""The admin's own names in French: app, model and field names, an order's title, and a
-refusal `orders.services` raises; the API's answer stays English (docs/storefront.md,
-"Languages")."""
+"""The admin's own names in French: app, model and field names, an order's title, and
+the refusals `orders.services` and `orders.operations` raise; the API's answer stays
+English (docs/storefront.md, "Languages")."""
 
 from __future__ import annotations
 
@@ -90,3 +90,16 @@ def test_a_refused_cancel_reads_in_french_in_the_admin_and_in_english_in_the_api
     assert answers[0].json()["detail"] == (
         "The payment's outcome is not known yet; cancel once it is."
     )
+
+
+def test_a_refused_refund_reads_in_french_in_the_admin(staff, pending_order):
+    """An order with no payment yet: the refund form's refusal (`orders.operations`)."""
+    staff.cookies.load({settings.LANGUAGE_COOKIE_NAME: "fr"})
+    url = reverse("admin:orders_order_refund", args=[pending_order.pk])
+    form = staff.get(url).content.decode()
+    key = form.split('name="idempotency_key" value="', 1)[1].split('"', 1)[0]
+    refused = staff.post(url, {"amount": "5.00", "reason": "geste", "idempotency_key": key})
+    assert refused.status_code == 303 and refused["Location"].startswith(url)
+    page = _page(staff, refused["Location"])
+    assert "Rien à rembourser : la commande n&#x27;a aucun paiement." in page
+    assert "Nothing to refund" not in page
