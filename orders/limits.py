@@ -22,6 +22,9 @@ transaction that holds the flags and inserts the order:
   its stored answer and a retry of an open key resumes past `order_hold`, so
   neither is ever throttled. Confirming or cancelling an `awaiting_decision`
   order is not a new order either.
+- The refusal's detail is in the active language, its counts in their plural
+  form: the checkout page reads it in the shopper's language, the API in
+  English (docs/storefront.md, "Languages").
 - Time is the database's (`core.db.STATEMENT_CLOCK_SQL` against `created_at` and
   `reservation_expires_at`, both written by the database clock), never a host's.
 
@@ -36,6 +39,8 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import connection
+from django.utils.translation import gettext as _
+from django.utils.translation import ngettext
 
 from core.db import STATEMENT_CLOCK_SQL
 from core.errors import ApplicationError
@@ -112,20 +117,31 @@ def order_limits_check(*, owner_id) -> None:
     if not waits:
         return
     wait = max(waits.values())
+    # Both lists stop at their limit, so a refusal counts exactly the limit it names.
     if "holding" in waits:
-        detail = (
-            f"You have {len(holding)} orders awaiting your decision or a payment outcome "
-            f"(at most {holding_max}): decide on one, or wait until one ends, before "
-            "placing another. Nothing was held or charged for this order."
-        )
+        detail = ngettext(
+            "You have {count} order awaiting your decision or a payment outcome "
+            "(at most {most}): decide on it, or wait until it ends, before placing another.",
+            "You have {count} orders awaiting your decision or a payment outcome "
+            "(at most {most}): decide on one, or wait until one ends, before placing another.",
+            len(holding),
+        ).format(count=len(holding), most=holding_max)
     else:
-        detail = (
-            f"You placed {len(in_window)} orders in the last minute (at most {rate}): "
-            f"wait {wait} seconds before placing another. Nothing was held or charged "
-            "for this order."
-        )
+        orders = ngettext(
+            "You placed {count} order in the last minute (at most {most})",
+            "You placed {count} orders in the last minute (at most {most})",
+            len(in_window),
+        ).format(count=len(in_window), most=rate)
+        then = ngettext(
+            "wait {seconds} second before placing another.",
+            "wait {seconds} seconds before placing another.",
+            wait,
+        ).format(seconds=wait)
+        # Translators: the rate refusal's two halves: the orders placed, then the wait.
+        detail = _("{orders}: {then}").format(orders=orders, then=then)
+    nothing = _("Nothing was held or charged for this order.")
     raise OrderThrottled(
-        detail,
+        f"{detail} {nothing}",
         extra={"limit": "holding" if "holding" in waits else "rate"},
         headers={"Retry-After": str(wait)},
     )
