@@ -28,10 +28,19 @@ QUIET = ["--loglevel", "warning", "--without-gossip", "--without-mingle", "--wit
 
 
 def spawn(argv: list[str], env: dict, log: Path) -> subprocess.Popen:
-    """Start `argv` in its own session from the repository's root, output to `log`."""
+    """Start `argv` in its own session from the repository's root, output to `log`.
+
+    Its database sessions carry the log's name as their `application_name`
+    (libpq's PGAPPNAME), so `pg_stat_activity` tells the processes apart.
+    """
     out = open(log, "ab")  # noqa: SIM115 - the child keeps it
     return subprocess.Popen(
-        argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        argv,
+        cwd=ROOT,
+        env={**env, "PGAPPNAME": log.stem},
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
 
 

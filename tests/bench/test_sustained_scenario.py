@@ -177,3 +177,13 @@ def test_the_pipeline_runs_every_queue_of_the_procfile_as_it_does():
     assert argv[argv.index("--app") + 1] == "config.celery:app"
     assert argv[argv.index("--queues") + 1] == "events"
     assert "--concurrency" not in argv  # Celery's own, as in production
+
+
+def test_each_spawned_process_names_its_database_sessions_after_its_log(tmp_path):
+    proc = processes.spawn(
+        [sys.executable, "-c", "import os; print(os.environ['PGAPPNAME'])"],
+        {"PATH": "/usr/bin:/bin"},
+        tmp_path / "worker-events.log",
+    )
+    assert proc.wait(30) == 0
+    assert (tmp_path / "worker-events.log").read_text().strip() == "worker-events"
