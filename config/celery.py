@@ -12,8 +12,15 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.base")
 
 
 # Every publish bounded (core/patches/celery_publish.py); every task's worker judges a
-# message's ETA by the database clock (core/patches/worker_clock.py).
-app = Celery("shop", amqp=BoundedPublishAMQP, task_cls=DatabaseClockTask)
+# message's ETA by the database clock (core/patches/worker_clock.py); a worker keeps
+# its database pool from task to task (core/patches/celery_django.py), where Celery's
+# own Django fixup closes it around each one.
+app = Celery(
+    "shop",
+    amqp=BoundedPublishAMQP,
+    task_cls=DatabaseClockTask,
+    fixups=["core.patches.celery_django:fixup"],
+)
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
 

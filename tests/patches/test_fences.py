@@ -75,6 +75,20 @@ FENCES = (
         },
     ),
     Fence(
+        "core.patches.celery_django",
+        "celery",
+        "5.7.0",
+        {
+            "celery.fixups.django.fixup": "c0a40688fcb27e7e",
+            "celery.fixups.django.DjangoFixup.worker_fixup": "41e104b1589e0bfc",
+            "celery.fixups.django.DjangoWorkerFixup.close_database": "886a5f0b2c37f5ba",
+            "celery.fixups.django.DjangoWorkerFixup._close_database": "38c5a1bca1e28805",
+            "celery.fixups.django.DjangoWorkerFixup.on_worker_process_init": "d5dbc73d268f03f0",
+            "celery.fixups.django.DjangoWorkerFixup.on_task_prerun": "dd8adcd71a974f40",
+            "celery.fixups.django.DjangoWorkerFixup.on_task_postrun": "bf5528dff9b582d2",
+        },
+    ),
+    Fence(
         "core.patches.redis_transport",
         "kombu",
         "5.7.0",

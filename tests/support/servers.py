@@ -258,8 +258,9 @@ def celery_worker(
     startup_timeout: float = 60.0,
     log_dir: str | Path | None = None,
     extra_args: tuple[str, ...] = (),
+    app: str = "config",
 ) -> Iterator[Server]:
-    """Run a real celery worker subprocess (app `config`) until the block ends.
+    """Run a real celery worker subprocess (app `config` unless `app`) until the block ends.
 
     Without `queues` it consumes every queue of CELERY_TASK_QUEUES, as make run's do.
     """
@@ -272,7 +273,7 @@ def celery_worker(
         "-m",
         "celery",
         "-A",
-        "config",
+        app,
         "worker",
         "--loglevel",
         "info",
