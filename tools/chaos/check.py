@@ -57,8 +57,12 @@ def _summary(pending: dict[str, list[str]]) -> str:
     return ", ".join(f"{kind} {n}" for kind, n in busy.items()) or "nothing"
 
 
-def cmd_wait(run_dir: Path, timeout: float) -> int:
-    """Poll until nothing is pending twice in a row; 3 (and what is left) on timeout."""
+def cmd_wait(run_dir: Path, timeout: float, *, through_holds: bool = False) -> int:
+    """Poll until nothing is pending twice in a row; 3 (and what is left) on timeout.
+
+    `through_holds`: orders awaiting a decision are pending until they expire
+    (invariants.pending_work).
+    """
     from django.db import close_old_connections, connection
 
     from .invariants import pending_work
@@ -71,7 +75,7 @@ def cmd_wait(run_dir: Path, timeout: float) -> int:
         if not connection.in_atomic_block:
             close_old_connections()  # a database restarted meanwhile: reconnect
         try:
-            pending = pending_work()
+            pending = pending_work(holds=through_holds)
         except Exception as exc:  # noqa: BLE001
             # The database or the broker is down for a moment (a kill): not quiet yet.
             pending = {"unreachable": [f"{type(exc).__name__}: {exc}"]}
@@ -131,12 +135,17 @@ def main(argv: list[str] | None = None) -> int:
         sub.add_argument("--run-dir", type=Path, required=True)
         if name == "wait":
             sub.add_argument("--timeout", type=float, required=True)
+            sub.add_argument(
+                "--through-holds",
+                action="store_true",
+                help="also wait for every order awaiting a decision to expire",
+            )
     args = parser.parse_args(argv)
     _setup()
     if args.command == "snapshot":
         return cmd_snapshot(args.run_dir)
     if args.command == "wait":
-        return cmd_wait(args.run_dir, args.timeout)
+        return cmd_wait(args.run_dir, args.timeout, through_holds=args.through_holds)
     return cmd_verify(args.run_dir)
 
 

@@ -897,8 +897,14 @@ def check_due_budget() -> Invariant:
     return inv
 
 
-def pending_work() -> dict[str, list[str]]:
-    """What the system would still do by itself, by kind (empty lists: quiet)."""
+def pending_work(*, holds: bool = False) -> dict[str, list[str]]:
+    """What the system would still do by itself, by kind (empty lists: quiet).
+
+    `holds`: an order awaiting the shopper's decision counts too, since its
+    hold's expiry will write an event (orders.services.order_expire) at
+    `reservation_expires_at`: the chaos run waits through every expiry, so
+    none can land between its last wait and `verify`.
+    """
     from idempotency.keys import registered_operations
     from orders.models import CompensationStep
 
@@ -945,6 +951,15 @@ def pending_work() -> dict[str, list[str]]:
             )
         ]
     pending["expired_holds"] = [f"{r[0]} ({r[1]} × {r[2]})" for r in expired_holds()]
+    if holds:
+        pending["awaiting_decision"] = [
+            f"order {number} (expires in {due:.0f} s)"
+            for number, due in rows(
+                "SELECT number, EXTRACT(EPOCH FROM reservation_expires_at - now())::float "
+                "FROM orders_order WHERE status = 'awaiting_decision' "
+                "ORDER BY reservation_expires_at LIMIT 50"
+            )
+        ]
     # On RabbitMQ wait only counts (peeking would take messages from the running workers).
     pending["broker"] = [m.describe() for m in broker_messages(peek=False) if not m.expendable]
     return pending

@@ -986,7 +986,9 @@ def main(argv: list[str] | None = None) -> int:
         if run.checker("snapshot") != 0:
             raise RuntimeError("check snapshot failed")
         killer = run.chaos(workload)
-        wait_code = run.checker("wait", "--timeout", str(args.wait_timeout),
+        # Through every hold's expiry (ORDER_RESERVATION_TTL_SECONDS): an expiry
+        # writes an event, which must not land after the last wait.
+        wait_code = run.checker("wait", "--timeout", str(args.wait_timeout), "--through-holds",
                                 timeout=args.wait_timeout + 60)  # fmt: skip
         if wait_code != 0:
             run.problems.append(f"check wait exited {wait_code} (not quiescent)")
@@ -995,7 +997,11 @@ def main(argv: list[str] | None = None) -> int:
             username="chaos-staff",
             password=run.staff_password,
             wait=lambda: run.checker(
-                "wait", "--timeout", str(liveness.ROUND_WAIT), timeout=liveness.ROUND_WAIT + 60
+                "wait",
+                "--timeout",
+                str(liveness.ROUND_WAIT),
+                "--through-holds",
+                timeout=liveness.ROUND_WAIT + 60,
             ),  # fmt: skip
             say=say,
         )

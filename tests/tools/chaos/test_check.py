@@ -262,6 +262,12 @@ def test_a_correct_state_has_no_violation_and_wait_returns_0(state, monkeypatch,
     monkeypatch.setattr(check, "POLL_EVERY", 0.05)
     assert check.main(["wait", "--run-dir", str(state.run_dir), "--timeout", "5"]) == 0
     assert "quiet after" in capsys.readouterr().err
+    # The chaos run's wait also waits for the order left awaiting its decision:
+    # its expiry will write an event, after a wait that ignored it.
+    awaiting = Order.objects.get(status="awaiting_decision")
+    args = ["wait", "--run-dir", str(state.run_dir), "--timeout", "0.3", "--through-holds"]
+    assert check.main(args) == 3
+    assert f"awaiting_decision: order {awaiting.number} (expires in" in capsys.readouterr().out
 
 
 # -- the corruptions: each made on a copy of the run folder, inside a savepoint ----------------
