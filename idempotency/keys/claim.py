@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import uuid
@@ -10,11 +11,13 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import OperationalError, connection
+from django.db import OperationalError, connection, connections, router
 from django.db.models import F
 from django.db.models.functions import Now
 
+from core.db import STATEMENT_CLOCK_SQL
 from core.errors import ApplicationError
+from core.rows import RowReader, column, select_list
 
 from .. import metrics
 from ..failpoints import failpoint
@@ -114,10 +117,34 @@ class KeyClaim:
         return row[0]
 
 
+@functools.cache
+def _key_lookup_sql(alias: str) -> str:
+    """`IdempotencyKey.objects.annotate(db_now=Now()).filter(owner_id=, key=)`, written once."""
+    return (
+        f"SELECT {select_list(IdempotencyKey, 'k', alias=alias)}, {STATEMENT_CLOCK_SQL}"
+        f" FROM {connections[alias].ops.quote_name(IdempotencyKey._meta.db_table)} k"
+        f" WHERE k.{column(IdempotencyKey, 'owner', alias=alias)} = %s"
+        f" AND k.{column(IdempotencyKey, 'key', alias=alias)} = %s"
+    )
+
+
 def key_lookup(*, owner_id: int, key: str) -> IdempotencyKey | None:
-    """Read the key's row (one indexed read), annotated with the database's `now()`."""
-    rows = list(IdempotencyKey.objects.annotate(db_now=Now()).filter(owner_id=owner_id, key=key))
-    return rows[0] if rows else None
+    """Read the key's row (one indexed read), annotated with the database's `now()` (`db_now`).
+
+    Every keyed request reads its key here first, the same way: the SQL is
+    written once per process and the row becomes the instance the ORM would
+    make (`core.rows`: its JSON fields decoded), not compiled again each time.
+    """
+    alias = router.db_for_read(IdempotencyKey)
+    reader = RowReader.of(IdempotencyKey, alias)
+    with connections[alias].cursor() as cursor:
+        cursor.execute(_key_lookup_sql(alias), [owner_id, key])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    found = reader.read(row[: reader.width])
+    found.db_now = row[reader.width]  # type: ignore[attr-defined]  # as annotate() sets it
+    return found
 
 
 _key_read = key_lookup

@@ -4,29 +4,15 @@ from decimal import Decimal
 
 import pytest
 from django.db import connection
-from django.db.models.sql.compiler import SQLCompiler
 from django.test.utils import CaptureQueriesContext
 
 from inventory.models import Product, StockItem
 from inventory.selectors import products_by_sku
+from tests.support.compiles import orm_compiles
 
 
 def _fields(instance) -> dict:
     return {f.attname: getattr(instance, f.attname) for f in instance._meta.concrete_fields}
-
-
-@pytest.fixture
-def compiles(monkeypatch) -> list:
-    """Every ORM query compiled while the test runs."""
-    seen: list = []
-    as_sql = SQLCompiler.as_sql
-
-    def counting(self, *args, **kwargs):
-        seen.append(self.query.model)
-        return as_sql(self, *args, **kwargs)
-
-    monkeypatch.setattr(SQLCompiler, "as_sql", counting)
-    return seen
 
 
 @pytest.mark.django_db
@@ -63,10 +49,10 @@ def test_a_product_without_stock_caches_none_as_the_join_does():
 
 
 @pytest.mark.django_db
-def test_the_read_compiles_no_orm_query(make_product, compiles):
+def test_the_read_compiles_no_orm_query(make_product):
     make_product("A")
     products_by_sku(skus=["A"])  # the SQL is written on a process's first read
 
-    compiles.clear()
-    assert list(products_by_sku(skus=["A"])) == ["A"]
+    with orm_compiles() as compiles:
+        assert list(products_by_sku(skus=["A"])) == ["A"]
     assert compiles == []
