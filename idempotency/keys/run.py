@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import logging
 import uuid
 from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
 
-from django.db import DatabaseError, transaction
-from django.db.models.functions import Now
+from django.db import DatabaseError, connections, router, transaction
+from django.db.models import Field
 
+from core.db import STATEMENT_CLOCK_SQL
 from core.errors import ApplicationError
+from core.rows import column
 
 from ..failpoints import failpoint
 from ..models import FINISHED, STARTED, IdempotencyKey
@@ -208,27 +211,39 @@ class KeyRun:
     def _fenced_update(
         self, *, point: str, data: dict[str, Any], kind: str | None, answer: Answer | None
     ) -> None:
-        fields: dict[str, Any] = {"recovery_point": point, "data": data}
+        """Move the key to `point` with `data` (and any answer) while this run's token holds it.
+
+        One UPDATE whose SQL is written once per process and shape
+        (`_fenced_update_sql`): every phase of every keyed request makes it,
+        and the ORM compiled it anew each time. The values go through the
+        fields' own preparation (`get_db_prep_save`: `data` encoded with its
+        field's encoder), the clock is the database's.
+        """
+        values: dict[str, Any] = {"recovery_point": point, "data": data}
         if kind == "finish":
             assert answer is not None
-            fields.update(
+            values.update(
                 response_status=answer.status,
                 response_body=answer.body,
                 response_headers=answer.headers,
-                finished_at=Now(),
                 leased_by=None,
                 leased_at=None,
             )
         elif kind == "open":
-            fields.update(leased_by=None, leased_at=None)
-        else:
-            # Each committed phase renews the lease: the TTL bounds one phase
-            # plus one outside call, not the whole operation.
-            fields["leased_at"] = Now()
+            values.update(leased_by=None, leased_at=None)
+        # Otherwise each committed phase renews the lease (leased_at: the
+        # statement's clock): the TTL bounds one phase plus one outside call,
+        # not the whole operation.
         assert self.key_id is not None  # only a row inserted by an earlier phase is updated
-        updated = IdempotencyKey.objects.filter(pk=self.key_id, leased_by=self.token).update(
-            **fields
-        )
+        alias = router.db_for_write(IdempotencyKey)
+        connection = connections[alias]
+        sql = _fenced_update_sql(alias, kind)
+        params = [
+            _field(name).get_db_prep_save(values[name], connection) for name in _FENCED_VALUES[kind]
+        ]
+        with connection.cursor() as cursor:
+            cursor.execute(sql, [*params, self.key_id, self.token])
+            updated = cursor.rowcount
         if updated != 1:
             raise KeyLeaseLost(f"{self!r} lost its lease; its phase is rolled back")
 
@@ -269,3 +284,47 @@ class KeyRun:
             self.drop_lease()
         except DatabaseError:
             logger.warning("could not drop the lease of %r; it will expire", self, exc_info=True)
+
+
+# The columns `KeyRun._fenced_update` sets from values, in its order, per kind of phase end.
+_FENCED_VALUES: dict[str | None, tuple[str, ...]] = {
+    "finish": (
+        "recovery_point",
+        "data",
+        "response_status",
+        "response_body",
+        "response_headers",
+        "leased_by",
+        "leased_at",
+    ),
+    "open": ("recovery_point", "data", "leased_by", "leased_at"),
+    None: ("recovery_point", "data"),
+}
+# ... and those it sets to the statement's clock.
+_FENCED_CLOCK: dict[str | None, tuple[str, ...]] = {
+    "finish": ("finished_at",),
+    "open": (),
+    None: ("leased_at",),
+}
+
+
+def _field(name: str) -> Field:
+    field = IdempotencyKey._meta.get_field(name)
+    assert isinstance(field, Field)
+    return field
+
+
+@functools.cache
+def _fenced_update_sql(alias: str, kind: str | None) -> str:
+    """The fenced UPDATE of a phase ending as `kind` (finish, open, or None: a phase)."""
+
+    def col(name: str) -> str:
+        return column(IdempotencyKey, name, alias=alias)
+
+    assignments = [f"{col(name)} = %s" for name in _FENCED_VALUES[kind]]
+    assignments += [f"{col(name)} = {STATEMENT_CLOCK_SQL}" for name in _FENCED_CLOCK[kind]]
+    table = connections[alias].ops.quote_name(IdempotencyKey._meta.db_table)
+    return (
+        f"UPDATE {table} SET {', '.join(assignments)}"  # noqa: S608 - the model's own names
+        f" WHERE {col('id')} = %s AND {col('leased_by')} = %s"
+    )

@@ -1,6 +1,7 @@
 """Request-key service: claim, match, fencing phases, answers, completer and purge."""
 
 from datetime import timedelta
+from decimal import Decimal
 
 import pytest
 from django.db import IntegrityError, connection
@@ -29,6 +30,7 @@ from idempotency.keys import (
     keys_purge_capacity,
 )
 from idempotency.models import FINISHED, STARTED, IdempotencyKey
+from tests.support.compiles import orm_compiles
 from tests.support.models import ProbeRecord
 from tests.support.probe import answers_by_itself
 
@@ -333,6 +335,33 @@ def test_leave_open_answers_without_storing(shopper):
     assert row.recovery_point == "pending" and row.response_status is None
     assert row.leased_by is None and row.leased_at is None
     assert run.answer.status == 202 and run.closed
+
+
+def test_phase_ends_write_the_key_with_sql_compiled_once(shopper):
+    """Each way a phase ends updates the key without the ORM compiling the UPDATE again."""
+    for key in ("warm-phase", "warm-open"):  # a process's first of each shape writes its SQL
+        run = held(shopper, key)
+        with run.phase(next_point="b"):
+            if key == "warm-open":
+                run.leave_open(status=202, body={})
+        if key == "warm-phase":
+            run.finish(status=200, body={})
+    phased, finished = held(shopper, "phased"), held(shopper, "finished")
+
+    with orm_compiles() as compiles:
+        with phased.phase(next_point="recorded") as data:
+            data["amount"] = Decimal("1.50")  # the field's encoder, DjangoJSONEncoder
+        with phased.phase(next_point="pending"):
+            phased.leave_open(status=202, body={"status": "pending"})
+        finished.finish(status=201, body={"ok": 1})
+    assert compiles == []
+
+    row = IdempotencyKey.objects.get(pk=phased.key_id)
+    assert row.recovery_point == "pending" and row.data == {"amount": "1.50"}
+    assert row.leased_by is None and row.leased_at is None and row.response_status is None
+    row = IdempotencyKey.objects.get(pk=finished.key_id)
+    assert (row.recovery_point, row.response_status, row.leased_by) == (FINISHED, 201, None)
+    assert row.finished_at is not None and row.response_headers == finished.answer.headers
 
 
 def test_abandon_deletes_a_key_without_committed_phase(shopper):
