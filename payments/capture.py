@@ -30,6 +30,7 @@ from typing import Any, cast
 from django.conf import settings
 from django.db import connection, transaction
 
+from core import rows
 from core.errors import InvalidRequest
 from core.money import check_currency, minor_units
 from idempotency.failpoints import failpoint
@@ -128,7 +129,7 @@ def payment_create(
         payment_method,
         PaymentStatus.NONE,
     ]
-    created = list(Payment.objects.raw(sql, params))
+    created = rows.raw(Payment, sql, params)
     if created:
         return created[0]
     existing = Payment.objects.get(reference=reference)
@@ -218,10 +219,10 @@ def payment_prepare(
         TransactionStatus.UNKNOWN,
         settings.PAYMENTS_SETTLE_GRACE,
     ]
-    prepared = list(Payment.objects.raw(sql, params))
+    prepared = rows.raw(Payment, sql, params)
     if not prepared:
         install_id()  # the installation's first payment makes its id (no-op after)
-        prepared = list(Payment.objects.raw(sql, params))
+        prepared = rows.raw(Payment, sql, params)
     if not prepared:
         return payment_create(
             reference=reference,

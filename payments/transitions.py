@@ -15,6 +15,8 @@ from decimal import Decimal
 
 from django.db import connection
 
+from core import rows
+
 from .errors import InvalidPaymentTransition
 from .models import PAYMENT_TRANSITIONS, Payment, PaymentEvent
 
@@ -61,5 +63,5 @@ def payment_transition(
     params += [payment.id, payment.status, payment.status, to, json.dumps(detail)]
     if also:
         params += also[1]
-    moved = list(Payment.objects.raw(sql, params))
+    moved = rows.raw(Payment, sql, params)
     return moved[0] if moved else None
