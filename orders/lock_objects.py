@@ -9,6 +9,8 @@ then the order (`order_and_payment_lock`).
 
 from __future__ import annotations
 
+import functools
+
 from django.contrib.auth import get_user_model
 from django.db import connection
 
@@ -30,10 +32,23 @@ def order_owner_lock(*, owner_id) -> None:
     SHARE` on it, which `FOR UPDATE` would wait for, so two placements that
     each inserted their request key would deadlock; `NO KEY UPDATE` lets those
     inserts pass and still makes placements of one owner wait for each other.
+
+    Every placement takes it the same way: the statement is written once
+    per process (`_owner_lock_sql`), not compiled by the ORM each time.
     """
     assert connection.in_atomic_block, "a row lock outside a transaction is released at once"
-    users = get_user_model().objects.select_for_update(no_key=True).filter(pk=owner_id)
-    list(users.values_list("pk", flat=True))
+    with connection.cursor() as cursor:
+        cursor.execute(_owner_lock_sql(), [owner_id])
+        cursor.fetchall()
+
+
+@functools.cache
+def _owner_lock_sql() -> str:
+    """`User.objects.select_for_update(no_key=True).filter(pk=)`'s SQL (its pk alone)."""
+    user = get_user_model()._meta
+    assert user.pk is not None and user.pk.column
+    table, pk = connection.ops.quote_name(user.db_table), connection.ops.quote_name(user.pk.column)
+    return f"SELECT {table}.{pk} FROM {table} WHERE {table}.{pk} = %s FOR NO KEY UPDATE"
 
 
 def order_lock(*, order_id) -> Order:
