@@ -12,6 +12,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from tests.orders.conftest import ADDRESS
+from tests.support.compiles import orm_compiles
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -55,3 +56,14 @@ def test_one_keyed_checkout_statements(shopper_client, provider, make_product):
     statements = [q["sql"] for q in queries if not q["sql"].startswith(CONTROL)]
     assert len(statements) == STATEMENTS, "\n".join(sql[:160] for sql in statements)
     assert sum(q["sql"] == "BEGIN" for q in queries) == TRANSACTIONS
+
+
+def test_one_keyed_checkout_compiles(shopper_client, provider, make_product):
+    make_product("TEE-M", price="19.99", stock=5)
+    assert _place(shopper_client).status_code == 201  # warm: SQL written once per process
+
+    with orm_compiles() as compiles:
+        response = _place(shopper_client)
+
+    assert response.status_code == 201, response.content
+    assert compiles == [], compiles
