@@ -194,9 +194,8 @@ MUTANTS: tuple[Mutant, ...] = (
         edits=(
             Edit(
                 RUN,
-                "        updated = IdempotencyKey.objects.filter(pk=self.key_id, "
-                "leased_by=self.token).update(\n",
-                "        updated = IdempotencyKey.objects.filter(pk=self.key_id).update(\n",
+                """        f" WHERE {col('id')} = %s AND {col('leased_by')} = %s"\n""",
+                """        f" WHERE {col('id')} = %s AND (%s::text IS NOT NULL OR TRUE)"\n""",
             ),
         ),
         tests=(f"{KEYS}::test_phase_of_a_run_taken_over_cannot_commit",),
