@@ -13,9 +13,9 @@ each task, and in a prefork child closes its pool as well
 psycopg pool on (`DB_POOL`, config/settings/servers.py) every task then
 builds a new pool, which opens two PostgreSQL sessions: its `min_size` one
 in the background, and one more it grows for the task's first query, which
-does not wait for the first. Two new backends (fork, authentication,
-catalogue caches) per task, 2.5 to 5 per order in the
-sustained scenario (docs/performance.md, "Database sessions of the workers").
+does not wait for the first: two new backends (fork, authentication,
+catalogue caches) per task, several per order (docs/performance.md,
+"Database sessions of the workers").
 
 Here each task's connection goes back to the pool instead (Django's
 `close()` on a pooled connection: the pool rolls back an open transaction
