@@ -136,3 +136,37 @@ def per_unit_ms(cpu_s: dict[str, float | None], units: float) -> dict[str, float
         name: round(1000 * seconds / units, 3) if seconds is not None and units else None
         for name, seconds in cpu_s.items()
     }
+
+
+def self_source() -> Callable[[], float | None]:
+    """This process's own CPU (every thread, no child): the harness and its load generator."""
+    import resource
+
+    def read_now() -> float:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return usage.ru_utime + usage.ru_stime
+
+    return read_now
+
+
+def child_source(fragment: str) -> Callable[[], float | None]:
+    """The CPU of this process's live children whose command line holds `fragment`."""
+    me = os.getpid()
+
+    def read_now() -> float | None:
+        total, found = 0.0, False
+        for entry in PROC.iterdir():
+            if not entry.name.isdigit():
+                continue
+            stat = _stat(int(entry.name))
+            if stat is None or stat[0] != me:
+                continue
+            try:
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if fragment in cmdline:
+                total, found = total + stat[1], True
+        return total if found else None
+
+    return read_now

@@ -67,6 +67,11 @@ MAIL_SENDER = "mail sender"
 # The bench database's backends alone: part of "postgres" (the whole server), not added
 # to the total; on a shared server the one to read (bench/cpu.py, `backends_source`).
 BACKENDS = "postgres-backends"
+# Beside the shop, on the same cores, never in its total: the harness (the load
+# generator and the lag reads) and the simulated provider.
+LOADGEN = "loadgen"
+PROVIDER = "provider"
+OUTSIDE = (BACKENDS, LOADGEN, PROVIDER)
 # gunicorn's request threads per worker, as the Procfile's `web` runs it.
 WEB_THREADS = 8
 DEFAULT_RATES = (20.0, 40.0, 60.0, 80.0, 100.0, 120.0)
@@ -297,7 +302,7 @@ def _step(shop, order, *, rate: float, seconds: float, sources: dict) -> dict:
     step["orders_committed"] = orders
     step["cpu_s"] = spent
     step["cpu_ms_per_order"] = cpu.per_unit_ms(spent, orders)
-    known = [v for name, v in spent.items() if v is not None and name != BACKENDS]
+    known = [v for name, v in spent.items() if v is not None and name not in OUTSIDE]
     step["cpu_ms_per_order_total"] = round(1000 * sum(known) / orders, 2) if orders else None
     return step
 
@@ -339,6 +344,8 @@ def run(ctx) -> dict:
             **{name: cpu.tree_source(proc.pid) for name, proc in procs.items()},
             "postgres": postgres_cpu_source(ctx),
             BACKENDS: backends_cpu_source(ctx),
+            LOADGEN: cpu.self_source(),
+            PROVIDER: cpu.child_source("devtools.simulator"),
         }
         ctx.log(
             f"  gunicorn {server.base_url} ({ctx.workers} workers × {WEB_THREADS} threads), "
