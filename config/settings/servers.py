@@ -38,6 +38,17 @@ if DB_POOL:
         "connection_class": DeadlineConnection,
     }
 DATABASES["default"]["CONN_MAX_AGE"] = 0
+# Parameters bound by the server, and a statement a connection has run
+# DB_PREPARE_THRESHOLD times prepared there: PostgreSQL then parses and plans
+# it once per connection instead of once per execution, and psycopg sends the
+# values instead of quoting them into the text (docs/performance.md,
+# "Prepared statements"). Django leaves both off; DB_PREPARED=false turns them
+# off again (a pooler in transaction mode in front of PostgreSQL needs that).
+if env.bool("DB_PREPARED", default=True):
+    DATABASES["default"].setdefault("OPTIONS", {})["server_side_binding"] = True
+    DATABASES["default"]["OPTIONS"]["prepare_threshold"] = env.int(
+        "DB_PREPARE_THRESHOLD", default=5
+    )
 # Bounded waits on every connection (docs/deployment.md, "Timeouts and
 # durability"): a database that stops answering fails a request in seconds
 # instead of holding it. connect_timeout bounds the connect (libpq's floor is

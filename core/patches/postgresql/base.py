@@ -1,4 +1,5 @@
-"""Django's PostgreSQL backend with one change: the pool is a `DeadlinePool`.
+"""Django's PostgreSQL backend with two changes: the pool is a `DeadlinePool`, and a
+`bulk_create` batch fits the protocol's parameter count.
 
 Upstream: Django 5.2.19 and psycopg-pool 3.3.3. Copies the pool's
 construction from Django's `DatabaseWrapper.pool` property
@@ -19,7 +20,7 @@ deadline (docs/failure-model.md, "What broke, and what fixed it").
 from __future__ import annotations
 
 from django.db.backends.base.base import NO_DB_ALIAS
-from django.db.backends.postgresql import base
+from django.db.backends.postgresql import base, operations
 from psycopg_pool import ConnectionPool
 
 from core.deadline import bounded
@@ -32,7 +33,27 @@ class DeadlinePool(ConnectionPool):
         return super().getconn(bounded(self.timeout if timeout is None else timeout))
 
 
+# The protocol counts a statement's parameters in 16 bits.
+MAX_QUERY_PARAMS = 65535
+
+
+class DatabaseOperations(operations.DatabaseOperations):
+    def bulk_batch_size(self, fields, objs):  # noqa: ANN001, ANN201 - Django's own
+        """With the server binding the values (DB_PREPARED), a batch fits one statement.
+
+        Django's PostgreSQL backend batches a `bulk_create` without bound: with
+        the values quoted into the text it has none. Bound by the server, a
+        statement carries at most MAX_QUERY_PARAMS of them, as on the backends
+        that declare such a limit (Oracle, SQLite).
+        """
+        if fields and self.connection.settings_dict["OPTIONS"].get("server_side_binding"):
+            return max(1, min(len(objs), MAX_QUERY_PARAMS // len(fields)))
+        return super().bulk_batch_size(fields, objs)
+
+
 class DatabaseWrapper(base.DatabaseWrapper):
+    ops_class = DatabaseOperations
+
     @property
     def pool(self) -> ConnectionPool | None:
         options = self.settings_dict["OPTIONS"].get("pool")
