@@ -28,6 +28,7 @@ gunicorn CPU and PostgreSQL's per order.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 
 import requests as http
@@ -43,6 +44,7 @@ from bench.scenarios.sustained import (
     MAX_IN_FLIGHT,
     QUICK_SECONDS,
     WEB_THREADS,
+    WEB_WORKERS,
     growth,
     headline,
     verdict_text,
@@ -124,6 +126,7 @@ def _describe(step: dict) -> str:
 
 
 def run(ctx) -> dict:
+    ctx = dataclasses.replace(ctx, workers=WEB_WORKERS)  # as many as ours
     rates = list(ctx.oscar_sustained_rates or (QUICK_RATES if ctx.quick else OSCAR_RATES))
     seconds = float(ctx.sustained_seconds or (QUICK_SECONDS if ctx.quick else DEFAULT_SECONDS))
     steps: list[dict] = []

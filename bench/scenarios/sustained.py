@@ -5,13 +5,14 @@ takes with everything that follows an order keeping up.
 
 The shop runs as production runs it, on the bench database: gunicorn with
 the shop's worker class and WEB_THREADS request threads per worker (the
-Procfile's `web`; `--workers` of them) paid at the simulated provider
-(bench/shop.py), one Celery worker per queue at Celery's own concurrency,
+Procfile's `web`; WEB_WORKERS of them, as the run command starts it) paid
+at the simulated provider (bench/shop.py), one Celery worker per queue at Celery's own concurrency,
 the relay process and beat (bench/processes.py, `start_pipeline`). Each step
 sends keyed `POST /api/v1/orders/` open loop (bench/loadgen.py `run_open`:
 due at a fixed rate whatever the answers, latency counted from the due time)
 for `--sustained-seconds` (180 s; quick 10 s) at one rate of
-`--sustained-rates` (20,40,60,80,100,120; quick 5,10), rising. After the load a step
+`--sustained-rates` (20,40,60,80,100,120; quick 5,10), rising, each
+order by one of SHOPPERS shoppers in turn. After the load a step
 waits (at most DRAIN_MAX_S) for the pipeline to finish the step's messages,
 then reads from the database, per consumer of the step's outbox messages
 (loyalty, history, e-mails) and for the mail sender, the lag of every
@@ -72,8 +73,16 @@ BACKENDS = "postgres-backends"
 LOADGEN = "loadgen"
 PROVIDER = "provider"
 OUTSIDE = (BACKENDS, LOADGEN, PROVIDER)
+# The shoppers the load takes turns among. A shop taking 80 orders a second has
+# thousands; each of these places one every SHOPPERS / rate seconds.
+SHOPPERS = 1000
 # gunicorn's request threads per worker, as the Procfile's `web` runs it.
 WEB_THREADS = 8
+# gunicorn's workers, as the run command starts the shop on a machine
+# (WEB_CONCURRENCY's default, runner/supervisor.py): one per core of this
+# machine kind. `--workers` is the other scenarios' (sync workers, one request
+# each); here 8 threads each serve the requests.
+WEB_WORKERS = 2
 DEFAULT_RATES = (20.0, 40.0, 60.0, 80.0, 100.0, 120.0)
 QUICK_RATES = (5.0, 10.0)
 DEFAULT_SECONDS = 180.0
@@ -321,9 +330,10 @@ def _describe(step: dict) -> str:
 
 
 def run(ctx) -> dict:
+    ctx = dataclasses.replace(ctx, workers=WEB_WORKERS)
     rates = list(ctx.sustained_rates or (QUICK_RATES if ctx.quick else DEFAULT_RATES))
     seconds = float(ctx.sustained_seconds or (QUICK_SECONDS if ctx.quick else DEFAULT_SECONDS))
-    tokens = ctx.tokens(50)
+    tokens = ctx.tokens(SHOPPERS)
     headers = [ctx.auth_headers(token) for token in tokens]
     skus = list(ctx.skus)
     steps: list[dict] = []
