@@ -189,9 +189,9 @@ class TestPaymentRecord:
         order_payment_record(order_id=order.id, succeeded=True)
         order_payment_record(order_id=order.id, succeeded=True)
         assert list(
-            OrderEvent.objects.filter(order=order, kind="paid").values_list(
-                "line__sku", "from_status", "to_status"
-            )
+            OrderEvent.objects.filter(order=order, kind="paid")
+            .order_by("id")
+            .values_list("line__sku", "from_status", "to_status")
         ) == [(None, "payment_pending", "confirmed"), ("TEE-M", "reserved", "confirmed")]
 
 
