@@ -62,34 +62,52 @@ class OrderThrottled(ApplicationError):
     title = "Throttled"
 
 
-def _owner_orders(*, owner_id, rate: int, holding_max: int) -> tuple[datetime, list, list]:
-    """Read the database clock, the owner's `rate` newest orders' `created_at`, and the
-    expiry of up to `holding_max` of their orders holding stock (earliest first).
+def owner_orders_sql() -> str:
+    """The limits' one read (`_owner_orders`), its values named parameters."""
+    table = connection.ops.quote_name(Order._meta.db_table)
+    return f"""
+        WITH recent AS (
+            SELECT created_at FROM {table}
+             WHERE owner_id = %(owner)s
+               AND created_at > {STATEMENT_CLOCK_SQL} - make_interval(secs => %(period)s)
+             ORDER BY created_at DESC LIMIT %(rate)s
+        )
+        SELECT {STATEMENT_CLOCK_SQL},
+               (SELECT count(*) FROM recent),
+               (SELECT min(created_at) FROM recent),
+               ARRAY(SELECT reservation_expires_at FROM {table}
+                     WHERE owner_id = %(owner)s AND status = ANY(%(holding)s)
+                     ORDER BY reservation_expires_at ASC NULLS LAST LIMIT %(most)s)
+        """  # noqa: S608 - the table name is the model's, quoted; values are parameters
+
+
+def _owner_orders(
+    *, owner_id, rate: int, holding_max: int
+) -> tuple[datetime, int, datetime | None, list]:
+    """Read the database clock, how many of the owner's orders the last RATE_PERIOD holds
+    (at most `rate`) and the oldest of those, and the expiry of up to `holding_max` of
+    their orders holding stock (earliest first).
 
     One statement, the database clock included (`core.db.STATEMENT_CLOCK_SQL`,
-    no read of its own); each list is read through an index of the owner's
-    orders (newest by number; holding, a partial index), never the whole history.
+    no read of its own). The window is read through `orders_order_owner_created_idx`
+    and stops at the window's start or at `rate` orders, whichever comes first;
+    the holding orders through the partial `orders_order_owner_holding_idx`. Neither
+    reads the owner's history, however long, nor returns more than two values
+    for the window, whatever the limits are set to.
     """
-    table = connection.ops.quote_name(Order._meta.db_table)
     with connection.cursor() as cursor:
         cursor.execute(
-            f"""
-            SELECT {STATEMENT_CLOCK_SQL},
-                   ARRAY(SELECT created_at FROM {table} WHERE owner_id = %(owner)s
-                         ORDER BY number DESC LIMIT %(rate)s),
-                   ARRAY(SELECT reservation_expires_at FROM {table}
-                         WHERE owner_id = %(owner)s AND status = ANY(%(holding)s)
-                         ORDER BY reservation_expires_at ASC NULLS LAST LIMIT %(most)s)
-            """,  # noqa: S608 - the table name is the model's, quoted; values are parameters
+            owner_orders_sql(),
             {
                 "owner": owner_id,
+                "period": float(RATE_PERIOD),
                 "rate": rate,
                 "holding": sorted(HOLDING_STATUSES),
                 "most": holding_max,
             },
         )
-        now, placed, holding = cursor.fetchone()
-    return now, placed, holding
+        now, placed, oldest, holding = cursor.fetchone()
+    return now, placed, oldest, holding
 
 
 def _seconds(delta) -> int:
@@ -104,12 +122,13 @@ def order_limits_check(*, owner_id) -> None:
     rate = max(1, int(settings.ORDER_PLACE_PER_MINUTE))
     holding_max = max(1, int(settings.ORDER_HOLDING_MAX))
     lock_objects.order_owner_lock(owner_id=owner_id)
-    now, placed, holding = _owner_orders(owner_id=owner_id, rate=rate, holding_max=holding_max)
+    now, in_window, oldest, holding = _owner_orders(
+        owner_id=owner_id, rate=rate, holding_max=holding_max
+    )
     waits: dict[str, int] = {}
-    in_window = [at for at in placed if (now - at).total_seconds() < RATE_PERIOD]
-    if len(in_window) >= rate:
+    if in_window >= rate and oldest is not None:
         # The oldest of them leaves the window first.
-        leaves = min(in_window) + timedelta(seconds=RATE_PERIOD)
+        leaves = oldest + timedelta(seconds=RATE_PERIOD)
         waits["rate"] = min(RATE_PERIOD, _seconds(leaves - now))
     if len(holding) >= holding_max:
         expiries = [at for at in holding if at is not None]
@@ -130,8 +149,8 @@ def order_limits_check(*, owner_id) -> None:
         orders = ngettext(
             "You placed {count} order in the last minute (at most {most})",
             "You placed {count} orders in the last minute (at most {most})",
-            len(in_window),
-        ).format(count=len(in_window), most=rate)
+            in_window,
+        ).format(count=in_window, most=rate)
         then = ngettext(
             "wait {seconds} second before placing another.",
             "wait {seconds} seconds before placing another.",

@@ -136,6 +136,9 @@ class Order(models.Model):
             models.Index(
                 fields=["owner", "-number"], include=["id"], name="orders_order_owner_number_idx"
             ),
+            # The owner's orders of the last minute (orders.limits): a range of this
+            # index, never the owner's whole history.
+            models.Index(fields=["owner", "created_at"], name="orders_order_owner_created_idx"),
             models.Index(
                 fields=["reservation_expires_at"],
                 condition=Q(status="awaiting_decision"),
