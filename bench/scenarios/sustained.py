@@ -6,8 +6,9 @@ takes with everything that follows an order keeping up.
 The shop runs as production runs it, on the bench database: gunicorn with
 the shop's worker class and WEB_THREADS request threads per worker (the
 Procfile's `web`; WEB_WORKERS of them, as the run command starts it) paid
-at the simulated provider (bench/shop.py), one Celery worker per queue at Celery's own concurrency,
-the relay process and beat (bench/processes.py, `start_pipeline`). Each step
+at the simulated provider (bench/shop.py), one Celery worker per queue at
+Celery's own concurrency, the relay process and beat (bench/processes.py,
+`start_pipeline`). Each step
 sends keyed `POST /api/v1/orders/` open loop (bench/loadgen.py `run_open`:
 due at a fixed rate whatever the answers, latency counted from the due time)
 for `--sustained-seconds` (180 s; quick 10 s) at one rate of

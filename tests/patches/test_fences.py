@@ -40,6 +40,19 @@ FENCES = (
     ),
     Fence(
         "core.patches.postgresql.base",
+        "Django",
+        "5.2.19",
+        {
+            "django.db.backends.postgresql.base.DatabaseWrapper.get_connection_params": (
+                "c3b08b880d604ccb"
+            ),
+            "django.db.backends.postgresql.operations.DatabaseOperations.bulk_batch_size": (
+                "7d01a12e9d6e4006"
+            ),
+        },
+    ),
+    Fence(
+        "core.patches.postgresql.base",
         "psycopg-pool",
         "3.3.3",
         {"psycopg_pool.ConnectionPool.getconn": "778325c161bc774e"},

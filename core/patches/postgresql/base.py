@@ -6,6 +6,10 @@ construction from Django's `DatabaseWrapper.pool` property
 (`django.db.backends.postgresql.base`, and its private `_connection_pools`
 and `_configure_connection`), building a `DeadlinePool` where Django builds
 a `psycopg_pool.ConnectionPool`; overrides `ConnectionPool.getconn`.
+Overrides `DatabaseOperations.bulk_batch_size`, which Django's PostgreSQL
+backend inherits unbounded, and relies on
+`DatabaseWrapper.get_connection_params` passing `server_side_binding` and
+`prepare_threshold` on to psycopg (config/settings/servers.py, DB_PREPARED).
 
 `DeadlineConnection` (core/patches/psycopg_connection.py) bounds every wait on a connection's
 socket by the web request's deadline; the wait for a connection from the
