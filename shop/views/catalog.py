@@ -260,6 +260,10 @@ def _checkout_submit(request: HttpRequest, *, key) -> HttpResponse | None:
         return _checkout_page(request, form=form, status=400)
     items = carts.cart_items(cart=cart)
     if version == cart.version:
+        if not items and (placed := checkout.order_of_version(cart=cart, version=version)):
+            # The cart was read before another submit of this version kept its order
+            # and emptied it: that order answers (one order per cart version).
+            return see_other(checkout.order_url(placed))
         if not items:
             messages.info(request, _("Your cart is empty: add something first."))
             return see_other(reverse("cart"))
