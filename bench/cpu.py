@@ -35,14 +35,20 @@ def _stat(pid: int) -> tuple[int, float] | None:
     return ppid, ticks / _TICKS
 
 
-def tree_cpu_seconds(root: int) -> float | None:
-    """CPU seconds (user + system, reaped children included) of `root` and its descendants."""
+def _stats() -> dict[int, tuple[int, float]]:
+    """(parent pid, CPU seconds) of every live process, by pid."""
     stats: dict[int, tuple[int, float]] = {}
     for entry in PROC.iterdir():
         if entry.name.isdigit():
             stat = _stat(int(entry.name))
             if stat is not None:
                 stats[int(entry.name)] = stat
+    return stats
+
+
+def tree_cpu_seconds(root: int) -> float | None:
+    """CPU seconds (user + system, reaped children included) of `root` and its descendants."""
+    stats = _stats()
     if root not in stats:
         return None
     children: dict[int, list[int]] = {}
@@ -155,18 +161,15 @@ def child_source(fragment: str) -> Callable[[], float | None]:
 
     def read_now() -> float | None:
         total, found = 0.0, False
-        for entry in PROC.iterdir():
-            if not entry.name.isdigit():
-                continue
-            stat = _stat(int(entry.name))
-            if stat is None or stat[0] != me:
+        for pid, (ppid, seconds) in _stats().items():
+            if ppid != me:
                 continue
             try:
-                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+                cmdline = (PROC / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ")
             except OSError:
                 continue
-            if fragment in cmdline:
-                total, found = total + stat[1], True
+            if fragment in cmdline.decode():
+                total, found = total + seconds, True
         return total if found else None
 
     return read_now

@@ -14,6 +14,7 @@ import requests
 from devtools.simulator import ledger as ledger_module
 from devtools.simulator import server as server_module
 from devtools.simulator.server import Simulator
+from tests.support.servers import wait_until
 
 
 def started(tmp_path):
@@ -89,12 +90,7 @@ def test_paused_calls_each_get_a_thread(sim):
     ]
     for caller in callers:
         caller.start()
-    deadline = threading.Event()
-    for _ in range(100):
-        if sim.state()["paused"] == 5:
-            break
-        deadline.wait(0.05)
-    assert sim.state()["paused"] == 5
+    wait_until(lambda: sim.state()["paused"] == 5, timeout=5, message="5 calls paused")
     sim.release()
     for caller in callers:
         caller.join(10)
