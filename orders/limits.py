@@ -34,6 +34,7 @@ whoever placed it.
 
 from __future__ import annotations
 
+import functools
 import math
 from datetime import datetime, timedelta
 
@@ -62,8 +63,10 @@ class OrderThrottled(ApplicationError):
     title = "Throttled"
 
 
+@functools.cache
 def owner_orders_sql() -> str:
-    """The limits' one read (`_owner_orders`), its values named parameters."""
+    """The limits' one read (`_owner_orders`), its values named parameters; written once
+    per process, as the checkout's other statements (core/rows.py)."""
     table = connection.ops.quote_name(Order._meta.db_table)
     return f"""
         WITH recent AS (
