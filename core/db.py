@@ -119,6 +119,7 @@ def delete_in_batches(
     max_batches: int,
     durable: bool = False,
     pace: float = 0.0,
+    budget: float | None = None,
 ) -> int:
     """Run a bounded `DELETE` (its `LIMIT` is `batch`, its last parameter) until a batch is
     short or `max_batches` ran, each batch its own short transaction; return the rows deleted.
@@ -127,11 +128,16 @@ def delete_in_batches(
     concurrent purge skips what this one holds (the statements say `SKIP LOCKED`).
     With `pace` > 0 it pauses after each full batch `pace` times as long as that
     batch took, so the purge uses at most 1 / (1 + pace) of one connection's time
-    however fast or slow the database is (docs/performance.md, "The key purge").
+    however fast or slow the database is; with a `budget` (seconds) it starts no
+    batch once that much time has passed, so a run never outlasts its interval
+    (docs/performance.md, "The key purge").
     """
     total = 0
+    began = time.monotonic()
     for number in range(1, max_batches + 1):
         started = time.monotonic()
+        if budget is not None and started - began >= budget:
+            break
         with transaction.atomic(durable=durable), connection.cursor() as cursor:
             cursor.execute(sql, [*params, batch])
             deleted = cursor.rowcount

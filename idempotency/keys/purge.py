@@ -1,6 +1,8 @@
-"""Delete finished keys past their retention in bounded batches, paced when the backlog is small."""
+"""Delete finished keys past their retention in bounded, paced batches."""
 
 from __future__ import annotations
+
+import math
 
 from django.conf import settings
 from django.db import connection
@@ -10,16 +12,22 @@ from core.db import delete_in_batches
 from ..models import FINISHED, IdempotencyKey
 
 
-def keys_purge_capacity() -> float:
-    """Return the most keys a second the purge deletes at the settings: one run's bound
-    (IDEMPOTENCY_PURGE_BATCH x IDEMPOTENCY_PURGE_MAX_BATCHES) every IDEMPOTENCY_PURGE_EVERY.
+def keys_purge_capacity(*, batch_seconds: float = 0.0) -> float:
+    """Return the most keys a second the purge deletes when a batch takes `batch_seconds`.
 
-    A backlog above one run's bound is deleted unpaced, so this is what the
-    purge keeps up with; it must stay at least 4 x the keyed orders a second
-    the shop takes (docs/performance.md, "The key purge").
+    A run deletes at most IDEMPOTENCY_PURGE_BATCH x IDEMPOTENCY_PURGE_MAX_BATCHES
+    keys every IDEMPOTENCY_PURGE_EVERY, and no more batches than fit in that
+    interval at (1 + IDEMPOTENCY_PURGE_PACE) x `batch_seconds` each. It must
+    stay at least 4 x the keyed orders a second the shop takes
+    (docs/performance.md, "The key purge").
     """
-    per_run = int(settings.IDEMPOTENCY_PURGE_BATCH) * int(settings.IDEMPOTENCY_PURGE_MAX_BATCHES)
-    return per_run / float(settings.IDEMPOTENCY_PURGE_EVERY)
+    batch = int(settings.IDEMPOTENCY_PURGE_BATCH)
+    every = float(settings.IDEMPOTENCY_PURGE_EVERY)
+    batches = int(settings.IDEMPOTENCY_PURGE_MAX_BATCHES)
+    paced = (1 + float(settings.IDEMPOTENCY_PURGE_PACE)) * batch_seconds
+    if paced > 0:
+        batches = min(batches, math.ceil(every / paced))
+    return batches * batch / every
 
 
 def keys_purge(
@@ -31,13 +39,12 @@ def keys_purge(
 ) -> int:
     """Delete finished keys older than the retention, in bounded batches; never an open key.
 
-    While the backlog fits in this run (at most `batch_size` x `max_batches`
-    keys are due, one bounded count on the purge's index) it pauses after each
-    full batch `pace` (IDEMPOTENCY_PURGE_PACE) times as long as the batch took:
-    the purge yields the database to checkout, whose key rows share the table
-    and its index. A backlog larger than one run is deleted unpaced, so the
-    purge's capacity is its settings' bound, `keys_purge_capacity()`
-    (docs/performance.md, "The key purge").
+    It pauses after each full batch `pace` (IDEMPOTENCY_PURGE_PACE) times as
+    long as the batch took, whatever the backlog: the purge yields the database
+    to checkout, whose key rows share the table and its index, and yields more
+    the busier the database is. A run starts no batch after
+    IDEMPOTENCY_PURGE_EVERY seconds, so runs never overlap; its capacity is
+    `keys_purge_capacity()` (docs/performance.md, "The key purge").
     """
     retention = float(settings.IDEMPOTENCY_KEY_RETENTION if retention is None else retention)
     batch_size = batch_size or int(settings.IDEMPOTENCY_PURGE_BATCH)
@@ -49,8 +56,6 @@ def keys_purge(
         "  WHERE recovery_point = %s AND finished_at < now() - make_interval(secs => %s)"
         "  ORDER BY finished_at LIMIT %s"
     )
-    if pace > 0 and _backlog_exceeds(due, [FINISHED, retention], bound=batch_size * max_batches):
-        pace = 0.0
     return delete_in_batches(
         f"DELETE FROM {table} WHERE id IN ({due} FOR UPDATE SKIP LOCKED)",
         [FINISHED, retention],
@@ -58,12 +63,5 @@ def keys_purge(
         max_batches=max_batches,
         durable=True,
         pace=pace,
+        budget=float(settings.IDEMPOTENCY_PURGE_EVERY),
     )
-
-
-def _backlog_exceeds(due: str, params: list, *, bound: int) -> bool:
-    """Whether more than `bound` keys are due for the purge (a count that stops at bound + 1)."""
-    with connection.cursor() as cursor:
-        cursor.execute(f"SELECT count(*) FROM ({due}) AS due", [*params, bound + 1])
-        (count,) = cursor.fetchone()
-    return count > bound
