@@ -68,6 +68,11 @@ def owner_orders_sql() -> str:
     """The limits' one read (`_owner_orders`), its values named parameters; written once
     per process, as the checkout's other statements (core/rows.py)."""
     table = connection.ops.quote_name(Order._meta.db_table)
+    # The statuses are written into the statement, not bound: a prepared statement's
+    # generic plan can then use the partial orders_order_owner_holding_idx, whose
+    # condition names them, and PostgreSQL need not plan the read on every call.
+    assert all(status.isidentifier() for status in HOLDING_STATUSES)
+    holding = ", ".join(f"'{status}'" for status in sorted(HOLDING_STATUSES))
     return f"""
         WITH recent AS (
             SELECT created_at FROM {table}
@@ -79,7 +84,7 @@ def owner_orders_sql() -> str:
                (SELECT count(*) FROM recent),
                (SELECT min(created_at) FROM recent),
                ARRAY(SELECT reservation_expires_at FROM {table}
-                     WHERE owner_id = %(owner)s AND status = ANY(%(holding)s)
+                     WHERE owner_id = %(owner)s AND status IN ({holding})
                      ORDER BY reservation_expires_at ASC NULLS LAST LIMIT %(most)s)
         """  # noqa: S608 - the table name is the model's, quoted; values are parameters
 
@@ -105,7 +110,6 @@ def _owner_orders(
                 "owner": owner_id,
                 "period": float(RATE_PERIOD),
                 "rate": rate,
-                "holding": sorted(HOLDING_STATUSES),
                 "most": holding_max,
             },
         )

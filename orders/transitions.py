@@ -98,7 +98,11 @@ def _transition_in_one_statement(
 
     The order's conditional UPDATE, the lines' UPDATE and the event rows'
     INSERT, the last two written only when the first moved the order (each
-    reads it, so the order row is locked before its lines).
+    reads it, so the order row is locked before its lines). The lines are
+    found by their order first: a prepared statement's generic plan then reads
+    the order's few lines by its index, whatever the length of the id array,
+    so PostgreSQL need not plan the statement on every call
+    (docs/performance.md, "Prepared statements").
     """
     moving: list[OrderLine] = []
     if line_source is not None:
@@ -115,13 +119,14 @@ def _transition_in_one_statement(
         f"WITH moved AS (UPDATE {_table(Order)} SET status = %s,"
         "  updated_at = statement_timestamp() WHERE id = %s AND status = %s RETURNING id),"
         f" moved_lines AS (UPDATE {_table(OrderLine)} SET status = %s"
-        "  WHERE id = ANY(%s::bigint[]) AND status = %s AND EXISTS (SELECT 1 FROM moved)),"
+        "  WHERE order_id = %s AND id = ANY(%s::bigint[]) AND status = %s"
+        "  AND EXISTS (SELECT 1 FROM moved)),"
         f" events AS (INSERT INTO {_table(OrderEvent)}"
         "  (order_id, line_id, kind, from_status, to_status, data)"
         f"  SELECT * FROM (VALUES {values}) AS e WHERE EXISTS (SELECT 1 FROM moved))"
         " SELECT count(*) FROM moved"
     )
-    params: list = [target, order.id, source, line_target, [line.id for line in moving]]
+    params: list = [target, order.id, source, line_target, order.id, [line.id for line in moving]]
     params.append(line_source)
     for event in events:
         params += event

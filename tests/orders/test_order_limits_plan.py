@@ -12,7 +12,6 @@ import pytest
 from django.db import connection
 
 from orders.limits import RATE_PERIOD, owner_orders_sql
-from orders.states import HOLDING_STATUSES
 
 pytestmark = pytest.mark.django_db
 
@@ -62,7 +61,6 @@ def test_the_limits_read_nothing_of_a_history_older_than_the_window(long_history
         "owner": long_history.pk,
         "period": float(RATE_PERIOD),
         "rate": RATE,
-        "holding": sorted(HOLDING_STATUSES),
         "most": RATE,
     }
     with connection.cursor() as cursor:
