@@ -1,24 +1,27 @@
 """Growth: checkout with full tables (100k orders, 1M request keys) and while the purge runs.
 
 Its own simulator and gunicorn (as `checkout`). Three loads of keyed
-`POST /api/v1/orders/` at 4 in flight, each `duration` s:
+`POST /api/v1/orders/` at 4 in flight, by SHOPPERS shoppers in turn:
 
 1. `fresh`: the bench database as the earlier scenarios left it;
 2. `full`: after a preload in SQL (`INSERT ... SELECT ... generate_series`,
    each row a copy of one real confirmed order of this run with new ids and
    unique values): ORDERS orders, each with its line, committed reservation,
    captured payment, its payment transactions, order and payment events; and
-   KEYS finished request keys spread over the bench's shoppers, PURGEABLE of
-   them finished two days ago (past the 24 h retention), the rest in the last
-   hour. Then `ANALYZE` of the loaded tables (what autovacuum's analyze does
-   after a bulk load);
+   KEYS finished request keys, PURGEABLE of them finished two days ago (past
+   the 24 h retention), the rest in the last hour; all of them owned by
+   HISTORIES of the load's SHOPPERS. Then `VACUUM (ANALYZE)` of the loaded
+   tables and a `CHECKPOINT` (what autovacuum and the checkpointer do after a
+   bulk load, before the load is measured, not during it);
 3. `purging`: the same load while `keys_purge` (the beat task's call: its
    batches of IDEMPOTENCY_PURGE_BATCH rows, `FOR UPDATE SKIP LOCKED`, at most
-   IDEMPOTENCY_PURGE_MAX_BATCHES a run) runs run after run in another thread
-   of the harness. A purge paces its batches (IDEMPOTENCY_PURGE_PACE) only
-   while the backlog fits one run; the PURGEABLE backlog here does not, so
-   this phase measures the unpaced purge, the worst case (docs/performance.md,
-   "The key purge").
+   IDEMPOTENCY_PURGE_MAX_BATCHES a run, paced by IDEMPOTENCY_PURGE_PACE) runs
+   run after run in another thread of the harness, with no pause between
+   runs: the PURGEABLE backlog keeps it busy for the whole load, the worst
+   case of a backlog (docs/performance.md, "The key purge").
+
+Each load lasts LOAD_DURATIONS x `--duration`: the ratios compare loads of
+about 1,000 orders, whose rate varies by several per cent from load to load.
 
 Target: orders/s and gunicorn CPU per order of `full` and `purging` within
 10 % of `fresh`. Also stored: the EXPLAIN of the hot statements against the
@@ -46,6 +49,11 @@ ORDER = 90
 ORDERS, KEYS, PURGEABLE = 100_000, 1_000_000, 900_000
 QUICK = (5_000, 50_000, 45_000)
 CONCURRENCY = 4
+# The load takes turns among SHOPPERS shoppers, as the sustained scenario's: each
+# places a few orders a minute, so the limits' read of its last minute stays a few
+# rows (docs/checkout.md, "Limits per shopper"). HISTORIES of them own the preload.
+SHOPPERS, HISTORIES = 1000, 16
+LOAD_DURATIONS = 3
 TARGET_FLAT = 0.10
 
 
@@ -191,8 +199,9 @@ def preload(
     started = time.monotonic()
     with connection.cursor() as cursor:
         for table, *_ in steps:
-            cursor.execute(f"ANALYZE {table}")
-    ctx.log(f"  ANALYZE of the loaded tables: {time.monotonic() - started:.1f} s")
+            cursor.execute(f"VACUUM (ANALYZE) {table}")
+        cursor.execute("CHECKPOINT")
+    ctx.log(f"  VACUUM (ANALYZE) and CHECKPOINT: {time.monotonic() - started:.1f} s")
     return counts
 
 
@@ -250,7 +259,8 @@ def _explain(owner_id: int) -> dict:
 
 
 class _Purger(threading.Thread):
-    """Run keys_purge as beat runs it, run after run until stopped (its own connection)."""
+    """Run keys_purge as beat calls it, run after run until stopped (its own connection);
+    time each batch's DELETE, the figure its capacity depends on."""
 
     def __init__(self) -> None:
         super().__init__(daemon=True)
@@ -258,7 +268,16 @@ class _Purger(threading.Thread):
         self.deleted = 0
         self.batches = 0
         self.runs = 0
+        self.batch_seconds: list[float] = []
         self.error: str | None = None
+
+    def _timed(self, execute, sql, params, many, context):
+        started = time.monotonic()
+        try:
+            return execute(sql, params, many, context)
+        finally:
+            if sql.startswith("DELETE"):
+                self.batch_seconds.append(time.monotonic() - started)
 
     def run(self) -> None:
         from django.conf import settings
@@ -266,19 +285,40 @@ class _Purger(threading.Thread):
 
         from idempotency.keys.purge import keys_purge
 
-        batch = int(settings.IDEMPOTENCY_PURGE_BATCH)
         try:
-            while not self.stop.is_set():
-                deleted = keys_purge()
-                self.deleted += deleted
-                self.batches += -(-deleted // batch)
-                self.runs += 1
-                if not deleted:
-                    self.stop.wait(0.5)
+            with connection.execute_wrapper(self._timed):
+                self._runs(keys_purge, int(settings.IDEMPOTENCY_PURGE_BATCH))
         except Exception as exc:  # noqa: BLE001 - reported in the results
             self.error = repr(exc)
         finally:
             connection.close()
+
+    def _runs(self, keys_purge, batch: int) -> None:
+        while not self.stop.is_set():
+            deleted = keys_purge()
+            self.deleted += deleted
+            self.batches += -(-deleted // batch)
+            self.runs += 1
+            if not deleted:
+                self.stop.wait(0.5)
+
+    def figures(self) -> dict:
+        """What the purge did during the load, and its capacity at the median batch time."""
+        from idempotency.keys.purge import keys_purge_capacity
+
+        timed = sorted(self.batch_seconds)
+        median = timed[len(timed) // 2] if timed else None
+        return {
+            "deleted_during_load": self.deleted,
+            "batches": self.batches,
+            "runs": self.runs,
+            "delete_ms_p50": round(median * 1000, 2) if median is not None else None,
+            "delete_ms_max": round(timed[-1] * 1000, 2) if timed else None,
+            "capacity_keys_per_s": (
+                round(keys_purge_capacity(batch_seconds=median)) if median is not None else None
+            ),
+            "error": self.error,
+        }
 
 
 def _figures(run: dict) -> dict:
@@ -289,8 +329,8 @@ def run(ctx) -> dict:
     from core.api_tokens import api_tokens_of
 
     orders, keys, purgeable = QUICK if ctx.quick else (ORDERS, KEYS, PURGEABLE)
-    tokens = ctx.tokens(16)
-    owners = list(api_tokens_of(tokens).values_list("user_id", flat=True))
+    tokens = ctx.tokens(SHOPPERS)
+    owners = list(api_tokens_of(tokens[:HISTORIES]).values_list("user_id", flat=True))
     headers = [ctx.auth_headers(token) for token in tokens]
     skus = list(ctx.skus)
     with contextlib.ExitStack() as stack:
@@ -299,21 +339,22 @@ def run(ctx) -> dict:
 
         def order(worker: int, seq: int):
             return order_request(
-                headers[worker % len(headers)], skus[(worker * 7919 + seq) % len(skus)]
+                headers[(seq * CONCURRENCY + worker) % len(headers)],
+                skus[(worker * 7919 + seq) % len(skus)],
             )
 
         def load(label: str) -> dict:
-            return shop.load(label=label, concurrency=CONCURRENCY, factory=order, expected=(201,))
+            return shop.load(
+                label=label,
+                concurrency=CONCURRENCY,
+                factory=order,
+                duration=LOAD_DURATIONS * ctx.duration,
+                expected=(201,),
+            )
 
-        # Warm every worker (imports, pooled connections, the install id) before measuring.
-        shop.load(
-            label="warm",
-            concurrency=CONCURRENCY,
-            factory=order,
-            max_requests=8 * ctx.workers,
-            warmup=0,
-            expected=(201,),
-        )
+        # Warm every worker (imports, pooled connections, the install id, each connection's
+        # prepared statements) for one `--duration` before measuring.
+        shop.load(label="warm", concurrency=CONCURRENCY, factory=order, expected=(201,))
         fresh = load("fresh")
         counts = preload(ctx, owners, orders, keys, purgeable)
         full = load("full")
@@ -336,19 +377,15 @@ def run(ctx) -> dict:
             "orders_per_s_vs_fresh": round(rps, 3) if rps is not None else None,
             "cpu_per_order_vs_fresh": round(cpu, 3) if cpu is not None else None,
         }
-    ctx.log(f"  growth: {figures}; vs fresh {ratios}; purge deleted {purger.deleted:,} keys")
+    purge = purger.figures()
+    ctx.log(f"  growth: {figures}; vs fresh {ratios}; purge {purge}")
     return {
         "runs": [fresh, full, purging],
         "preloaded_rows": counts,
         "purgeable_keys": purgeable,
         "figures": figures,
         "ratios": ratios,
-        "purge": {
-            "deleted_during_load": purger.deleted,
-            "batches": purger.batches,
-            "runs": purger.runs,
-            "error": purger.error,
-        },
+        "purge": purge,
         "explain": plans,
         "targets": {"flat_within": TARGET_FLAT},
     }

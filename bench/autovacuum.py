@@ -1,0 +1,111 @@
+"""A stand-in for autovacuum on a server that runs with it off (CI's PostgreSQL does).
+
+The shop's PostgreSQL runs autovacuum (docs/deployment.md, "Supported server
+versions"): its analyze keeps the planner's statistics up with tables that
+grow from nothing, and a new statistic replans every prepared statement
+that reads the table. With
+autovacuum off, a connection keeps the generic plan it made when a table
+held a few rows (a scan of the whole table) while the table grows by
+thousands of rows a minute, and every run slows down the longer it runs
+(docs/performance.md, "Autovacuum").
+
+`Autovacuum` does autovacuum's job for the bench database while a run
+lasts: every `every` seconds it reads `pg_stat_user_tables` and runs
+`VACUUM (ANALYZE)` or `ANALYZE` on each table past autovacuum's thresholds
+(the server's `autovacuum_*_threshold` and `_scale_factor`, or the table's
+own storage parameters, as `core.db.HOT_TABLE_AUTOVACUUM` sets them). On a
+server with autovacuum on it does nothing.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import psycopg
+from psycopg import sql
+
+EVERY_S = 15.0
+
+
+def server_runs_autovacuum(conninfo: str) -> bool:
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        return conn.execute("SHOW autovacuum").fetchone()[0] == "on"
+
+
+class Autovacuum(threading.Thread):
+    """Vacuum and analyze the bench database's tables past autovacuum's thresholds."""
+
+    def __init__(self, conninfo: str, *, every: float = EVERY_S) -> None:
+        super().__init__(daemon=True, name="autovacuum-stand-in")
+        self.conninfo = conninfo
+        self.every = every
+        self.halt = threading.Event()
+        self.vacuums = 0
+        self.analyzes = 0
+        self.error: str | None = None
+
+    def run(self) -> None:
+        try:
+            with psycopg.connect(self.conninfo, autocommit=True) as conn:
+                while not self.halt.wait(self.every):
+                    self.round(conn)
+        except Exception as exc:  # noqa: BLE001 - reported in the results
+            self.error = repr(exc)
+
+    def round(self, conn: psycopg.Connection) -> None:
+        """One pass of autovacuum's launcher over the database."""
+        for table, vacuum, analyze in conn.execute(_DUE).fetchall():
+            name = sql.Identifier(table)
+            if vacuum:
+                conn.execute(sql.SQL("VACUUM (ANALYZE) {}").format(name))
+                self.vacuums += 1
+            elif analyze:
+                conn.execute(sql.SQL("ANALYZE {}").format(name))
+                self.analyzes += 1
+
+    def stop(self) -> dict:
+        self.halt.set()
+        self.join(60)
+        return {
+            "stand_in": True,
+            "every_s": self.every,
+            "vacuums": self.vacuums,
+            "analyzes": self.analyzes,
+            "error": self.error,
+        }
+
+
+# autovacuum's rules (PostgreSQL's autovacuum.c, relation_needs_vacanalyze): vacuum when
+# dead tuples pass threshold + scale x reltuples, or inserts since the last vacuum pass
+# the insert threshold + scale x reltuples; analyze when changes since the last analyze
+# pass threshold + scale x reltuples. A table never analyzed counts reltuples as 0.
+_DUE = """
+WITH t AS (
+  SELECT s.relname, s.n_dead_tup, s.n_ins_since_vacuum, s.n_mod_since_analyze,
+         greatest(c.reltuples, 0) AS tuples, coalesce(c.reloptions, '{}') AS options
+    FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid
+),
+o AS (
+  SELECT relname, n_dead_tup, n_ins_since_vacuum, n_mod_since_analyze, tuples,
+         coalesce((SELECT split_part(x, '=', 2)::float FROM unnest(options) x
+                   WHERE x LIKE 'autovacuum_vacuum_scale_factor=%'),
+                  current_setting('autovacuum_vacuum_scale_factor')::float) AS vacuum_scale,
+         coalesce((SELECT split_part(x, '=', 2)::float FROM unnest(options) x
+                   WHERE x LIKE 'autovacuum_vacuum_insert_scale_factor=%'),
+                  current_setting('autovacuum_vacuum_insert_scale_factor')::float)
+           AS insert_scale,
+         coalesce((SELECT split_part(x, '=', 2)::float FROM unnest(options) x
+                   WHERE x LIKE 'autovacuum_analyze_scale_factor=%'),
+                  current_setting('autovacuum_analyze_scale_factor')::float) AS analyze_scale
+    FROM t
+)
+SELECT relname,
+       n_dead_tup > current_setting('autovacuum_vacuum_threshold')::float
+                    + vacuum_scale * tuples
+       OR n_ins_since_vacuum > current_setting('autovacuum_vacuum_insert_threshold')::float
+                               + insert_scale * tuples AS vacuum,
+       n_mod_since_analyze > current_setting('autovacuum_analyze_threshold')::float
+                             + analyze_scale * tuples AS analyze
+  FROM o
+ ORDER BY relname
+"""
