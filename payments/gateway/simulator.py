@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
 from decimal import Decimal
 
 import requests
+import urllib3
 from django.conf import settings
+from urllib3 import exceptions as transport
 
 from core.deadline import bounded
 from core.money import format_money
@@ -24,36 +28,111 @@ CALL_ANSWERS = frozenset({200, 201, 402})  # replayed, new, declined
 LOOKUP_ANSWERS = frozenset({200})
 NOT_FOUND_CODE = "not_found"  # the provider's look-up answer for a key it never stored
 
+# What a call that got no answer records as its code: the name requests gives the
+# same failure, as the payment's rows have always said (most specific first).
+FAILURE_CODES = (
+    (transport.NewConnectionError, "ConnectionError"),
+    (transport.ConnectTimeoutError, "ConnectTimeout"),
+    (transport.ReadTimeoutError, "ReadTimeout"),
+    (transport.ProxyError, "ProxyError"),
+    (transport.SSLError, "SSLError"),
+    (transport.HTTPError, "ConnectionError"),
+)
 
-_sessions = threading.local()
+
+class CallFailed(Exception):
+    """No answer from the provider: refused, timed out, reset, cut off."""
+
+    def __init__(self, code: str, detail: str) -> None:
+        super().__init__(detail)
+        self.code = code
 
 
-def _session(base_url: str) -> requests.Session:
-    """Return this thread's HTTP session for `base_url`, made once per process and thread.
+@dataclass(frozen=True)
+class Answer:
+    status_code: int
+    content: bytes
 
-    `requests.post()` builds a Session per call and, with `trust_env`, reads
-    the proxy variables, `.netrc` and the CA-bundle variables again on every
-    call (a third of the call's CPU). The session here resolves exactly those
-    settings once, from the same environment, for the provider's URL, and
-    then stops re-reading them. The simulator answers HTTP/1.0 (one request
-    per connection), so no connection is reused: a lost answer is still a
-    lost connection. Per thread (a Session is not thread-safe) and per pid
-    (never shared across a fork).
+
+class ProviderClient:
+    """HTTP to the provider's URL through urllib3, the environment read once.
+
+    The proxy, the CA bundle and `.netrc` credentials for the URL are those
+    requests would use (`Session.merge_environment_settings`, read once per
+    process and thread); the calls themselves go through urllib3, which
+    requests wraps: requests' own layer (hooks, cookies, settings merged and
+    protocol checks on every call) was about a tenth of a checkout's web CPU
+    (docs/performance.md, "The provider call"). No retry and no redirect: a
+    call is sent once, and anything but the provider's answer is UNKNOWN.
     """
-    cache: dict[tuple[int, str], requests.Session] | None = getattr(_sessions, "cache", None)
-    if cache is None:
-        cache = _sessions.cache = {}
-    ident = (os.getpid(), base_url)
-    session = cache.get(ident)
-    if session is None:
+
+    def __init__(self, base_url: str) -> None:
         session = requests.Session()
-        settings_ = session.merge_environment_settings(base_url, {}, None, None, None)
-        session.proxies = settings_["proxies"]
-        session.verify = settings_["verify"]
-        session.auth = requests.utils.get_netrc_auth(base_url)
-        session.trust_env = False
-        cache[ident] = session
-    return session
+        env = session.merge_environment_settings(base_url, {}, None, None, None)
+        verify = env["verify"]
+        tls: dict = {}
+        if verify is False:
+            tls["cert_reqs"] = "CERT_NONE"
+        elif isinstance(verify, str) and os.path.isdir(verify):
+            tls["ca_cert_dir"] = verify
+        else:
+            tls["ca_certs"] = requests.utils.DEFAULT_CA_BUNDLE_PATH if verify is True else verify
+        proxy = requests.utils.select_proxy(base_url, env["proxies"])
+        self.pool = urllib3.ProxyManager(proxy, **tls) if proxy else urllib3.PoolManager(**tls)
+        auth = requests.utils.get_netrc_auth(base_url)
+        self.headers = urllib3.make_headers(basic_auth=":".join(auth)) if auth else {}
+
+    def send(
+        self,
+        method: str,
+        url: str,
+        *,
+        timeout: float,
+        body: dict | None = None,
+        params: dict | None = None,
+        headers: dict | None = None,
+    ) -> Answer:
+        """Send one request; raise CallFailed when no answer came back."""
+        sent = {**self.headers, **(headers or {})}
+        payload = None
+        if body is not None:
+            payload = json.dumps(body, allow_nan=False).encode()
+            sent["Content-Type"] = "application/json"
+        try:
+            response = self.pool.request(
+                method,
+                url,
+                body=payload,
+                fields=params,
+                headers=sent,
+                timeout=timeout,
+                retries=False,
+                redirect=False,
+            )
+        except transport.HTTPError as exc:
+            code = next(name for kind, name in FAILURE_CODES if isinstance(exc, kind))
+            raise CallFailed(code, f"{code}: {exc}") from exc
+        return Answer(response.status, response.data)
+
+
+_clients = threading.local()
+
+
+def _client(base_url: str) -> ProviderClient:
+    """Return this thread's client for `base_url`, made once per process and thread.
+
+    The simulator answers HTTP/1.0 (one request per connection), so no
+    connection is reused: a lost answer is still a lost connection. Per pid,
+    never shared across a fork.
+    """
+    cache: dict[tuple[int, str], ProviderClient] | None = getattr(_clients, "cache", None)
+    if cache is None:
+        cache = _clients.cache = {}
+    ident = (os.getpid(), base_url)
+    client = cache.get(ident)
+    if client is None:
+        client = cache[ident] = ProviderClient(base_url)
+    return client
 
 
 class SimulatorGateway(PaymentGateway):
@@ -116,11 +195,14 @@ class SimulatorGateway(PaymentGateway):
 
     def lookup(self, *, key: str) -> ProviderResult:
         try:
-            response = _session(self.base_url).get(
-                f"{self.base_url}/v1/operations", params={"key": key}, timeout=bounded(self.timeout)
+            response = _client(self.base_url).send(
+                "GET",
+                f"{self.base_url}/v1/operations",
+                params={"key": key},
+                timeout=bounded(self.timeout),
             )
-        except requests.RequestException as exc:
-            return ProviderResult(Outcome.UNKNOWN, key, code=type(exc).__name__, detail=str(exc))
+        except CallFailed as exc:
+            return ProviderResult(Outcome.UNKNOWN, key, code=exc.code, detail=str(exc))
         payload = _payload(response)
         if response.status_code == 404 and payload.get("code") == NOT_FOUND_CODE:
             return ProviderResult(
@@ -137,14 +219,16 @@ class SimulatorGateway(PaymentGateway):
         while True:
             params: dict[str, str | int] = {"key_prefix": key_prefix, "after": after, "limit": 500}
             try:
-                response = _session(self.base_url).get(
+                response = _client(self.base_url).send(
+                    "GET",
                     f"{self.base_url}/v1/ledger",
                     params=params,
                     timeout=bounded(self.timeout),
                 )
-                response.raise_for_status()
-                page = response.json()
-            except (requests.RequestException, ValueError) as exc:
+                if response.status_code >= 400:
+                    raise ValueError(f"the ledger answered {response.status_code}")
+                page = json.loads(response.content)
+            except (CallFailed, ValueError) as exc:
                 raise ProviderUnreachable(f"cannot read the provider's ledger: {exc}") from exc
             yield from page["results"]
             if page["next_after"] is None:
@@ -155,19 +239,20 @@ class SimulatorGateway(PaymentGateway):
 
     def _post(self, path: str, key: str, body: dict) -> ProviderResult:
         try:
-            response = _session(self.base_url).post(
+            response = _client(self.base_url).send(
+                "POST",
                 f"{self.base_url}{path}",
-                json=body,
+                body=body,
                 headers={"Idempotency-Key": key},
                 timeout=bounded(self.timeout),
             )
-        except requests.RequestException as exc:
+        except CallFailed as exc:
             # Timeout, refused, reset, answer cut off: the call may have happened.
-            return ProviderResult(Outcome.UNKNOWN, key, code=type(exc).__name__, detail=str(exc))
+            return ProviderResult(Outcome.UNKNOWN, key, code=exc.code, detail=str(exc))
         return self._classify(key, response, _payload(response), answers=CALL_ANSWERS)
 
     def _classify(
-        self, key: str, response: requests.Response, payload: dict, *, answers: frozenset[int]
+        self, key: str, response: Answer, payload: dict, *, answers: frozenset[int]
     ) -> ProviderResult:
         """Return a final outcome only for the provider's record of this very operation.
 
@@ -190,10 +275,10 @@ class SimulatorGateway(PaymentGateway):
         return ProviderResult(Outcome.UNKNOWN, key, http_status=status, code=code, detail=detail)
 
 
-def _payload(response: requests.Response) -> dict:
+def _payload(response: Answer) -> dict:
     """Return the answer's JSON object, or {} for anything else (a proxy's HTML, a bare 404)."""
     try:
-        payload = response.json()
+        payload = json.loads(response.content)
     except ValueError:
         return {}
     return payload if isinstance(payload, dict) else {}
