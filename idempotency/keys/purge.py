@@ -16,8 +16,9 @@ def keys_purge_capacity(*, batch_seconds: float = 0.0) -> float:
     """Return the most keys a second the purge deletes when a batch takes `batch_seconds`.
 
     A run deletes at most IDEMPOTENCY_PURGE_BATCH x IDEMPOTENCY_PURGE_MAX_BATCHES
-    keys every IDEMPOTENCY_PURGE_EVERY, and no more batches than fit in that
-    interval at (1 + IDEMPOTENCY_PURGE_PACE) x `batch_seconds` each. It must
+    keys every IDEMPOTENCY_PURGE_EVERY, and no more batches than start within
+    its IDEMPOTENCY_PURGE_BUDGET at (1 + IDEMPOTENCY_PURGE_PACE) x
+    `batch_seconds` each. It must
     stay at least 4 x the keyed orders a second the shop takes
     (docs/performance.md, "The key purge").
     """
@@ -26,7 +27,7 @@ def keys_purge_capacity(*, batch_seconds: float = 0.0) -> float:
     batches = int(settings.IDEMPOTENCY_PURGE_MAX_BATCHES)
     paced = (1 + float(settings.IDEMPOTENCY_PURGE_PACE)) * batch_seconds
     if paced > 0:
-        batches = min(batches, math.ceil(every / paced))
+        batches = min(batches, math.ceil(_run_budget() / paced))
     return batches * batch / every
 
 
@@ -43,7 +44,8 @@ def keys_purge(
     long as the batch took, whatever the backlog: the purge yields the database
     to checkout, whose key rows share the table and its index, and yields more
     the busier the database is. A run starts no batch after
-    IDEMPOTENCY_PURGE_EVERY seconds, so runs never overlap; its capacity is
+    IDEMPOTENCY_PURGE_BUDGET seconds (at most the interval), so it ends within
+    the task's time limit and runs never overlap; its capacity is
     `keys_purge_capacity()` (docs/performance.md, "The key purge").
     """
     retention = float(settings.IDEMPOTENCY_KEY_RETENTION if retention is None else retention)
@@ -63,5 +65,10 @@ def keys_purge(
         max_batches=max_batches,
         durable=True,
         pace=pace,
-        budget=float(settings.IDEMPOTENCY_PURGE_EVERY),
+        budget=_run_budget(),
     )
+
+
+def _run_budget() -> float:
+    """Seconds after which a purge run starts no batch: its budget, at most its interval."""
+    return min(float(settings.IDEMPOTENCY_PURGE_BUDGET), float(settings.IDEMPOTENCY_PURGE_EVERY))
