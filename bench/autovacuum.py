@@ -52,16 +52,20 @@ class Autovacuum(threading.Thread):
         except Exception as exc:  # noqa: BLE001 - reported in the results
             self.error = repr(exc)
 
-    def round(self, conn: psycopg.Connection) -> None:
-        """One pass of autovacuum's launcher over the database."""
+    def round(self, conn: psycopg.Connection) -> list[tuple[str, str]]:
+        """One pass of autovacuum's launcher over the database: (table, what ran) each."""
+        done = []
         for table, vacuum, analyze in conn.execute(_DUE).fetchall():
             name = sql.Identifier(table)
             if vacuum:
                 conn.execute(sql.SQL("VACUUM (ANALYZE) {}").format(name))
                 self.vacuums += 1
+                done.append((table, "vacuum"))
             elif analyze:
                 conn.execute(sql.SQL("ANALYZE {}").format(name))
                 self.analyzes += 1
+                done.append((table, "analyze"))
+        return done
 
     def stop(self) -> dict:
         self.halt.set()
