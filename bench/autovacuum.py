@@ -3,11 +3,10 @@
 The shop's PostgreSQL runs autovacuum (docs/deployment.md, "Supported server
 versions"): its analyze keeps the planner's statistics up with tables that
 grow from nothing, and a new statistic replans every prepared statement
-that reads the table. With
-autovacuum off, a connection keeps the generic plan it made when a table
-held a few rows (a scan of the whole table) while the table grows by
-thousands of rows a minute, and every run slows down the longer it runs
-(docs/performance.md, "Autovacuum").
+that reads the table. With autovacuum off, a connection keeps the generic
+plan it made when a table held a few rows (a scan of the whole table) while
+the table grows by thousands of rows a minute, and every run slows down the
+longer it runs (docs/performance.md, "Autovacuum").
 
 `Autovacuum` does autovacuum's job for the bench database while a run
 lasts: every `every` seconds it reads `pg_stat_user_tables` and runs
@@ -79,37 +78,28 @@ class Autovacuum(threading.Thread):
         }
 
 
+def _setting(name: str) -> str:
+    """SQL for autovacuum's `name` on a table: its storage parameter, else the server's."""
+    return (
+        f"coalesce((SELECT split_part(o, '=', 2)::float FROM unnest(c.reloptions) AS o"
+        f" WHERE o LIKE '{name}=%'), current_setting('{name}')::float)"
+    )
+
+
 # autovacuum's rules (PostgreSQL's autovacuum.c, relation_needs_vacanalyze): vacuum when
 # dead tuples pass threshold + scale x reltuples, or inserts since the last vacuum pass
 # the insert threshold + scale x reltuples; analyze when changes since the last analyze
 # pass threshold + scale x reltuples. A table never analyzed counts reltuples as 0.
-_DUE = """
-WITH t AS (
-  SELECT s.relname, s.n_dead_tup, s.n_ins_since_vacuum, s.n_mod_since_analyze,
-         greatest(c.reltuples, 0) AS tuples, coalesce(c.reloptions, '{}') AS options
-    FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid
-),
-o AS (
-  SELECT relname, n_dead_tup, n_ins_since_vacuum, n_mod_since_analyze, tuples,
-         coalesce((SELECT split_part(x, '=', 2)::float FROM unnest(options) x
-                   WHERE x LIKE 'autovacuum_vacuum_scale_factor=%'),
-                  current_setting('autovacuum_vacuum_scale_factor')::float) AS vacuum_scale,
-         coalesce((SELECT split_part(x, '=', 2)::float FROM unnest(options) x
-                   WHERE x LIKE 'autovacuum_vacuum_insert_scale_factor=%'),
-                  current_setting('autovacuum_vacuum_insert_scale_factor')::float)
-           AS insert_scale,
-         coalesce((SELECT split_part(x, '=', 2)::float FROM unnest(options) x
-                   WHERE x LIKE 'autovacuum_analyze_scale_factor=%'),
-                  current_setting('autovacuum_analyze_scale_factor')::float) AS analyze_scale
-    FROM t
-)
-SELECT relname,
-       n_dead_tup > current_setting('autovacuum_vacuum_threshold')::float
-                    + vacuum_scale * tuples
-       OR n_ins_since_vacuum > current_setting('autovacuum_vacuum_insert_threshold')::float
-                               + insert_scale * tuples AS vacuum,
-       n_mod_since_analyze > current_setting('autovacuum_analyze_threshold')::float
-                             + analyze_scale * tuples AS analyze
-  FROM o
- ORDER BY relname
-"""
+_DUE = f"""
+SELECT s.relname,
+       s.n_dead_tup > {_setting("autovacuum_vacuum_threshold")}
+         + {_setting("autovacuum_vacuum_scale_factor")} * greatest(c.reltuples, 0)
+       OR s.n_ins_since_vacuum > {_setting("autovacuum_vacuum_insert_threshold")}
+         + {_setting("autovacuum_vacuum_insert_scale_factor")} * greatest(c.reltuples, 0)
+         AS vacuum,
+       s.n_mod_since_analyze > {_setting("autovacuum_analyze_threshold")}
+         + {_setting("autovacuum_analyze_scale_factor")} * greatest(c.reltuples, 0)
+         AS analyze
+  FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid
+ ORDER BY s.relname
+"""  # noqa: S608 - the names are autovacuum's own settings, written here

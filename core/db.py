@@ -129,8 +129,7 @@ def delete_in_batches(
     With `pace` > 0 it pauses after each full batch `pace` times as long as that
     batch took, so the purge uses at most 1 / (1 + pace) of one connection's time
     however fast or slow the database is; with a `budget` (seconds) it starts no
-    batch once that much time has passed, so a run never outlasts its interval
-    (docs/performance.md, "The key purge").
+    batch once that much time has passed (docs/performance.md, "The key purge").
     """
     total = 0
     began = time.monotonic()

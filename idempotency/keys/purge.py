@@ -18,9 +18,8 @@ def keys_purge_capacity(*, batch_seconds: float = 0.0) -> float:
     A run deletes at most IDEMPOTENCY_PURGE_BATCH x IDEMPOTENCY_PURGE_MAX_BATCHES
     keys every IDEMPOTENCY_PURGE_EVERY, and no more batches than start within
     its IDEMPOTENCY_PURGE_BUDGET at (1 + IDEMPOTENCY_PURGE_PACE) x
-    `batch_seconds` each. It must
-    stay at least 4 x the keyed orders a second the shop takes
-    (docs/performance.md, "The key purge").
+    `batch_seconds` each. It must stay at least 4 x the keyed orders a second
+    the shop takes (docs/performance.md, "The key purge").
     """
     batch = int(settings.IDEMPOTENCY_PURGE_BATCH)
     every = float(settings.IDEMPOTENCY_PURGE_EVERY)
