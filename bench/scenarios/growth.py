@@ -21,7 +21,7 @@ Its own simulator and gunicorn (as `checkout`). Three loads of keyed
    case of a backlog (docs/performance.md, "The key purge").
 
 Each load lasts LOAD_DURATIONS x `--duration`: the ratios compare loads of
-about 1,000 orders, whose rate varies by several per cent from load to load.
+about 3,000 orders, whose rate varies by several per cent from load to load.
 
 Target: orders/s and gunicorn CPU per order of `full` and `purging` within
 10 % of `fresh`. Also stored: the EXPLAIN of the hot statements against the
