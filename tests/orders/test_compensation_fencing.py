@@ -288,6 +288,11 @@ def _refund_step_done_between_historys_look_and_wait(monkeypatch, rung: list) ->
     rung.clear()
 
     def finish_refund_step() -> bool:
+        with connection.cursor() as cursor:
+            # The wait for history's lock lasts as long as this test makes it (the
+            # main thread's join and poll, then history's wait), however slow the
+            # machine: the session's 15 s bound (DB_LOCK_TIMEOUT) is not under test.
+            cursor.execute("SELECT set_config('lock_timeout', %s, false)", [f"{TIMEOUT * 3}s"])
         with compensation_state.finishing(refund_step) as won:
             return won
 
