@@ -394,14 +394,22 @@ def _plot_rss(ax, rss: dict) -> None:
     ax.grid(alpha=0.3)
 
 
-def _subtitle(data: dict) -> str:
+def web_summary(data: dict) -> str:
+    """The gunicorn each scenario ran: the sustained scenario starts its own (`web`)."""
+    web = f"{data.get('config', {}).get('workers')} gunicorn sync workers"
+    sustained = (data.get("scenarios", {}).get("sustained") or {}).get("web")
+    if sustained:
+        web += f" (sustained: {sustained['workers']} × {sustained['threads']} threads)"
+    return web
+
+
+def subtitle(data: dict) -> str:
     machine = data.get("machine", {})
     reference = data.get("reference") or {}
     parts = [
         f"make bench {data.get('started_at', '')}"
         + (" --quick" if data.get("quick") else "")
-        + f" — {machine.get('cpus')} CPUs, {data.get('config', {}).get('workers')} gunicorn "
-        "workers",
+        + f" — {machine.get('cpus')} CPUs, {web_summary(data)}",
         f"load average {machine.get('loadavg_at_start')} → {machine.get('loadavg_at_end')}",
     ]
     if reference.get("pgbench_tps"):
@@ -442,7 +450,7 @@ def plot(path: Path, data: dict) -> None:
         _plot_pipeline(fig, grid[top, 1], scenarios)
         _plot_cpu(fig.add_subplot(grid[top + 1, 0]), scenarios)
         _plot_rss(fig.add_subplot(grid[top + 1, 1]), scenarios.get("rss", {}))
-    fig.suptitle(_subtitle(data), fontsize=11, color="tab:red" if data.get("noisy") else "black")
+    fig.suptitle(subtitle(data), fontsize=11, color="tab:red" if data.get("noisy") else "black")
     tmp = path.with_suffix(".png.tmp")
     fig.savefig(tmp, dpi=PLOT_DPI, format="png")
     plt.close(fig)

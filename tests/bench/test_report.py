@@ -255,3 +255,10 @@ def test_the_capacity_model_adds_the_pipeline_share_of_an_order_to_the_checkout(
     assert (model["statements_per_order"], model["round_trips_per_order"]) == (27, 37)
     assert "per order: web 20.00 ms" in report.capacity_text(model)
     assert report.capacity({}, cores=2) is None
+
+
+def test_the_plots_subtitle_names_the_gunicorn_each_scenario_ran():
+    data = {"machine": {"cpus": 2}, "config": {"workers": 4}, "scenarios": {}}
+    assert "4 gunicorn sync workers;" in report.subtitle(data)
+    data["scenarios"]["sustained"] = {"web": {"workers": 2, "threads": 8}}
+    assert "4 gunicorn sync workers (sustained: 2 × 8 threads);" in report.subtitle(data)
