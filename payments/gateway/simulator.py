@@ -59,7 +59,7 @@ class ProviderClient:
 
     The proxy, the CA bundle and `.netrc` credentials for the URL are those
     requests would use (`Session.merge_environment_settings`, read once per
-    process and thread); the calls themselves go through urllib3, which
+    process); the calls themselves go through urllib3, which
     requests wraps: requests' own layer (hooks, cookies, settings merged and
     protocol checks on every call) was about a tenth of a checkout's web CPU
     (docs/performance.md, "The provider call"). No retry and no redirect: a
@@ -115,23 +115,25 @@ class ProviderClient:
         return Answer(response.status, response.data)
 
 
-_clients = threading.local()
+_clients: dict[tuple[int, str], ProviderClient] = {}
+_clients_made = threading.Lock()
 
 
 def _client(base_url: str) -> ProviderClient:
-    """Return this thread's client for `base_url`, made once per process and thread.
+    """Return the process's client for `base_url`, made once; its threads share it.
 
-    The simulator answers HTTP/1.0 (one request per connection), so no
-    connection is reused: a lost answer is still a lost connection. Per pid,
-    never shared across a fork.
+    urllib3's pool manager is thread-safe, so one client serves every request
+    thread of a process. The simulator answers HTTP/1.0 (one request per
+    connection), so no connection is reused: a lost answer is still a lost
+    connection. Per pid, never shared across a fork.
     """
-    cache: dict[tuple[int, str], ProviderClient] | None = getattr(_clients, "cache", None)
-    if cache is None:
-        cache = _clients.cache = {}
     ident = (os.getpid(), base_url)
-    client = cache.get(ident)
+    client = _clients.get(ident)
     if client is None:
-        client = cache[ident] = ProviderClient(base_url)
+        with _clients_made:
+            client = _clients.get(ident)
+            if client is None:
+                client = _clients[ident] = ProviderClient(base_url)
     return client
 
 
