@@ -12,8 +12,9 @@ longer it runs (docs/performance.md, "Autovacuum").
 lasts: every `every` seconds it reads `pg_stat_user_tables` and runs
 `VACUUM (ANALYZE)` or `ANALYZE` on each table past autovacuum's thresholds
 (the server's `autovacuum_*_threshold` and `_scale_factor`, or the table's
-own storage parameters, as `core.db.HOT_TABLE_AUTOVACUUM` sets them). On a
-server with autovacuum on it does nothing.
+own storage parameters, as `core.db.HOT_TABLE_AUTOVACUUM` sets them), at
+autovacuum's pace (its cost delay and limit). On a server with autovacuum on
+it does nothing.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ class Autovacuum(threading.Thread):
     def run(self) -> None:
         try:
             with psycopg.connect(self.conninfo, autocommit=True) as conn:
+                pace(conn)
                 while not self.halt.wait(self.every):
                     self.round(conn)
         except Exception as exc:  # noqa: BLE001 - reported in the results
@@ -78,6 +80,11 @@ class Autovacuum(threading.Thread):
         }
 
 
+def pace(conn: psycopg.Connection) -> None:
+    """Make this session's VACUUM and ANALYZE sleep as autovacuum's workers do."""
+    conn.execute(_THROTTLE)
+
+
 def _setting(name: str) -> str:
     """SQL for autovacuum's `name` on a table: its storage parameter, else the server's."""
     return (
@@ -85,6 +92,19 @@ def _setting(name: str) -> str:
         f" WHERE o LIKE '{name}=%'), current_setting('{name}')::float)"
     )
 
+
+# autovacuum's pace: a VACUUM or ANALYZE typed in runs unthrottled (vacuum_cost_delay 0),
+# autovacuum's workers sleep autovacuum_vacuum_cost_delay each time they have spent
+# autovacuum_vacuum_cost_limit of page costs (-1: the vacuum_* setting), so that they
+# never take the disk and a core from the load beside them in one go.
+_THROTTLE = """
+SELECT set_config('vacuum_cost_delay', CASE current_setting('autovacuum_vacuum_cost_delay')
+         WHEN '-1' THEN current_setting('vacuum_cost_delay')
+         ELSE current_setting('autovacuum_vacuum_cost_delay') END, false),
+       set_config('vacuum_cost_limit', CASE current_setting('autovacuum_vacuum_cost_limit')
+         WHEN '-1' THEN current_setting('vacuum_cost_limit')
+         ELSE current_setting('autovacuum_vacuum_cost_limit') END, false)
+"""
 
 # autovacuum's rules (PostgreSQL's autovacuum.c, relation_needs_vacanalyze): vacuum when
 # dead tuples pass threshold + scale x reltuples, or inserts since the last vacuum pass

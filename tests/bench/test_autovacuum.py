@@ -8,7 +8,7 @@ import psycopg
 import pytest
 from django.db import connection
 
-from bench.autovacuum import Autovacuum
+from bench.autovacuum import Autovacuum, pace
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -55,3 +55,19 @@ def test_a_table_past_autovacuums_thresholds_is_vacuumed_and_a_small_change_is_n
             assert analyzed == (2000,)
         finally:
             conn.execute("DROP TABLE av_grown, av_touched")
+
+
+def test_the_stand_in_vacuums_at_autovacuums_pace():
+    with psycopg.connect(_conninfo(), autocommit=True) as conn:
+        # A session's own VACUUM is unthrottled: the wrong twin, the stand-in before.
+        assert conn.execute("SHOW vacuum_cost_delay").fetchone() == ("0",)
+        pace(conn)
+        shown = {
+            name: conn.execute(f"SHOW {name}").fetchone()[0]  # noqa: S608 - names written here
+            for name in ("vacuum_cost_delay", "vacuum_cost_limit",
+                         "autovacuum_vacuum_cost_delay", "autovacuum_vacuum_cost_limit")
+        }  # fmt: skip
+    for own in ("delay", "limit"):
+        autovacuums = shown[f"autovacuum_vacuum_cost_{own}"]
+        assert autovacuums == "-1" or shown[f"vacuum_cost_{own}"] == autovacuums
+    assert shown["vacuum_cost_delay"] != "0"
