@@ -9,7 +9,8 @@ the table grows by thousands of rows a minute, and every run slows down the
 longer it runs (docs/performance.md, "Autovacuum").
 
 `Autovacuum` does autovacuum's job for the bench database while a run
-lasts: every `every` seconds it reads `pg_stat_user_tables` and runs
+lasts: every `autovacuum_naptime` (the launcher's visit of a lone database;
+or `every` seconds) it reads `pg_stat_user_tables` and runs
 `VACUUM (ANALYZE)` or `ANALYZE` on each table past autovacuum's thresholds
 (the server's `autovacuum_*_threshold` and `_scale_factor`, or the table's
 own storage parameters, as `core.db.HOT_TABLE_AUTOVACUUM` sets them), at
@@ -24,8 +25,6 @@ import threading
 import psycopg
 from psycopg import sql
 
-EVERY_S = 15.0
-
 
 def server_runs_autovacuum(conninfo: str) -> bool:
     with psycopg.connect(conninfo, autocommit=True) as conn:
@@ -35,7 +34,7 @@ def server_runs_autovacuum(conninfo: str) -> bool:
 class Autovacuum(threading.Thread):
     """Vacuum and analyze the bench database's tables past autovacuum's thresholds."""
 
-    def __init__(self, conninfo: str, *, every: float = EVERY_S) -> None:
+    def __init__(self, conninfo: str, *, every: float | None = None) -> None:
         super().__init__(daemon=True, name="autovacuum-stand-in")
         self.conninfo = conninfo
         self.every = every
@@ -48,6 +47,12 @@ class Autovacuum(threading.Thread):
         try:
             with psycopg.connect(self.conninfo, autocommit=True) as conn:
                 pace(conn)
+                if self.every is None:  # the launcher visits a lone database once a naptime
+                    self.every = float(
+                        conn.execute(
+                            "SELECT setting FROM pg_settings WHERE name = 'autovacuum_naptime'"
+                        ).fetchone()[0]
+                    )
                 while not self.halt.wait(self.every):
                     self.round(conn)
         except Exception as exc:  # noqa: BLE001 - reported in the results
