@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from decimal import Decimal
@@ -116,24 +115,22 @@ class ProviderClient:
 
 
 _clients: dict[tuple[int, str], ProviderClient] = {}
-_clients_made = threading.Lock()
 
 
 def _client(base_url: str) -> ProviderClient:
-    """Return the process's client for `base_url`, made once; its threads share it.
+    """Return the process's client for `base_url`; its threads share it.
 
     urllib3's pool manager is thread-safe, so one client serves every request
-    thread of a process. The simulator answers HTTP/1.0 (one request per
-    connection), so no connection is reused: a lost answer is still a lost
-    connection. Per pid, never shared across a fork.
+    thread of a process. Threads that ask first at the same time may each make
+    one; `setdefault` keeps the first and the others are dropped unused. The
+    simulator answers HTTP/1.0 (one request per connection), so no connection
+    is reused: a lost answer is still a lost connection. Per pid, never shared
+    across a fork.
     """
     ident = (os.getpid(), base_url)
     client = _clients.get(ident)
     if client is None:
-        with _clients_made:
-            client = _clients.get(ident)
-            if client is None:
-                client = _clients[ident] = ProviderClient(base_url)
+        client = _clients.setdefault(ident, ProviderClient(base_url))
     return client
 
 
